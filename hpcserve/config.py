@@ -1,0 +1,508 @@
+"""Configuration: the deployment file, the site it names and the model profile, merged and validated.
+
+Three sources, one direction: a site file (cluster facts), a model profile (architecture facts and
+engine defaults) and the deployment file (what is specific to this run), plus `--set` overrides.
+The result is an immutable, fully validated `Resolved` that the planner consumes.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from .errors import ConfigError
+from .schema import FieldProblem, Validator, doc, json_schema
+from .yamlsrc import Origin, Positions, check_string, format_path, load_file, load_text
+
+ROOT = Path(__file__).resolve().parent.parent
+BUNDLED_SITES = ROOT / "site_configs"
+BUNDLED_PROFILES = Path(__file__).resolve().parent / "models"
+
+NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}"
+ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+FLAG_NAME = r"[a-z0-9][a-z0-9-]*"
+TIME = r"(\d+-)?\d{1,3}:\d{2}:\d{2}"
+VERSION = r"\d+\.\d+\.\d+(\.?post\d+)?"
+EnvValue = Union[str, int, float, bool]
+ArgValue = Union[str, int, float, bool, list[Union[str, int, float]], None]
+
+
+# ------------------------------------------------------------------------------------------ site
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What sbatch is asked for; repeated in every het-job component."""
+
+    partition: str | None = field(default=None, metadata=doc("Slurm partition (-p)"))
+    account: str | None = field(default=None, metadata=doc("Slurm account (-A)"))
+    qos: str | None = field(default=None, metadata=doc("Slurm QOS"))
+    constraint: str | None = field(default=None, metadata=doc("node features (-C)"))
+    reservation: str | None = None
+    exclusive: bool = field(default=True, metadata=doc("whole nodes (--exclusive)"))
+    request_gpus: bool = field(default=True, metadata=doc(
+        "request node.gpus GPUs per node with --gpus-per-node (false on clusters without GRES, "
+        "such as the local test cluster)"))
+    gres: str | None = field(default=None, metadata=doc(
+        "request GPUs with --gres instead, e.g. gpu:h200:8"))
+    mem: str | None = field(default=None, metadata=doc("--mem per node, e.g. 0 for all memory"))
+    max_nodes: int | None = field(default=None, metadata=doc(
+        "the partition's node limit; a deployment needing more is refused before submission",
+        ge=1))
+    extra_directives: dict[str, EnvValue] = field(default_factory=dict, metadata=doc(
+        "more #SBATCH options, option name without dashes -> value (true for a bare flag)",
+        key_pattern=FLAG_NAME))
+    signal_grace: int = field(default=120, metadata=doc(
+        "seconds before the time limit at which the job starts its orderly teardown "
+        "(--signal=B:TERM@N)", ge=10, le=3600))
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    gpus: int = field(default=8, metadata=doc("GPUs per node", ge=1, le=64))
+    gpu_type: str = field(default="H200", metadata=doc("GPU model, informational"))
+    gpu_memory_gb: float = field(default=141.0, metadata=doc("memory per GPU in GB", ge=1))
+
+
+@dataclass(frozen=True)
+class Container:
+    runtime: Literal["pyxis", "enroot", "apptainer", "none"] = field(
+        default="none", metadata=doc("how engines are started on the nodes"))
+    image: str | None = field(default=None, metadata=doc(
+        "default image: enroot/pyxis URI (nvcr.io#org/img:tag), .sqsh or .sif path"))
+    mounts: list[str] = field(default_factory=list, metadata=doc(
+        "SRC:DST[:ro] bind mounts; the job directory and the model path are added automatically",
+        pattern=r"[^,:]+:[^,:]+(:(ro|rw))?",
+        pattern_help="a mount is SRC:DST or SRC:DST:ro (no commas)"))
+    workdir: str | None = None
+    env: list[str] = field(default_factory=list, metadata=doc(
+        "variable names forced from the host into the container even if the image sets them "
+        "(pyxis --container-env)"))
+
+
+@dataclass(frozen=True)
+class Network:
+    interface: str = field(default="auto", metadata=doc(
+        "the interface whose address engines bind and advertise; auto = default route's"))
+    ib_devices: list[str] | Literal["auto"] | None = field(default=None, metadata=doc(
+        "HCAs for KV transfer and NCCL: a list, 'auto' (active ports found on the node), "
+        "or null for none (TCP)"))
+    env: dict[str, EnvValue] = field(default_factory=dict, metadata=doc(
+        "NCCL_/GLOO_/UCX_/NVSHMEM_/MC_ environment for every engine", key_pattern=ENV_NAME))
+
+
+@dataclass(frozen=True)
+class Paths:
+    jobs_dir: str = field(default="~/hpcserve-jobs", metadata=doc(
+        "where job directories are written (must be on a file system the nodes share)"))
+    python: str = field(default="python3", metadata=doc(
+        "python3 on the nodes (outside containers), used by the job's runtime helper"))
+
+
+@dataclass(frozen=True)
+class Site:
+    """A cluster: Slurm options, node facts, container runtime, network and paths."""
+
+    name: str = field(default="site", metadata=doc("site name", pattern=NAME))
+    description: str = ""
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    node: NodeFacts = field(default_factory=NodeFacts)
+    container: Container = field(default_factory=Container)
+    network: Network = field(default_factory=Network)
+    paths: Paths = field(default_factory=Paths)
+
+
+# ------------------------------------------------------------------------------- engine settings
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Engine settings that a model profile defaults and a deployment role overrides.
+
+    The named settings are spelled per engine version by hpcserve (for example attn_dp becomes
+    `--attn-dp-size N` on SGLang >= 0.5.22 and `--dp-size N --enable-dp-attention` before);
+    `args` are passed as they are, after checking that the configured version has each flag.
+    """
+
+    tp: int | None = field(default=None, metadata=doc(
+        "tensor-parallel size; default: all GPUs of the instance", ge=1))
+    pp: int | None = field(default=None, metadata=doc("pipeline-parallel size", ge=1))
+    attn_dp: int | None = field(default=None, metadata=doc(
+        "data-parallel attention groups inside the TP group (DP attention)", ge=1))
+    dp_attention: bool | None = field(default=None, metadata=doc(
+        "DP attention across the whole TP group: attn_dp defaults to tp"))
+    dp: int | None = field(default=None, metadata=doc("data-parallel model replicas", ge=1))
+    ep: int | None = field(default=None, metadata=doc(
+        "expert-parallel size (forced to tp with DeepEP)", ge=1))
+    moe_a2a_backend: str | None = field(default=None, metadata=doc(
+        "MoE all-to-all backend, e.g. deepep"))
+    deepep_mode: Literal["auto", "normal", "low_latency"] | None = None
+    redundant_experts: int | None = field(default=None, metadata=doc(
+        "EPLB redundant experts (--ep-num-redundant-experts)", ge=0))
+    cuda_graph_max_bs: int | None = field(default=None, metadata=doc(
+        "largest decode batch captured in a CUDA graph", ge=1))
+    cuda_graph_bs: list[int] | None = field(default=None, metadata=doc(
+        "explicit decode batch sizes captured in CUDA graphs"))
+    disable_cuda_graph: bool | None = None
+    mem_fraction_static: float | None = field(default=None, metadata=doc(
+        "fraction of GPU memory for weights and KV cache", ge=0.05, le=0.99))
+    max_running_requests: int | None = field(default=None, metadata=doc("", ge=1))
+    context_length: int | None = field(default=None, metadata=doc("", ge=1))
+    chunked_prefill_size: int | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    trust_remote_code: bool | None = None
+    args: dict[str, ArgValue] = field(default_factory=dict, metadata=doc(
+        "more engine flags, name without dashes -> value (true = bare flag, null = remove a "
+        "default, a list = several values)", key_pattern=FLAG_NAME))
+    env: dict[str, EnvValue] = field(default_factory=dict, metadata=doc(
+        "environment of the engine processes", key_pattern=ENV_NAME))
+
+
+SETTING_NAMES = tuple(n for n in EngineSettings.__dataclass_fields__ if n not in ("args", "env"))
+
+
+# ----------------------------------------------------------------------------------- deployment
+
+@dataclass(frozen=True)
+class SimFault:
+    """A fault the simulated engine injects (simulate: true only)."""
+
+    kind: Literal["exit", "hang", "unhealthy"] = "exit"
+    after: float = field(default=0.0, metadata=doc("seconds after start", ge=0))
+    exit_code: int = field(default=1, metadata=doc("", ge=0, le=255))
+    instances: list[int] | None = field(default=None, metadata=doc("instances hit (default all)"))
+    ranks: list[int] | None = field(default=None, metadata=doc("node ranks hit (default all)"))
+
+
+@dataclass(frozen=True)
+class Role(EngineSettings):
+    instances: int = field(default=1, metadata=doc("engine instances of this role", ge=1))
+    nodes: int = field(default=1, metadata=doc("nodes per instance", ge=1))
+    gpus: int | None = field(default=None, metadata=doc(
+        "GPUs per instance when several instances share a node (must divide node.gpus)", ge=1))
+    port: int | None = field(default=None, metadata=doc(
+        "first HTTP port (instances sharing a node count up from it)", ge=1024, le=65535))
+    bootstrap_port: int | None = field(default=None, metadata=doc(
+        "first PD bootstrap port (prefill)", ge=1024, le=65535))
+    dist_init_port: int | None = field(default=None, metadata=doc(
+        "first torch.distributed init port", ge=1024, le=65535))
+    sim_fault: SimFault | None = None
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    profile: str = field(metadata=doc("a bundled profile name (hpcserve profiles) or a path"))
+    path: str = field(metadata=doc("weights directory as seen on the nodes"))
+    served_name: str | None = field(default=None, metadata=doc("the API model name"))
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: Literal["sglang"] = "sglang"
+    version: str = field(default="0.5.23", metadata=doc(
+        "the engine release in the image; flags are spelled for it", pattern=VERSION,
+        pattern_help="a release such as 0.5.23 or 0.4.9.post6"))
+    image: str | None = field(default=None, metadata=doc("overrides site.container.image"))
+    simulate: bool = field(default=False, metadata=doc(
+        "run hpcserve's stand-in engine with the same plan and argv (no GPU needed)"))
+    python: str = field(default="python3", metadata=doc("python inside the engine container"))
+    sim_startup_delay: float = field(default=0.0, metadata=doc("simulated load time, s", ge=0))
+    sim_prefill_s_per_token: float = field(default=0.0, metadata=doc("", ge=0))
+    sim_decode_s_per_token: float = field(default=0.0, metadata=doc("", ge=0))
+
+
+@dataclass(frozen=True)
+class Router:
+    enabled: bool = True
+    placement: Literal["prefill", "own"] = field(default="prefill", metadata=doc(
+        "on the first prefill node (overlapping it), or on its own het-job component"))
+    port: int = field(default=8000, metadata=doc("", ge=1024, le=65535))
+    prometheus_port: int = field(default=29000, metadata=doc("", ge=1024, le=65535))
+    policy: str = "round_robin"
+    python: str | None = field(default=None, metadata=doc(
+        "python that has sglang_router; default: the engine's python in its container"))
+    args: dict[str, ArgValue] = field(default_factory=dict, metadata=doc(
+        "more sglang-router flags", key_pattern=FLAG_NAME))
+    env: dict[str, EnvValue] = field(default_factory=dict, metadata=doc("", key_pattern=ENV_NAME))
+
+
+@dataclass(frozen=True)
+class Readiness:
+    engine_timeout: int = field(default=5400, metadata=doc(
+        "seconds for every instance to answer /health (1T-parameter loads take tens of minutes)",
+        ge=1))
+    router_timeout: int = field(default=600, metadata=doc("", ge=1))
+    poll_interval: float = field(default=1.0, metadata=doc("", ge=0.05, le=60))
+    smoke_tokens: int = field(default=4, metadata=doc(
+        "tokens the smoke request must return (0 disables the smoke request)", ge=0))
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One deployment: which model, on which site, with which engine and roles."""
+
+    name: str = field(metadata=doc("deployment (and Slurm job) name", pattern=NAME))
+    model: ModelRef
+    site: str | dict = field(metadata=doc(
+        "a site name from site_configs/, a path to a site file, or a mapping: the site inline, "
+        "or `base: <name>` plus overrides"))
+    engine: Engine = field(default_factory=Engine)
+    roles: dict[str, Role] = field(default_factory=dict, metadata=doc(
+        "prefill + decode (PD disaggregation) or worker (plain)"))
+    router: Router = field(default_factory=Router)
+    time_limit: str = field(default="04:00:00", metadata=doc(
+        "Slurm time limit", pattern=TIME, pattern_help="a time such as 04:00:00 or 1-00:00:00"))
+    env: dict[str, EnvValue] = field(default_factory=dict, metadata=doc(
+        "environment for every engine of this deployment", key_pattern=ENV_NAME))
+    readiness: Readiness = field(default_factory=Readiness)
+    jobs_dir: str | None = field(default=None, metadata=doc("overrides site.paths.jobs_dir"))
+
+    def validate(self) -> None:
+        keys = set(self.roles)
+        if not keys:
+            raise FieldProblem("roles", "no roles: give prefill and decode, or worker")
+        bad = keys - {"prefill", "decode", "worker"}
+        if bad:
+            raise FieldProblem(("roles", sorted(bad)[0]),
+                               "unknown role; valid roles: prefill, decode, worker")
+        if "worker" in keys and keys != {"worker"}:
+            raise FieldProblem("roles", "worker (plain serving) cannot be combined with "
+                                        "prefill/decode (PD disaggregation)")
+        if "worker" not in keys and keys != {"prefill", "decode"}:
+            missing = ({"prefill", "decode"} - keys).pop()
+            raise FieldProblem("roles", f"PD disaggregation needs both prefill and decode; "
+                                        f"{missing} is missing")
+
+
+# ---------------------------------------------------------------------------------------- profile
+
+@dataclass(frozen=True)
+class Architecture:
+    family: str = field(metadata=doc("architecture family, e.g. deepseek_v3"))
+    parameters_b: float = field(metadata=doc("total parameters, billions", ge=0))
+    active_parameters_b: float = field(metadata=doc("activated parameters per token, billions",
+                                                    ge=0))
+    layers: int = field(metadata=doc("", ge=1))
+    hidden_size: int = field(metadata=doc("", ge=1))
+    experts: int = field(metadata=doc("routed experts", ge=0))
+    experts_per_token: int = field(metadata=doc("", ge=0))
+    shared_experts: int = 0
+    attention: Literal["mla", "gqa", "mha"] = "mla"
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    weight_dtype: Literal["fp8", "int4", "bf16", "fp16"] = "fp8"
+    context_length: int = field(default=131072, metadata=doc("", ge=1))
+
+    @property
+    def weight_bytes(self) -> float:
+        per = {"fp8": 1.0, "int4": 0.5, "bf16": 2.0, "fp16": 2.0}[self.weight_dtype]
+        return self.parameters_b * 1e9 * per
+
+
+@dataclass(frozen=True)
+class EngineDefaults:
+    common: EngineSettings = field(default_factory=EngineSettings)
+    prefill: EngineSettings = field(default_factory=EngineSettings)
+    decode: EngineSettings = field(default_factory=EngineSettings)
+    worker: EngineSettings = field(default_factory=EngineSettings)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A model profile: architecture facts and engine defaults ("the model drives the deployment")."""
+
+    name: str = field(metadata=doc("", pattern=NAME))
+    hf_id: str = ""
+    description: str = ""
+    architecture: Architecture | None = None
+    sglang: EngineDefaults = field(default_factory=EngineDefaults)
+
+
+# ------------------------------------------------------------------------------------ resolution
+
+@dataclass(frozen=True)
+class Resolved:
+    """Everything the planner needs, validated; `sources` says where each value came from."""
+
+    deployment: Deployment
+    site: Site
+    profile: Profile
+    deploy_file: str
+    site_file: str | None
+    profile_file: str
+    positions: Positions = field(compare=False, repr=False)
+
+
+def parse_set(expr: str, index: int) -> tuple[tuple, Any, Origin]:
+    origin = Origin("--set", index + 1)
+    if "=" not in expr:
+        raise ConfigError(f"expected KEY.PATH=VALUE, got {expr!r}", file="--set", line=index + 1)
+    key, raw = expr.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"bad key path {key!r}", file="--set", line=index + 1)
+    path = tuple(int(p) if p.isdigit() else p for p in parts)
+    value, _ = load_text(raw, "--set") if raw.strip() else ("", None)
+    if value == {} and raw.strip() == "":
+        value = ""
+    if isinstance(value, str):
+        check_string(value, path, origin)
+    return path, value, origin
+
+
+def apply_set(doc_: dict, pos: Positions, path: tuple, value: Any, origin: Origin) -> None:
+    cur: Any = doc_
+    for i, p in enumerate(path[:-1]):
+        nxt = cur.get(p) if isinstance(cur, dict) else None
+        if nxt is None:
+            nxt = {}
+            cur[p] = nxt
+        elif not isinstance(nxt, dict):
+            raise ConfigError(f"{format_path(path[:i + 1])} is not a mapping",
+                              file=origin.file, line=origin.line, field=format_path(path))
+        cur = nxt
+    cur[path[-1]] = value
+    pos.table = {k: v for k, v in pos.table.items() if k[:len(path)] != path}
+    pos.table[path] = origin
+    if isinstance(value, dict):
+        for k in _walk_paths(value):
+            pos.table[path + k] = origin
+
+
+def _walk_paths(value: Any, prefix: tuple = ()) -> list[tuple]:
+    out = [prefix]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _walk_paths(v, prefix + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _walk_paths(v, prefix + (i,))
+    return out
+
+
+def deep_merge(base: dict, over: dict, bpos: Positions, opos: Positions, prefix: tuple = ()) -> dict:
+    """Merge `over` onto `base` (mappings recursively, everything else replaced), with positions."""
+    out = dict(base)
+    for k, v in over.items():
+        p = prefix + (k,)
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v, bpos, opos, p)
+        else:
+            out[k] = v
+            bpos.table = {q: o for q, o in bpos.table.items() if q[:len(p)] != p}
+        for q, o in opos.table.items():
+            if q[:len(p)] == p and (q == p or not isinstance(v, dict) or q not in bpos.table):
+                bpos.table[q] = o
+    return out
+
+
+def site_search_path(deploy_file: Path) -> list[Path]:
+    dirs = [Path(d) for d in os.environ.get("HPCSERVE_SITE_PATH", "").split(os.pathsep) if d]
+    here = deploy_file.resolve().parent
+    return dirs + [here / "site_configs", here.parent / "site_configs", BUNDLED_SITES]
+
+
+def _find_named(name: str, dirs: list[Path], what: str, origin: Origin | None,
+                fieldname: str, base: Path) -> Path:
+    if "/" in name or name.endswith((".yaml", ".yml")):
+        p = Path(name).expanduser()
+        p = p if p.is_absolute() else base / p
+        if p.is_file():
+            return p
+        raise ConfigError(f"{what} file {name!r} not found", file=origin.file if origin else None,
+                          line=origin.line if origin else None, field=fieldname)
+    for d in dirs:
+        for ext in (".yaml", ".yml"):
+            if (d / (name + ext)).is_file():
+                return d / (name + ext)
+    known = sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.y*ml")})
+    raise ConfigError(f"no {what} named {name!r}; known: {', '.join(known) or 'none'}",
+                      file=origin.file if origin else None, line=origin.line if origin else None,
+                      field=fieldname)
+
+
+def load_profile(name: str, origin: Origin | None = None, base: Path = Path(".")) -> tuple[Profile, str]:
+    path = _find_named(name, [BUNDLED_PROFILES], "model profile", origin, "model.profile", base)
+    raw, pos = load_file(path)
+    return Validator(pos).build(Profile, raw, ()), str(path)
+
+
+def load(deploy_file: str | Path, sets: list[str] | tuple[str, ...] = ()) -> Resolved:
+    """Load, merge and validate a deployment file with its site and profile."""
+    dpath = Path(deploy_file)
+    raw, pos = load_file(dpath)
+    if not isinstance(raw, dict):
+        raise ConfigError("a deployment file is a mapping (name:, model:, site:, roles: ...)",
+                          file=str(dpath), line=1)
+    for i, expr in enumerate(sets):
+        path, value, origin = parse_set(expr, i)
+        if isinstance(raw.get("site"), str) and path[0] == "site" and len(path) > 1:
+            raw["site"] = {"base": raw["site"]}  # a named site gets overridden field by field
+        apply_set(raw, pos, path, value, origin)
+
+    # The site: a name/path, or a mapping with an optional `base` plus overrides.
+    site_raw = raw.get("site")
+    site_file = None
+    if site_raw is None:
+        raise ConfigError("missing required key 'site'", file=str(dpath), line=1)
+    spos = Positions()
+    if isinstance(site_raw, str) or (isinstance(site_raw, dict) and "base" in site_raw):
+        name = site_raw if isinstance(site_raw, str) else site_raw["base"]
+        key = ("site",) if isinstance(site_raw, str) else ("site", "base")
+        if not isinstance(name, str):
+            raise Validator(pos).error(key, "expected a site name")
+        sp = _find_named(name, site_search_path(dpath), "site", pos.lookup(key),
+                         format_path(key), dpath.parent)
+        site_file = str(sp)
+        site_doc, spos = load_file(sp)
+        if not isinstance(site_doc, dict):
+            raise ConfigError("a site file is a mapping", file=site_file, line=1)
+        if isinstance(site_raw, dict):
+            over = {k: v for k, v in site_raw.items() if k != "base"}
+            opos = Positions({p[1:]: o for p, o in pos.table.items()
+                              if p[:1] == ("site",) and p[1:2] != ("base",) and len(p) > 1})
+            site_doc = deep_merge(site_doc, over, spos, opos)
+    elif isinstance(site_raw, dict):
+        site_doc = site_raw
+        spos = Positions({p[1:]: o for p, o in pos.table.items() if p[:1] == ("site",)})
+    else:
+        raise Validator(pos).error(("site",), "expected a site name or a mapping")
+
+    site = Validator(spos).build(Site, site_doc, ())
+    # Positions of site fields are kept under ("site", ...) for the planner's error messages.
+    pos.update_under(("site",), spos)
+    dep = Validator(pos).build(Deployment, raw, ())
+    profile, profile_file = load_profile(dep.model.profile, pos.lookup(("model", "profile")),
+                                         dpath.parent)
+    return Resolved(deployment=dep, site=site, profile=profile, deploy_file=str(dpath),
+                    site_file=site_file, profile_file=profile_file, positions=pos)
+
+
+def schemas() -> dict[str, dict]:
+    return {"deployment": json_schema(Deployment, "hpcserve deployment"),
+            "site": json_schema(Site, "hpcserve site"),
+            "profile": json_schema(Profile, "hpcserve model profile")}
+
+
+def merged_settings(*layers: EngineSettings) -> dict[str, Any]:
+    """Later layers win; args/env merge key by key, and an args value of None removes the key."""
+    out: dict[str, Any] = {n: None for n in SETTING_NAMES}
+    args: dict[str, Any] = {}
+    env: dict[str, Any] = {}
+    for layer in layers:
+        for n in SETTING_NAMES:
+            v = getattr(layer, n)
+            if v is not None:
+                out[n] = copy.copy(v)
+        for k, v in layer.args.items():
+            if v is None:
+                args.pop(k, None)
+            else:
+                args[k] = v
+        env.update(layer.env)
+    out["args"] = args
+    out["env"] = env
+    return out

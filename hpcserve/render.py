@@ -1,0 +1,234 @@
+"""The renderer: a Plan -> the files of a self-contained job directory.
+
+`render_files` is pure (plan in, {relative path: (text, mode)} out) so it is tested against golden
+directories byte for byte; `write_job` is the only part that touches the disk. Templates run with
+StrictUndefined and receive every word already quoted for bash by the `q` filter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .containers import wrap_task
+from .plan import Instance, Plan
+from .words import Var, Word, quote, to_json
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "sbatch_templates"
+RUNTIME = Path(__file__).resolve().parent / "runtime" / "job.py"
+SIM = Path(__file__).resolve().parent / "sim" / "engine.py"
+
+_env = None
+
+
+def _jinja():
+    global _env
+    if _env is None:
+        import jinja2
+        _env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+            trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
+        _env.filters["q"] = lambda v: quote(v) if isinstance(v, (str, tuple)) else shlex.quote(str(v))
+    return _env
+
+
+def _directive(key: str, value: str | None) -> str:
+    return f"--{key}" if value is None else f"--{key}={shlex.quote(value)}"
+
+
+def _jsonify(obj: Any) -> Any:
+    if is_dataclass(obj):
+        return {k: _jsonify(v) for k, v in asdict(obj).items()}
+    if isinstance(obj, tuple) and obj and all(isinstance(p, (str, Var)) for p in obj) and any(
+            isinstance(p, Var) for p in obj):
+        return to_json(obj)
+    if isinstance(obj, (list, tuple)):
+        return [_jsonify(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _jsonify(v) for k, v in obj.items()}
+    if isinstance(obj, Var):
+        return {"var": obj.name}
+    return obj
+
+
+def _title(plan: Plan, inst: Instance) -> str:
+    par = f"TP {inst.tp}" + (f", DP-attention {inst.attn_dp}" if inst.attn_dp else "") + (
+        f", EP {inst.ep}" if inst.ep else "")
+    where = f"component {inst.component} nodes {inst.node_offset}" + (
+        f"-{inst.node_offset + inst.nodes - 1}" if inst.nodes > 1 else "") + (
+        f", GPUs {inst.gpu_ids}" if inst.gpu_ids else "")
+    mode = {"prefill": "prefill", "decode": "decode", "worker": "plain"}[inst.role]
+    sim = "simulated " if plan.simulate else ""
+    return f"{sim}SGLang {plan.version} {mode} instance {inst.index}, {par} ({where})"
+
+
+def topology(plan: Plan) -> list[str]:
+    lines = []
+    for c in plan.components:
+        lines.append(f"component {c.index} ({c.name}), {c.nodes} node(s):")
+        for i in plan.instances_of(c.index):
+            ports = f"http {i.port}" + (f", bootstrap {i.bootstrap_port}" if i.bootstrap_port
+                                        else "") + (f", dist-init {i.dist_init_port}"
+                                                    if i.nodes > 1 else "")
+            lines.append(f"  {i.name}: {_title(plan, i)}; ports {ports}")
+        if plan.router and plan.router.component == c.index:
+            lines.append(f"  router: sglang-router on node {plan.router.node_offset}, port "
+                         f"{plan.router.port} (metrics {plan.router.prometheus_port})")
+    return lines
+
+
+def _srun(plan: Plan, component: int, nodes: int | None, name: str, *, nodelist: bool,
+          overlap: bool) -> list[Word]:
+    w: list[Word] = []
+    if len(plan.components) > 1:
+        w.append(f"--het-group={component}")
+    if nodes is not None:
+        w += [f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1"]
+    if nodelist:
+        w.append(("--nodelist=", Var("NODELIST")))
+    if overlap:
+        w.append("--overlap")
+    w += [f"--job-name={name}", "--kill-on-bad-exit=1"]
+    return w
+
+
+def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
+    """Every file of the job directory as (text, mode), for a directory at `job_dir` on the cluster."""
+    env = _jinja()
+    files: dict[str, tuple[str, int]] = {}
+    jd = job_dir.rstrip("/") or "/"
+    comps = []
+    for c in plan.components:
+        ds = [(k, f"{jd}/logs/batch-%j.out" if v == "@OUTPUT@" else v) for k, v in c.directives]
+        comps.append({"index": c.index, "name": c.name, "nodes": c.nodes,
+                      "plural": "" if c.nodes == 1 else "s",
+                      "directives": [_directive(k, v) for k, v in ds]})
+    files["job.sbatch"] = (env.get_template("job.sbatch.j2").render(
+        components=comps, plan=plan, version=__version__, topology=topology(plan),
+        engine_title=f"{'simulated ' if plan.simulate else ''}SGLang {plan.version}",
+        job_dir=jd, site_python=plan.site_python), 0o755)
+
+    step = env.get_template("step.sh.j2")
+    py = plan.site_python
+    ib = plan.ib_devices
+    ib_arg = "auto" if ib == "auto" else ",".join(ib) if ib else "none"
+    for c in plan.components:
+        if c.name == "router":
+            continue
+        cmd = [py, f"{jd}/hpcserve_job.py", "discover", "--iface", plan.interface, "--ib", ib_arg]
+        files[f"steps/discover-{c.index}.sh"] = (step.render(
+            title=f"address discovery on every node of component {c.index} ({c.name}): one task "
+                  "per node prints its name, address, interface and IB devices",
+            needs_nodelist=False,
+            srun=[quote(w) for w in _srun(plan, c.index, c.nodes, f"discover-{c.name}",
+                                          nodelist=False, overlap=True)],
+            command=[quote(w) for w in cmd]), 0o755)
+
+    launch = env.get_template("launch_engine.sh.j2")
+    for inst in plan.instances:
+        srun_extra, prefix = wrap_task(plan, jd)
+        files[f"steps/{inst.name}.sh"] = (step.render(
+            title=f"{inst.name}: {_title(plan, inst)}", needs_nodelist=True,
+            srun=[quote(w) for w in _srun(plan, inst.component, inst.nodes, inst.name,
+                                          nodelist=True, overlap=True) + srun_extra],
+            command=[quote(w) for w in prefix + ["bash", f"{jd}/launch/{inst.name}.sh"]]), 0o755)
+        if plan.simulate:
+            cmd: list[Word] = [plan.engine_python, f"{jd}/hpcserve_sim.py"]
+        else:
+            cmd = [plan.engine_python, "-m", "sglang.launch_server"]
+        envs = list(inst.env)
+        if plan.simulate:
+            envs += _sim_env(plan, inst)
+        files[f"launch/{inst.name}.sh"] = (launch.render(
+            inst=inst, title=_title(plan, inst), job_dir=jd,
+            in_container=plan.container.runtime != "none",
+            env=[(k, quote(v)) for k, v in envs],
+            command=_argv_lines(cmd, inst.argv)), 0o755)
+
+    if plan.router:
+        r = plan.router
+        srun_extra, prefix = wrap_task(plan, jd)
+        files["steps/router.sh"] = (step.render(
+            title=f"router: sglang-router on node {r.node_offset} of component {r.component}",
+            needs_nodelist=True,
+            srun=[quote(w) for w in _srun(plan, r.component, 1, "router", nodelist=True,
+                                          overlap=True) + srun_extra],
+            command=[quote(w) for w in prefix + ["bash", f"{jd}/launch/router.sh"]]), 0o755)
+        n_p = sum(1 for i in plan.instances if i.role == "prefill")
+        n_d = sum(1 for i in plan.instances if i.role == "decode")
+        n_w = sum(1 for i in plan.instances if i.role == "worker")
+        workers = (f"{n_p} prefill and {n_d} decode instance(s)" if r.pd
+                   else f"{n_w} instance(s)")
+        files["launch/router.sh"] = (env.get_template("launch_router.sh.j2").render(
+            mode="PD" if r.pd else "plain", workers=workers, job_dir=jd,
+            env=[(k, quote(v)) for k, v in r.env],
+            command=_argv_lines([plan.router_python, "-m", "sglang_router.launch_router"],
+                                r.argv)), 0o755)
+
+    files["plan.json"] = (json.dumps(plan_json(plan, jd), indent=1, sort_keys=False) + "\n", 0o644)
+    files["hpcserve_job.py"] = (RUNTIME.read_text(encoding="utf-8"), 0o755)
+    if plan.simulate:
+        files["hpcserve_sim.py"] = (SIM.read_text(encoding="utf-8"), 0o755)
+    return files
+
+
+def _sim_env(plan: Plan, inst: Instance) -> list[tuple[str, Word]]:
+    s = plan.sim
+    out: list[tuple[str, Word]] = [
+        ("HPCSERVE_SIM_STARTUP_DELAY", repr(float(s["startup_delay"]))),
+        ("HPCSERVE_SIM_PREFILL_S_PER_TOKEN", repr(float(s["prefill_s_per_token"]))),
+        ("HPCSERVE_SIM_DECODE_S_PER_TOKEN", repr(float(s["decode_s_per_token"]))),
+        ("HPCSERVE_SIM_INIT_TIMEOUT", str(min(60, plan.readiness.engine_timeout)))]
+    f = inst.fault
+    if f is not None:
+        spec = {"exit": f"exit:{f.exit_code}:{f.after:g}", "hang": f"hang:{f.after:g}",
+                "unhealthy": "unhealthy"}[f.kind]
+        out.append(("HPCSERVE_SIM_FAULT", spec))
+        if f.ranks is not None:
+            out.append(("HPCSERVE_SIM_FAULT_RANKS", ",".join(map(str, f.ranks))))
+    return out
+
+
+def _argv_lines(cmd: list[Word], argv: tuple[Word, ...]) -> list[str]:
+    """One line per option with its values, so a person reads the command as in the docs."""
+    lines = [" ".join(quote(w) for w in cmd)]
+    cur: list[str] = []
+    for w in argv:
+        if isinstance(w, str) and w.startswith("--") and cur:
+            lines.append(" ".join(cur))
+            cur = []
+        cur.append(quote(w))
+    if cur:
+        lines.append(" ".join(cur))
+    return lines
+
+
+def plan_json(plan: Plan, job_dir: str) -> dict:
+    d = _jsonify(plan)
+    d["hpcserve_version"] = __version__
+    d["job_dir"] = job_dir
+    d["container"] = _jsonify(plan.container)
+    for inst, j in zip(plan.instances, d["instances"]):
+        j["name"] = inst.name
+    return d
+
+
+def write_job(files: dict[str, tuple[str, int]], out_dir: str | Path) -> Path:
+    """Write the files; the directory must be new or empty so no earlier job is overwritten."""
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        from .errors import HpcserveError
+        raise HpcserveError(f"{out} exists and is not empty; choose another --out")
+    for rel, (text, mode) in sorted(files.items()):
+        p = out / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text, encoding="utf-8")
+        os.chmod(p, mode)
+    for d in ("logs", "run"):
+        (out / d).mkdir(exist_ok=True)
+    return out
