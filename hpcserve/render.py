@@ -118,8 +118,6 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
     ib = plan.ib_devices
     ib_arg = "auto" if ib == "auto" else ",".join(ib) if ib else "none"
     for c in plan.components:
-        if c.name == "router":
-            continue
         cmd = [py, f"{jd}/hpcserve_job.py", "discover", "--iface", plan.interface, "--ib", ib_arg]
         files[f"steps/discover-{c.index}.sh"] = (step.render(
             title=f"address discovery on every node of component {c.index} ({c.name}): one task "

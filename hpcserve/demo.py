@@ -1,0 +1,98 @@
+"""The demo: a real local Slurm cluster, simulated Kimi-K2 on SGLang behind the real sglang-router.
+
+`./scripts/demo` runs `python -m hpcserve.demo`: starts the dev cluster, renders and submits
+examples/demo.yaml with plain sbatch, waits until the job serves, sends a chat request through
+the router, prints the answer and the job's state, then cancels the job and stops the cluster
+(--keep leaves both running).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from . import config, plan
+from .devcluster.cluster import DevCluster
+from .errors import HpcserveError
+from .render import render_files, write_job
+from .slurm.client import Slurm
+from .slurm.runner import LocalRunner
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_phase(job_dir: Path, want: set[str], timeout: float) -> dict:
+    end = time.time() + timeout
+    last = None
+    while time.time() < end:
+        try:
+            st = json.loads((job_dir / "state.json").read_text())
+        except (OSError, ValueError):
+            st = {"phase": "pending"}
+        if st.get("phase") != last:
+            last = st.get("phase")
+            print(f"  phase: {last}", flush=True)
+        if st.get("phase") in want:
+            return st
+        time.sleep(0.2)
+    raise HpcserveError(f"the job did not reach {sorted(want)} within {timeout:.0f} s "
+                        f"(last phase {last}); logs: {job_dir / 'logs'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="scripts/demo")
+    ap.add_argument("--keep", action="store_true", help="leave the job and the cluster running")
+    ap.add_argument("--file", default=str(ROOT / "examples" / "demo.yaml"))
+    a = ap.parse_args(argv)
+    try:
+        cluster = DevCluster(nodes=4)
+        print("1. starting the local Slurm cluster (4 nodes, one network namespace each)")
+        cluster.up()
+        slurm = Slurm(LocalRunner(cluster.client_env()))
+        p = plan.build(config.load(a.file))
+        job_dir = Path(p.jobs_dir) / f"{p.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        write_job(render_files(p, str(job_dir)), job_dir)
+        print(f"2. rendered {job_dir}\n   submitting with plain `sbatch job.sbatch`")
+        job_id = slurm.sbatch(str(job_dir / "job.sbatch"))
+        print(f"   job {job_id}")
+        st = wait_phase(job_dir, {"serving", "failed", "cancelled", "done"}, 180)
+        if st["phase"] != "serving":
+            print(json.dumps(st, indent=1))
+            raise HpcserveError(f"the demo job ended {st['phase']}: {st.get('reason')}")
+        url = st["endpoint"]
+        print(f"3. serving at {url} after {st.get('serving_after_s')} s; asking it something")
+        body = {"model": p.served_name, "max_tokens": 16,
+                "messages": [{"role": "user", "content": "What is 15% of 240?"}]}
+        req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        resp = json.load(urllib.request.urlopen(req, timeout=60))
+        print("   answer:", resp["choices"][0]["message"]["content"].strip())
+        print("   usage: ", resp.get("usage"))
+        print("4. status:", slurm.squeue_states([job_id]).get(job_id), "phase", st["phase"])
+        if a.keep:
+            print(f"kept running: job {job_id}, endpoint {url}; stop with `scancel {job_id}` "
+                  f"(SLURM_CONF={cluster.conf_path}) and `hpcserve dev-cluster down`")
+            return 0
+        print("5. cancelling the job (ordered teardown: router, then engines)")
+        slurm.scancel(job_id)
+        st = wait_phase(job_dir, {"cancelled", "failed", "done"}, 60)
+        print(f"   final phase: {st['phase']} ({st.get('reason')})")
+        return 0
+    except HpcserveError as e:
+        print(f"demo: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if not a.keep:
+            try:
+                print("6. stopping the cluster")
+                DevCluster().down()
+            except HpcserveError as e:
+                print(f"demo: error stopping the cluster: {e}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,513 @@
+#!/usr/bin/env python3
+"""hpcserve's in-job runtime, copied into every job directory as hpcserve_job.py (stdlib only).
+
+job.sbatch execs `hpcserve_job.py run JOBDIR` on the batch host. It runs the rendered step
+scripts (steps/*.sh, each one srun), so every command of the job stays readable in the job
+directory, and does here what is awkward in bash: HTTP polling with deadlines, supervision of
+every step, ordered teardown through Slurm, and state.json.
+
+`hpcserve_job.py discover` runs once per node (one srun per component) and prints the node's
+address on the site's interface and its active IB devices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+PHASES = ("pending", "starting", "engines_ready", "router_ready", "serving", "stopping",
+          "done", "cancelled", "failed")
+
+
+def now() -> float:
+    return time.time()
+
+
+# ------------------------------------------------------------------------------------ discovery
+
+def _ip_json(args: list[str]) -> list:
+    try:
+        out = subprocess.run(["ip", "-j", *args], capture_output=True, text=True, timeout=10)
+        return json.loads(out.stdout or "[]") if out.returncode == 0 else []
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return []
+
+
+def interface_address(iface: str) -> tuple[str, str]:
+    """(interface, IPv4 address); `auto` is the default route's interface, else the first
+    up interface that is neither loopback nor a container bridge."""
+    addrs = _ip_json(["-4", "addr", "show"])
+    by_name = {a.get("ifname"): a for a in addrs}
+    if iface == "auto":
+        routes = _ip_json(["-4", "route", "show", "default"])
+        cands = [r.get("dev") for r in routes if r.get("dev")]
+        cands += [a.get("ifname") for a in addrs
+                  if a.get("ifname") != "lo" and "LOOPBACK" not in a.get("flags", [])
+                  and not re.match(r"(docker|br-|veth|virbr|cni|flannel|cali)", a.get("ifname", ""))]
+        for c in cands:
+            if c in by_name and _first_v4(by_name[c]):
+                return c, _first_v4(by_name[c])
+        raise SystemExit("hpcserve discover: no interface with an IPv4 address found "
+                         "(set site.network.interface)")
+    if iface not in by_name or not _first_v4(by_name[iface]):
+        known = ", ".join(sorted(n for n in by_name if n))
+        raise SystemExit(f"hpcserve discover: interface {iface!r} has no IPv4 address on this "
+                         f"node (interfaces with one: {known})")
+    return iface, _first_v4(by_name[iface])
+
+
+def _first_v4(entry: dict) -> str | None:
+    for a in entry.get("addr_info", []):
+        if a.get("family") == "inet" and a.get("local"):
+            return a["local"]
+    return None
+
+
+def active_ib_devices(root: str = "/sys/class/infiniband") -> list[str]:
+    out = []
+    try:
+        devs = sorted(os.listdir(root))
+    except OSError:
+        return []
+    for dev in devs:
+        ports = os.path.join(root, dev, "ports")
+        try:
+            for port in sorted(os.listdir(ports)):
+                with open(os.path.join(ports, port, "state")) as f:
+                    if "ACTIVE" in f.read():
+                        out.append(dev)
+                        break
+        except OSError:
+            continue
+    return out
+
+
+def cmd_discover(args: argparse.Namespace) -> int:
+    iface, ip = interface_address(args.iface)
+    if args.ib == "auto":
+        ib = active_ib_devices()
+        if not ib:
+            raise SystemExit("hpcserve discover: ib_devices is auto but no active InfiniBand "
+                             "port was found in /sys/class/infiniband")
+        ibs = ",".join(ib)
+    elif args.ib == "none":
+        ibs = "-"
+    else:
+        ibs = args.ib
+    name = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+    nodeid = os.environ.get("SLURM_NODEID", "0")
+    # One tagged line: stderr noise such as "srun: Step created" can never be taken for it.
+    print(f"HPCSERVE-NODE {nodeid} {name} {ip} {iface} {ibs}", flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ state
+
+class State:
+    def __init__(self, job_dir: str):
+        self.path = os.path.join(job_dir, "state.json")
+        try:
+            with open(self.path) as f:
+                self.data = json.load(f)
+        except (OSError, ValueError):
+            self.data = {}
+        self.data.setdefault("history", [])
+        self.data["job_id"] = os.environ.get("SLURM_JOB_ID")
+
+    def update(self, phase: str | None = None, **fields) -> None:
+        if phase:
+            self.data["phase"] = phase
+            self.data["history"].append({"phase": phase, "at": round(now(), 3)})
+        self.data.update(fields)
+        self.data["updated_at"] = round(now(), 3)
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.data, f, indent=1)
+        os.replace(tmp, self.path)
+
+
+# --------------------------------------------------------------------------------------- the run
+
+class Stop(Exception):
+    """The deployment must end: a step exited, a deadline passed, or a signal arrived."""
+
+    def __init__(self, phase: str, reason: str, failure: dict | None = None):
+        super().__init__(reason)
+        self.phase = phase
+        self.reason = reason
+        self.failure = failure
+
+
+def http_json(url: str, body: dict | None = None, timeout: float = 2.0):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        raw = r.read()
+        return r.status, (json.loads(raw) if raw.strip() else None)
+
+
+class Job:
+    def __init__(self, job_dir: str):
+        self.dir = job_dir
+        with open(os.path.join(job_dir, "plan.json")) as f:
+            self.plan = json.load(f)
+        self.state = State(job_dir)
+        self.steps: dict[str, subprocess.Popen] = {}
+        self.nodes: dict[str, list[list[str]]] = {}   # instance -> [[rank, name, ip, iface, ib]]
+        self.signal_reason: str | None = None
+        self.t0 = now()
+        self.job_id = os.environ.get("SLURM_JOB_ID", "")
+        self.log_fh = open(os.path.join(job_dir, "logs", "hpcserve-job.log"), "a", buffering=1)
+
+    def log(self, msg: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')} +{now() - self.t0:7.2f}s] {msg}"
+        print(line, flush=True)
+        self.log_fh.write(line + "\n")
+
+    # -- signals
+    def on_signal(self, signum, _frame) -> None:
+        if self.signal_reason:
+            return
+        self.signal_reason = "time_limit" if self._near_time_limit() else "cancelled"
+        self.log(f"received {signal.Signals(signum).name}: {self.signal_reason}")
+
+    def _near_time_limit(self) -> bool:
+        if not self.job_id:
+            return False
+        try:
+            out = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%L"],
+                                 capture_output=True, text=True, timeout=5).stdout.split()
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        left = _seconds(out[0]) if out else None
+        return left is not None and left <= self.plan["signal_grace"] + 90
+
+    def check(self) -> None:
+        if self.signal_reason:
+            raise Stop("cancelled", self.signal_reason)
+        for name, p in self.steps.items():
+            rc = p.poll()
+            if rc is not None:
+                time.sleep(0.3)  # a scancel signals steps and us together: let our signal land
+                if self.signal_reason:
+                    raise Stop("cancelled", self.signal_reason)
+                raise Stop("failed", f"step {name} exited with code {rc}", self.failure_of(name, rc))
+
+    def sleep(self, seconds: float) -> None:
+        end = now() + seconds
+        while now() < end:
+            self.check()
+            time.sleep(min(0.1, max(0.0, end - now())))
+
+    # -- failure details
+    def failure_of(self, name: str, rc: int) -> dict:
+        role, _, idx = name.rpartition("-")
+        f = {"step": name, "role": role if name != "router" else "router",
+             "instance": int(idx) if idx.isdigit() else None, "exit_code": rc}
+        srun_log = os.path.join(self.dir, "logs", f"{name}.srun.log")
+        try:
+            text = open(srun_log, errors="replace").read()
+        except OSError:
+            text = ""
+        m = re.search(r"error: (\S+): task (\d+): (Exited with exit code (\d+)|Killed|"
+                      r"Terminated|Segmentation fault|Aborted)", text)
+        if m:
+            f["node"] = m.group(1)
+            if m.group(4):
+                f["exit_code"] = int(m.group(4))
+            for rank, nname, *_ in self.nodes.get(name, []):
+                if nname == m.group(1):
+                    f["node_rank"] = int(rank)
+        elif name in self.nodes and len(self.nodes[name]) == 1:
+            f["node"] = self.nodes[name][0][1]
+            f["node_rank"] = 0
+        f["log"] = self._log_file(name, f.get("node_rank"), f.get("node"))
+        f["log_tail"] = _tail(os.path.join(self.dir, f["log"]) if f["log"] else srun_log)
+        return f
+
+    def _log_file(self, name: str, rank, node) -> str | None:
+        if name == "router":
+            return "logs/router.log"
+        if rank is None:
+            return f"logs/{name}.srun.log"
+        return f"logs/{name}.node{rank}.{node}.log"
+
+    # -- steps
+    def start_step(self, name: str, script: str, nodelist: list[str]) -> None:
+        env = dict(os.environ, NODELIST=",".join(nodelist))
+        out = open(os.path.join(self.dir, "logs", f"{name}.srun.log"), "ab")
+        self.steps[name] = subprocess.Popen(["bash", os.path.join(self.dir, script)], env=env,
+                                            stdout=out, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL)
+        out.close()
+
+    def discover(self) -> dict[int, list[list[str]]]:
+        procs = {}
+        for c in self.plan["components"]:
+            procs[c["index"]] = subprocess.Popen(
+                ["bash", os.path.join(self.dir, "steps", f"discover-{c['index']}.sh")],
+                stdout=subprocess.PIPE, stderr=open(os.path.join(
+                    self.dir, "logs", f"discover-{c['index']}.log"), "ab"),
+                stdin=subprocess.DEVNULL, text=True)
+        found = {}
+        deadline = now() + 120
+        for c in self.plan["components"]:
+            p = procs[c["index"]]
+            while p.poll() is None:
+                if now() > deadline:
+                    p.kill()
+                    raise Stop("failed", f"address discovery on component {c['index']} timed out")
+                if self.signal_reason:
+                    p.kill()
+                    raise Stop("cancelled", self.signal_reason)
+                time.sleep(0.05)
+            rows = [ln.split()[1:] for ln in p.stdout.read().splitlines()
+                    if ln.startswith("HPCSERVE-NODE ") and len(ln.split()) == 6]
+            if p.returncode != 0 or len(rows) != c["nodes"]:
+                raise Stop("failed", f"address discovery on component {c['index']} ({c['name']}) "
+                                     f"failed (exit {p.returncode}, {len(rows)}/{c['nodes']} "
+                                     f"nodes); see logs/discover-{c['index']}.log",
+                           {"step": f"discover-{c['index']}", "role": c["name"],
+                            "exit_code": p.returncode,
+                            "log_tail": _tail(os.path.join(self.dir, "logs",
+                                                           f"discover-{c['index']}.log"))})
+            rows.sort(key=lambda r: int(r[0]))
+            found[c["index"]] = [r[1:] for r in rows]  # name, ip, iface, ib
+            self.log(f"component {c['index']} ({c['name']}): " +
+                     ", ".join(f"{r[0]}={r[1]}" for r in found[c["index"]]))
+        return found
+
+    def run(self) -> int:
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(s, self.on_signal)
+        self.state.update("starting", started_at=round(self.t0, 3),
+                          batch_host=os.uname().nodename, endpoint=None, failure=None)
+        try:
+            self.serve()
+            phase, reason, failure = "done", "finished", None  # not reached: serve() raises
+        except Stop as s:
+            phase, reason, failure = s.phase, s.reason, s.failure
+        except Exception as e:  # a bug here must still tear the job down
+            phase, reason, failure = "failed", f"hpcserve runtime error: {e!r}", None
+        self.log(f"stopping: {reason}")
+        self.state.update("stopping", reason=reason, failure=failure)
+        self.teardown()
+        final = "cancelled" if phase == "cancelled" else phase
+        self.state.update(final, reason=reason, finished_at=round(now(), 3))
+        self.log(f"final state: {final} ({reason})")
+        return 0 if final in ("cancelled", "done") else 1
+
+    def serve(self) -> None:
+        plan = self.plan
+        found = self.discover()
+        heads = {}
+        for inst in plan["instances"]:
+            names = found[inst["component"]][inst["node_offset"]:inst["node_offset"] + inst["nodes"]]
+            rows = [[str(r), *n] for r, n in enumerate(names)]
+            self.nodes[inst["name"]] = rows
+            with open(os.path.join(self.dir, "run", f"{inst['name']}.nodes"), "w") as f:
+                for row in rows:
+                    f.write(" ".join(row) + "\n")
+            heads[inst["name"]] = names[0][1]
+        for inst in plan["instances"]:
+            self.start_step(inst["name"], f"steps/{inst['name']}.sh",
+                            [r[1] for r in self.nodes[inst["name"]]])
+        self.log(f"started {len(plan['instances'])} engine instance(s)")
+        rd = plan["readiness"]
+        self.wait_engines(heads, rd)
+        self.state.update("engines_ready")
+        router = plan.get("router")
+        if not router:
+            self.state.update("serving", endpoint=None)
+            while True:
+                self.sleep(1.0)
+        env_lines = [f"{i['role'].upper()}_{i['index']}_IP={shlex.quote(heads[i['name']])}"
+                     for i in plan["instances"]]
+        with open(os.path.join(self.dir, "run", "endpoints.env"), "w") as f:
+            f.write("\n".join(env_lines) + "\n")
+        rnode = found[router["component"]][router["node_offset"]]
+        self.start_step("router", "steps/router.sh", [rnode[0]])
+        url = f"http://{rnode[1]}:{router['port']}"
+        self.wait_router(url, len(plan["instances"]), rd)
+        self.state.update("router_ready", endpoint=url)
+        if rd["smoke_tokens"]:
+            self.smoke(url, rd)
+        self.state.update("serving", endpoint=url, serving_after_s=round(now() - self.t0, 3))
+        self.log(f"serving at {url}")
+        while True:
+            self.sleep(0.5)
+
+    def wait_engines(self, heads: dict, rd: dict) -> None:
+        pending = {i["name"]: f"http://{heads[i['name']]}:{i['port']}/health"
+                   for i in self.plan["instances"]}
+        total = len(pending)
+        deadline = now() + rd["engine_timeout"]
+        self.state.update(engines_ready_count=0, engines_total=total)
+        while pending:
+            self.check()
+            for name, url in list(pending.items()):
+                try:
+                    code, _ = http_json(url, timeout=2)
+                except (OSError, ValueError, urllib.error.URLError):
+                    continue
+                if code == 200:
+                    del pending[name]
+                    self.log(f"{name} healthy ({url})")
+                    self.state.update(engines_ready_count=total - len(pending))
+            if pending:
+                if now() > deadline:
+                    raise Stop("failed", f"not healthy within {rd['engine_timeout']} s: "
+                                         + ", ".join(sorted(pending)),
+                               {"role": sorted(pending)[0].rpartition("-")[0],
+                                "instance": int(sorted(pending)[0].rpartition("-")[2]),
+                                "reason": "readiness timeout"})
+                self.sleep(rd["poll_interval"])
+
+    def wait_router(self, url: str, expected: int, rd: dict) -> None:
+        deadline = now() + rd["router_timeout"]
+        seen = None
+        while True:
+            self.check()
+            try:
+                code, body = http_json(url + "/readiness", timeout=2)
+                seen = body
+                if code == 200 and (body or {}).get("healthy_workers", expected) >= expected:
+                    self.log(f"router ready with {expected} worker(s) at {url}")
+                    return
+            except urllib.error.HTTPError as e:
+                seen = f"HTTP {e.code}"
+            except (OSError, ValueError, urllib.error.URLError):
+                pass
+            if now() > deadline:
+                raise Stop("failed", f"router not ready with {expected} workers within "
+                                     f"{rd['router_timeout']} s (last answer: {seen})",
+                           {"role": "router", "reason": "readiness timeout"})
+            self.sleep(rd["poll_interval"])
+
+    def smoke(self, url: str, rd: dict) -> None:
+        body = {"model": self.plan["served_name"], "max_tokens": rd["smoke_tokens"],
+                "messages": [{"role": "user", "content": "hpcserve smoke test: say hello"}]}
+        try:
+            code, resp = http_json(url + "/v1/chat/completions", body, timeout=120)
+        except urllib.error.HTTPError as e:
+            raise Stop("failed", f"smoke request failed: HTTP {e.code} "
+                                 f"{e.read()[:300].decode(errors='replace')}",
+                       {"role": "router", "reason": "smoke request failed"}) from None
+        except (OSError, ValueError, urllib.error.URLError) as e:
+            raise Stop("failed", f"smoke request failed: {e}",
+                       {"role": "router", "reason": "smoke request failed"}) from None
+        tokens = ((resp or {}).get("usage") or {}).get("completion_tokens") or 0
+        if tokens <= 0:
+            raise Stop("failed", "smoke request returned 0 tokens",
+                       {"role": "router", "reason": "smoke request returned 0 tokens"})
+        self.log(f"smoke request returned {tokens} token(s)")
+        self.state.update(smoke_tokens=tokens)
+
+    # -- teardown
+    def step_ids(self) -> dict[str, str]:
+        if not self.job_id:
+            return {}
+        try:
+            out = subprocess.run(["squeue", "-h", "--steps", "-j", self.job_id, "-o", "%i %j"],
+                                 capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return {}
+        ids = {}
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                ids.setdefault(parts[1], []).append(parts[0])
+        return {k: " ".join(v) for k, v in ids.items()}
+
+    def signal_steps(self, names: list[str], sig: str, ids: dict[str, str]) -> None:
+        targets = [sid for n in names if self.steps[n].poll() is None
+                   for sid in ids.get(n, "").split()]
+        if targets:
+            subprocess.run(["scancel", f"--signal={sig}", *targets], capture_output=True,
+                           timeout=10)
+        for n in names:  # a step Slurm does not list (yet): signal its srun client instead
+            if self.steps[n].poll() is None and not ids.get(n):
+                try:
+                    self.steps[n].send_signal(signal.SIGTERM if sig == "TERM" else signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def wait_steps(self, names: list[str], until: float) -> bool:
+        while now() < until:
+            if all(self.steps[n].poll() is not None for n in names):
+                return True
+            time.sleep(0.05)
+        return all(self.steps[n].poll() is not None for n in names)
+
+    def teardown(self) -> None:
+        grace = float(self.plan["signal_grace"])
+        end = now() + max(2.0, grace - 5)
+        live = [n for n, p in self.steps.items() if p.poll() is None]
+        if not live:
+            return
+        ids = self.step_ids()
+        # Router first, so no new request reaches an engine that is going away.
+        tiers = [["router"], [n for n in self.steps if n != "router"]]
+        for tier in tiers:
+            tier = [n for n in tier if n in self.steps and self.steps[n].poll() is None]
+            if not tier:
+                continue
+            self.log(f"SIGTERM to {', '.join(tier)}")
+            # SGLang's rank 0 drains on TERM and shuts its peers down; ranks >= 1 ignore TERM.
+            self.signal_steps(tier, "TERM", ids)
+            self.wait_steps(tier, min(end, now() + max(1.0, (end - now()) / 2)))
+        left = [n for n, p in self.steps.items() if p.poll() is None]
+        if left:
+            self.wait_steps(left, end)
+            left = [n for n, p in self.steps.items() if p.poll() is None]
+        if left:
+            self.log(f"SIGKILL to {', '.join(left)} after the grace period")
+            self.signal_steps(left, "KILL", self.step_ids() or ids)
+            if not self.wait_steps(left, now() + 5):
+                for n in left:
+                    if self.steps[n].poll() is None:
+                        self.steps[n].kill()
+                self.wait_steps(left, now() + 2)
+
+
+def _seconds(s: str) -> int | None:
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", s.strip())
+    if not m:
+        return None
+    d, h, mi, se = (int(x) if x else 0 for x in m.groups())
+    return ((d * 24 + h) * 60 + mi) * 60 + se
+
+
+def _tail(path: str, n: int = 20) -> list[str]:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().splitlines()[-n:]
+    except OSError:
+        return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="hpcserve_job.py")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="orchestrate the deployment (called by job.sbatch)")
+    r.add_argument("job_dir")
+    d = sub.add_parser("discover", help="print this node's address line")
+    d.add_argument("--iface", default="auto")
+    d.add_argument("--ib", default="none")
+    a = ap.parse_args(argv)
+    if a.cmd == "discover":
+        return cmd_discover(a)
+    return Job(a.job_dir).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
