@@ -1,0 +1,165 @@
+"""Helpers for real jobs on the local Slurm cluster: submit rendered job directories with plain
+sbatch, read state.json, list and find the job's processes per node (by PID, per namespace)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from hpcserve import config, plan
+from hpcserve.render import render_files, write_job
+
+ROOT = Path(__file__).resolve().parents[2]
+TERMINAL = {"cancelled", "failed", "done"}
+
+
+def deployment(prefill_nodes: int = 1, decode_nodes: int = 1, **over: Any) -> dict:
+    d = {
+        "name": "t-pd",
+        "site": "local",
+        "model": {"profile": "kimi-k2-instruct", "path": "/models/Kimi-K2-Instruct",
+                  "served_name": "kimi-k2"},
+        "engine": {"name": "sglang", "version": "0.5.23", "simulate": True},
+        "time_limit": "00:10:00",
+        "roles": {"prefill": {"nodes": prefill_nodes}, "decode": {"nodes": decode_nodes}},
+        "router": {"port": 8000},
+        "readiness": {"engine_timeout": 60, "router_timeout": 30, "poll_interval": 0.1},
+    }
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(d.get(k), dict):
+            d[k] = {**d[k], **v}
+        else:
+            d[k] = v
+    return d
+
+
+class Job:
+    def __init__(self, cluster: Any, job_dir: Path, job_id: str, env: dict):
+        self.cluster = cluster
+        self.dir = job_dir
+        self.id = job_id
+        self.env = env
+
+    def state(self) -> dict:
+        try:
+            return json.loads((self.dir / "state.json").read_text())
+        except (OSError, ValueError):
+            return {"phase": "pending", "history": []}
+
+    def wait(self, phases: set[str], timeout: float = 60) -> dict:
+        end = time.time() + timeout
+        while time.time() < end:
+            st = self.state()
+            if st.get("phase") in phases:
+                return st
+            time.sleep(0.05)
+        raise AssertionError(f"job {self.id} did not reach {phases} in {timeout}s; state: "
+                             f"{json.dumps(self.state(), indent=1)}\n{self.logs()}")
+
+    def logs(self) -> str:
+        out = []
+        for p in sorted((self.dir / "logs").glob("*")):
+            out.append(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:]))
+        return "\n".join(out)
+
+    def squeue_gone(self, timeout: float = 30) -> None:
+        end = time.time() + timeout
+        while time.time() < end:
+            out = subprocess.run(["squeue", "-h", "-j", self.id, "-o", "%T"], env=self.env,
+                                 capture_output=True, text=True).stdout.split()
+            if not out or all(s not in ("RUNNING", "PENDING", "COMPLETING", "CONFIGURING")
+                              for s in out):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"job {self.id} still in squeue")
+
+    def scancel(self) -> None:
+        subprocess.run(["scancel", self.id], env=self.env, check=True)
+
+
+def node_processes(cluster: Any) -> dict[str, set[int]]:
+    """PIDs in each node's network namespace except the node's own slurmd: the job's processes."""
+    daemons = set(cluster.recorded_pids().values())
+    out = {}
+    for node, ns in cluster.netns_names().items():
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
+        procs = set()
+        for p in pids.split():
+            pid = int(p)
+            if pid in daemons or _parent_is(pid, daemons) and _comm(pid) == "slurmd":
+                continue
+            if _comm(pid) in ("slurmd",):
+                continue
+            procs.add(pid)
+        out[node] = procs
+    return out
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _parent_is(pid: int, pids: set[int]) -> bool:
+    try:
+        ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return False
+    return ppid in pids
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def find_pid(cluster: Any, node: str, pattern: str) -> int:
+    for pid in node_processes(cluster)[node]:
+        if re.search(pattern, cmdline(pid)):
+            return pid
+    raise AssertionError(f"no process matching {pattern!r} on {node}: "
+                         + "; ".join(cmdline(p) for p in node_processes(cluster)[node]))
+
+
+def wait_no_job_processes(cluster: Any, timeout: float) -> float:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        left = {n: p for n, p in node_processes(cluster).items() if p}
+        if not left:
+            return time.time() - t0
+        time.sleep(0.05)
+    left = {n: [cmdline(p) for p in ps] for n, ps in node_processes(cluster).items() if ps}
+    raise AssertionError(f"job processes still running after {timeout}s: {left}")
+
+
+def chat(url: str, max_tokens: int, stream: bool = False, timeout: float = 30) -> Any:
+    body = {"model": "kimi-k2", "max_tokens": max_tokens, "stream": stream,
+            "messages": [{"role": "user", "content": "hello there"}]}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        if not stream:
+            return json.load(r)
+        events = []
+        for line in r.read().decode().splitlines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[6:]))
+        return events
+
+

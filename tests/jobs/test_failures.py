@@ -1,0 +1,99 @@
+"""Run-time failures on the real test cluster: wrong rank, wrong leader address, wrong bootstrap
+port, a dead decode engine, a dead router. Each must end the job with the reason recorded, and
+each test proves the job failed for that reason and left no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from jobkit import deployment, find_pid, wait_no_job_processes
+
+pytestmark = pytest.mark.slurm
+
+
+def _edit(rel: str, old: str, new: str):
+    def edit(job_dir: Path) -> None:
+        p = job_dir / rel
+        text = p.read_text()
+        assert old in text, f"{old!r} not in {rel}"
+        p.write_text(text.replace(old, new))
+    return edit
+
+
+def _decode_logs(job) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in (job.dir / "logs").glob("decode-0.node*.log"))
+
+
+def test_every_node_rank_zero_fails_like_nccl_init(submit, dev_cluster):
+    # The upstream SGLang Slurm example's bug: $SLURM_NODEID expanded in the batch shell, so every
+    # node gets rank 0. The leader must see a duplicate rank and the job must fail for it.
+    job = submit(deployment(1, 2, name="t-rank0"),
+                 edit=_edit("launch/decode-0.sh", '--node-rank "${NODE_RANK}"', "--node-rank 0"))
+    st = job.wait({"failed", "serving", "cancelled"}, 60)
+    assert st["phase"] == "failed", job.logs()
+    assert st["failure"]["role"] == "decode" and st["failure"]["instance"] == 0
+    assert "duplicate node rank 0" in _decode_logs(job)
+    assert not st["history"] or "serving" not in [h["phase"] for h in st["history"]]
+    wait_no_job_processes(dev_cluster, 15)
+
+
+def test_wrong_dist_init_address_fails_with_init_timeout(submit, dev_cluster):
+    # Each node believes it is the leader's address: rank 1 finds no rendezvous there.
+    dep = deployment(1, 2, name="t-addr", readiness={"engine_timeout": 6, "poll_interval": 0.1})
+    job = submit(dep, edit=_edit("launch/decode-0.sh", '--dist-init-addr "${LEADER_IP}"',
+                                 '--dist-init-addr "${NODE_IP}"'))
+    st = job.wait({"failed", "serving", "cancelled"}, 60)
+    assert st["phase"] == "failed", job.logs()
+    assert st["failure"]["role"] == "decode"
+    logs = _decode_logs(job)
+    assert "timed out" in logs, logs
+    wait_no_job_processes(dev_cluster, 15)
+
+
+def test_wrong_bootstrap_port_fails_the_smoke_request(submit, dev_cluster):
+    # The router tells decode to fetch KV from a port where no bootstrap server listens: the
+    # smoke request must fail, so the deployment never claims to serve.
+    dep = deployment(1, 1, name="t-bport")
+    dep["roles"]["decode"]["env"] = {"HPCSERVE_SIM_BOOTSTRAP_TIMEOUT": 3}
+    job = submit(dep, edit=_edit("launch/router.sh", ":30000 8998", ":30000 8997"))
+    st = job.wait({"failed", "serving", "cancelled"}, 60)
+    assert st["phase"] == "failed", job.logs()
+    assert "smoke request" in st["reason"]
+    assert "8997" in _decode_logs(job) and "bootstrap" in _decode_logs(job)
+    wait_no_job_processes(dev_cluster, 15)
+
+
+def test_killed_decode_engine_ends_the_job_within_5s(submit, dev_cluster):
+    job = submit(deployment(1, 2, name="t-kill"))
+    st = job.wait({"serving", "failed", "cancelled"}, 60)
+    assert st["phase"] == "serving", job.logs()
+    rows = [ln.split() for ln in (job.dir / "run" / "decode-0.nodes").read_text().splitlines()]
+    victim_node = rows[1][1]  # decode node-rank 1
+    pid = find_pid(dev_cluster, victim_node, r"hpcserve_sim\.py")
+    t0 = time.time()
+    os.kill(pid, signal.SIGKILL)
+    st = job.wait({"failed", "cancelled", "done"}, 10)
+    assert time.time() - t0 < 5, f"terminal after {time.time() - t0:.1f}s"
+    f = st["failure"]
+    assert st["phase"] == "failed"
+    assert (f["role"], f["instance"], f["node"], f["node_rank"]) == ("decode", 0, victim_node, 1)
+    assert f["exit_code"] == 137 or f["exit_code"] == 9 or f["exit_code"] != 0
+    wait_no_job_processes(dev_cluster, 15)
+
+
+def test_dead_router_ends_the_deployment(submit, dev_cluster):
+    job = submit(deployment(1, 1, name="t-router"))
+    st = job.wait({"serving", "failed", "cancelled"}, 60)
+    assert st["phase"] == "serving", job.logs()
+    pid = find_pid(dev_cluster, "node1", r"sglang|router")
+    t0 = time.time()
+    os.kill(pid, signal.SIGKILL)
+    st = job.wait({"failed", "cancelled", "done"}, 10)
+    assert time.time() - t0 < 5
+    assert st["phase"] == "failed" and st["failure"]["role"] == "router", st
+    wait_no_job_processes(dev_cluster, 15)

@@ -1,0 +1,51 @@
+"""PD deployments reach `serving` on the real test cluster and answer through the real router."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from jobkit import chat, deployment, wait_no_job_processes
+
+pytestmark = pytest.mark.slurm
+
+ORDER = ["starting", "engines_ready", "router_ready", "serving"]
+
+
+def _phases(st: dict) -> list[str]:
+    return [h["phase"] for h in st["history"]]
+
+
+@pytest.mark.parametrize("p_nodes,d_nodes", [(1, 1), (2, 2), (1, 2)], ids=["1P1D", "1P2+1D2", "1P+1D2"])
+def test_pd_deployment_serves_and_answers(submit, dev_cluster, p_nodes, d_nodes):
+    job = submit(deployment(p_nodes, d_nodes, name=f"t-{p_nodes}p{d_nodes}d"))
+    st = job.wait({"serving", "failed", "cancelled"}, 90)
+    assert st["phase"] == "serving", job.logs()
+    # state.json told the truth at each phase, in order, with the endpoint once the router was up
+    assert _phases(st) == ORDER
+    assert st["engines_ready_count"] == st["engines_total"] == 2
+    addrs = dev_cluster.node_addresses()
+    # the router runs on the prefill head node, which is the first node of component 0
+    assert st["endpoint"] == f"http://{addrs['node1']}:8000"
+    # the decode instance's nodes received ranks 0..n-1 and the leader's address
+    rows = [ln.split() for ln in (job.dir / "run" / "decode-0.nodes").read_text().splitlines()]
+    assert [r[0] for r in rows] == [str(i) for i in range(d_nodes)]
+    for r in rows:
+        log = (job.dir / "logs" / f"decode-0.node{r[0]}.{r[1]}.log").read_text()
+        assert f"node-rank {r[0]} on {r[1]} ({r[2]}), leader {rows[0][2]}" in log
+
+    resp = chat(st["endpoint"], 7)
+    assert resp["usage"]["completion_tokens"] == 7
+    assert resp["choices"][0]["message"]["content"].strip()
+    events = chat(st["endpoint"], 5, stream=True)
+    pieces = [e["choices"][0]["delta"].get("content") for e in events if e.get("choices")]
+    assert len([p for p in pieces if p]) == 5
+    assert [e["usage"]["completion_tokens"] for e in events if e.get("usage")][-1] == 5
+
+    t0 = time.time()
+    job.scancel()
+    st = job.wait({"cancelled", "failed", "done"}, 20)
+    assert st["phase"] == "cancelled" and st["reason"] == "cancelled"
+    gone = wait_no_job_processes(dev_cluster, 10 + 2)  # the local site's grace is 10 s
+    assert time.time() - t0 < 12 + 2, gone

@@ -1,0 +1,48 @@
+"""Teardown on the real test cluster: scancel during start-up, and the time limit's TERM."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from jobkit import deployment, node_processes, wait_no_job_processes
+
+pytestmark = pytest.mark.slurm
+
+GRACE = 10  # site_configs/local.yaml slurm.signal_grace
+
+
+def test_scancel_during_startup_cancels_and_leaves_nothing(submit, dev_cluster):
+    dep = deployment(1, 2, name="t-cancel-start", engine={"sim_startup_delay": 60})
+    job = submit(dep)
+    job.wait({"starting"}, 30)
+    # wait until the engines really run on their nodes (still loading: not healthy yet)
+    end = time.time() + 20
+    while time.time() < end and sum(len(p) for p in node_processes(dev_cluster).values()) < 4:
+        time.sleep(0.1)
+    assert job.state()["phase"] == "starting"
+    t0 = time.time()
+    job.scancel()
+    st = job.wait({"cancelled", "failed", "done"}, GRACE + 5)
+    assert st["phase"] == "cancelled" and st["reason"] == "cancelled", st
+    wait_no_job_processes(dev_cluster, GRACE + 2)
+    assert time.time() - t0 <= GRACE + 2
+
+
+def test_time_limit_tears_down_through_the_term_trap(submit, dev_cluster):
+    # A one-minute job: Slurm sends TERM to the batch shell GRACE s before the limit (or up to
+    # 60 s earlier); the runtime must tear down and record it before Slurm's own kill.
+    job = submit(deployment(1, 1, name="t-timelimit", time_limit="00:01:00"))
+    st = job.wait({"serving", "failed"}, 60)
+    assert st["phase"] == "serving", job.logs()
+    st = job.wait({"cancelled", "failed", "done"}, 90)
+    assert st["phase"] == "cancelled" and st["reason"] == "time_limit", st
+    stopping = [h["at"] for h in st["history"] if h["phase"] == "stopping"][0]
+    assert st["finished_at"] - stopping < GRACE
+    wait_no_job_processes(dev_cluster, 5)
+    # the batch script ended on its own before the limit: Slurm did not have to time it out
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-j", job.id, "-o", "%T"], env=job.env,
+                         capture_output=True, text=True).stdout.split()
+    assert out and "TIMEOUT" not in out, out
