@@ -1,0 +1,110 @@
+"""Shared fixtures.
+
+`dev_cluster`: one real 4-node Slurm cluster (hpcserve.devcluster) for the whole session, for tests
+marked `slurm`; `slurm_env`: the environment that points Slurm's commands at it. On a failure in a
+test that used it, the controller's and nodes' log tails are attached to the report.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import signal
+import subprocess
+import threading
+from typing import Any, Callable, Iterator
+
+import pytest
+
+# Each live pytest session holds one slot (an flock, released by the kernel even if pytest is
+# killed). The slot picks the state dir, subnet and interface prefix, so two sessions on one machine
+# never fight over names, and a session killed before its teardown leaves its leftovers at a fixed
+# place where the next session in that slot finds (and removes) them.
+_SLOTS = 8
+_active_clusters: list[Any] = []
+
+
+@pytest.fixture(scope="session")
+def devcluster_slot() -> Iterator[int]:
+    """A small integer no other live pytest session on this machine holds."""
+    for k in range(_SLOTS):
+        fh = open(f"/tmp/hpcserve-pytest-slot{k}.lock", "w")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            continue
+        try:
+            yield k
+        finally:
+            fh.close()
+        return
+    pytest.fail(f"all {_SLOTS} dev-cluster slots are held by other pytest sessions")
+
+
+@pytest.fixture(scope="session")
+def devcluster_subnet(devcluster_slot: int) -> Callable[[int], str]:
+    """subnet(second_octet) -> a /24 under 10.<second_octet>.0.0/16 that no interface here uses.
+
+    Each slot draws from its own third octets (slot, slot+8, ...), so concurrent sessions never pick
+    the same one, and a subnet some other cluster on this machine already took is skipped.
+    """
+
+    def pick(octet: int) -> str:
+        out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True,
+                             check=True).stdout
+        used = [ipaddress.ip_interface(f.split()[3]).network for f in out.splitlines() if " inet " in f]
+        for third in range(devcluster_slot, 256, _SLOTS):
+            net = ipaddress.ip_network(f"10.{octet}.{third}.0/24")
+            if not any(net.overlaps(u) for u in used):
+                return str(net)
+        pytest.fail(f"no free /24 left in 10.{octet}.0.0/16 for the dev cluster")
+
+    return pick
+
+
+@pytest.fixture(scope="session")
+def dev_cluster(devcluster_slot: int, devcluster_subnet: Callable[[int], str]) -> Iterator[Any]:
+    """A real 4-node Slurm cluster (partition `local`) on a free 10.251.x.0/24, up for the session."""
+    from hpcserve.devcluster.cluster import DevCluster
+
+    # A short fixed path, not tmp_path: pmix puts unix sockets under it (108-byte limit), and a
+    # killed session's leftovers must be findable by the next one.
+    state_dir = f"/tmp/hpcserve-pytest-{devcluster_slot}/cluster"
+    # Leftovers of a session in this slot that died before its teardown: start from nothing (before
+    # picking a subnet, so their bridge does not count as taken).
+    DevCluster(state_dir).down()
+    cluster = DevCluster(state_dir, nodes=4, subnet=devcluster_subnet(251), prefix=f"hst{devcluster_slot}")
+    # `timeout pytest ...` ends pytest with SIGTERM, which skips fixture teardown and would leave the
+    # cluster running; as KeyboardInterrupt, pytest still tears its session fixtures down.
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        cluster.up()
+        _active_clusters.append(cluster)
+        yield cluster
+    finally:
+        if cluster in _active_clusters:
+            _active_clusters.remove(cluster)
+        cluster.down()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture
+def slurm_env(dev_cluster: Any) -> dict[str, str]:
+    """os.environ + SLURM_CONF of the session's cluster, for subprocess(env=...)."""
+    return dev_cluster.client_env()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and _active_clusters and "dev_cluster" in getattr(item, "fixturenames", ()):
+        report.sections.append(("dev cluster logs (tail)", _active_clusters[-1].log_tail()))
