@@ -1,4 +1,5 @@
-"""The one seam through which hpcserve runs commands: locally now, over SSH later.
+"""The one seam through which hpcserve runs commands and touches job directories: locally, or
+over SSH (slurm/ssh.py) with the same interface, so one behavioural test suite covers both.
 
 A runner takes an argv (never a shell string) and returns rc/stdout/stderr; a failure names the
 command, its exit code and what it printed.
@@ -6,9 +7,12 @@ command, its exit code and what it printed.
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import HpcserveError
 
@@ -22,9 +26,9 @@ class Result:
 
 
 class CommandError(HpcserveError):
-    def __init__(self, res: Result):
+    def __init__(self, res: Result, where: str = ""):
         self.result = res
-        msg = f"`{shlex.join(res.argv)}` failed with exit code {res.rc}"
+        msg = f"`{shlex.join(res.argv)}`{where} failed with exit code {res.rc}"
         detail = (res.err.strip() or res.out.strip()).splitlines()
         if detail:
             msg += ": " + " | ".join(detail[-3:])
@@ -32,6 +36,10 @@ class CommandError(HpcserveError):
 
 
 class LocalRunner:
+    """Runs on this machine (the login node)."""
+
+    name = "local"
+
     def __init__(self, env: dict[str, str] | None = None):
         self.env = env
 
@@ -42,7 +50,32 @@ class LocalRunner:
         except FileNotFoundError:
             raise HpcserveError(f"`{argv[0]}` not found: is Slurm's client installed and on PATH?"
                                 ) from None
+        except subprocess.TimeoutExpired:
+            raise HpcserveError(f"`{shlex.join(argv)}` did not finish within {timeout:.0f} s"
+                                ) from None
         res = Result(tuple(argv), p.returncode, p.stdout, p.stderr)
         if check and p.returncode != 0:
             raise CommandError(res)
         return res
+
+    def read_text(self, path: str) -> str | None:
+        try:
+            return Path(path).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+
+    def list_dir(self, path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(path))
+        except OSError:
+            return []
+
+    def put_tree(self, local_dir: str, remote_dir: str) -> None:
+        if Path(local_dir).resolve() != Path(remote_dir).resolve():
+            shutil.copytree(local_dir, remote_dir, dirs_exist_ok=False)
+
+    def expand_path(self, path: str) -> str:
+        return str(Path(path).expanduser().resolve())
+
+    def close(self) -> None:
+        pass
