@@ -218,15 +218,24 @@ class Job:
             text = open(srun_log, errors="replace").read()
         except OSError:
             text = ""
-        m = re.search(r"error: (\S+): task (\d+): (Exited with exit code (\d+)|Killed|"
-                      r"Terminated|Segmentation fault|Aborted)", text)
-        if m:
-            f["node"] = m.group(1)
-            if m.group(4):
-                f["exit_code"] = int(m.group(4))
-            for rank, nname, *_ in self.nodes.get(name, []):
-                if nname == m.group(1):
-                    f["node_rank"] = int(rank)
+        # srun reports each task's end; when one node dies its peers follow (NCCL, or SGLang's
+        # watchdog), so the root cause is ranked first: a signal death (OOM killer, segfault),
+        # then an unusual exit code, then a plain failure. Every task's end is kept as well.
+        tasks = []
+        for m in re.finditer(r"error: (\S+): task (\d+): (Exited with exit code (\d+)|Killed|"
+                             r"Terminated|Segmentation fault|Aborted|Bus error)", text):
+            code = int(m.group(4)) if m.group(4) else None
+            rank = next((int(r) for r, nname, *_ in self.nodes.get(name, []) if nname == m.group(1)),
+                        None)
+            tasks.append({"node": m.group(1), "node_rank": rank, "how": m.group(3),
+                          "exit_code": code if code is not None else 128 + _SIGNALS.get(
+                              m.group(3), 9)})
+        if tasks:
+            f["tasks"] = tasks
+            primary = min(tasks, key=lambda t: (0 if not t["how"].startswith("Exited") else
+                                                1 if t["exit_code"] not in (0, 1) else 2))
+            f.update(node=primary["node"], node_rank=primary["node_rank"],
+                     exit_code=primary["exit_code"])
         elif name in self.nodes and len(self.nodes[name]) == 1:
             f["node"] = self.nodes[name][0][1]
             f["node_rank"] = 0
@@ -477,6 +486,9 @@ class Job:
                     if self.steps[n].poll() is None:
                         self.steps[n].kill()
                 self.wait_steps(left, now() + 2)
+
+
+_SIGNALS = {"Killed": 9, "Terminated": 15, "Segmentation fault": 11, "Aborted": 6, "Bus error": 7}
 
 
 def _seconds(s: str) -> int | None:
