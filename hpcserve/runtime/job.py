@@ -422,15 +422,23 @@ class Job:
         self.state.update(smoke_tokens=tokens)
 
     # -- teardown
+    def component_ids(self) -> list[str]:
+        """Each het component's own job id: `squeue --steps -j LEADER` lists only component 0's
+        steps (Slurm 22.05), so the others must be named by their own ids."""
+        n = int(os.environ.get("SLURM_HET_SIZE") or 0)
+        ids = [os.environ.get(f"SLURM_JOB_ID_HET_GROUP_{i}", "") for i in range(n)]
+        return [i for i in ids if i] or ([self.job_id] if self.job_id else [])
+
     def step_ids(self) -> dict[str, str]:
-        if not self.job_id:
+        comps = self.component_ids()
+        if not comps:
             return {}
         try:
-            out = subprocess.run(["squeue", "-h", "--steps", "-j", self.job_id, "-o", "%i %j"],
-                                 capture_output=True, text=True, timeout=10).stdout
+            out = subprocess.run(["squeue", "-h", "--steps", "-j", ",".join(comps),
+                                  "-o", "%i %j"], capture_output=True, text=True, timeout=10).stdout
         except (OSError, subprocess.TimeoutExpired):
             return {}
-        ids = {}
+        ids: dict[str, list[str]] = {}
         for line in out.splitlines():
             parts = line.split()
             if len(parts) == 2:
@@ -441,10 +449,12 @@ class Job:
         targets = [sid for n in names if self.steps[n].poll() is None
                    for sid in ids.get(n, "").split()]
         if targets:
+            self.log(f"scancel --signal={sig} {' '.join(targets)}")
             subprocess.run(["scancel", f"--signal={sig}", *targets], capture_output=True,
                            timeout=10)
         for n in names:  # a step Slurm does not list (yet): signal its srun client instead
             if self.steps[n].poll() is None and not ids.get(n):
+                self.log(f"step {n} not listed by squeue: {sig} to its srun client")
                 try:
                     self.steps[n].send_signal(signal.SIGTERM if sig == "TERM" else signal.SIGKILL)
                 except OSError:

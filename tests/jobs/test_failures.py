@@ -103,3 +103,8 @@ def test_dead_router_ends_the_deployment(submit, dev_cluster):
     assert time.time() - t0 < 5
     assert st["phase"] == "failed" and st["failure"]["role"] == "router", st
     wait_no_job_processes(dev_cluster, 15)
+    # both engines (one per het component) were signalled as Slurm steps, not as srun clients
+    log = (job.dir / "logs" / "hpcserve-job.log").read_text()
+    term = [ln for ln in log.splitlines() if "scancel --signal=TERM" in ln]
+    assert term and len(term[-1].split("TERM", 1)[1].split()) == 2, log
+    assert "not listed by squeue" not in log, log
