@@ -1,0 +1,88 @@
+"""Fixtures for validating generated command lines with the engines' REAL argument parsers.
+
+`sglang_parser` (session): makes sure the engines venv exists (scripts/setup-engines.sh: a no-op
+when its stamp is current, a few minutes and network to PyPI on a fresh machine) and returns a
+callable ``parse(argvs) -> list[dict]`` that runs all argvs through SGLang's own parser in ONE
+subprocess (tests/engine_parsers/sglang_check.py under the engines venv's python). A setup failure
+FAILS the tests: they must not be skipped silently where the venv cannot be built.
+
+Each result: ``ok`` / ``error`` (strict: ``ArgumentParser(allow_abbrev=False)`` + ``parse_args``),
+``server_ok`` / ``server_error`` (the parser ``prepare_server_args`` builds: abbreviations allowed),
+``values`` (parsed namespace values of a few keys, on a strict success) and ``warnings`` (what
+SGLang logged while parsing, e.g. deprecation notices). See sglang_check.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CHECK_SCRIPT = Path(__file__).resolve().parent / "sglang_check.py"
+SETUP_SCRIPT = REPO / "scripts" / "setup-engines.sh"
+
+
+def engines_venv() -> Path:
+    return Path(os.environ.get("HPCSERVE_ENGINES_VENV", REPO / ".venv-engines"))
+
+
+class SglangParser:
+    """``parse(argvs)`` -> one result dict per argv; ``list_flags()`` -> the parser's option strings."""
+
+    def __init__(self, python: Path):
+        self.python = python
+        self._flags: dict[str, Any] | None = None
+
+    def _run(self, args: list[str], stdin: str | None = None) -> dict[str, Any]:
+        proc = subprocess.run(
+            [str(self.python), str(CHECK_SCRIPT), *args],
+            input=stdin, capture_output=True, text=True, timeout=600,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"sglang_check.py {' '.join(args)} exited {proc.returncode}\n{proc.stderr[-4000:]}"
+            )
+        return json.loads(proc.stdout)
+
+    def __call__(self, argvs: list[list[str]], keys: list[str] | None = None) -> list[dict[str, Any]]:
+        req: dict[str, Any] = {"argvs": [[str(a) for a in argv] for argv in argvs]}
+        if keys is not None:
+            req["keys"] = keys
+        out = self._run([], json.dumps(req))
+        assert len(out["results"]) == len(argvs)
+        return out["results"]
+
+    def list_flags(self) -> dict[str, Any]:
+        """``{"sglang_version", "flags", "short_flags", "deprecated", "choices"}`` (cached)."""
+        if self._flags is None:
+            self._flags = self._run(["--list-flags"])
+        return self._flags
+
+    @property
+    def version(self) -> str:
+        return self.list_flags()["sglang_version"]
+
+
+@pytest.fixture(scope="session")
+def sglang_parser() -> SglangParser:
+    venv = engines_venv()
+    # Always run it: with a current stamp it returns in ~0.1 s, and it rebuilds a venv that is
+    # missing, half-built or older than the script.
+    proc = subprocess.run(
+        ["bash", str(SETUP_SCRIPT)], capture_output=True, text=True, timeout=1800,
+        env={**os.environ, "HPCSERVE_ENGINES_VENV": str(venv)},
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"scripts/setup-engines.sh failed ({proc.returncode}); the engine-parser tests need it.\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}",
+            pytrace=False,
+        )
+    python = venv / "bin" / "python"
+    assert python.exists(), f"{python} missing after setup-engines.sh"
+    return SglangParser(python)
