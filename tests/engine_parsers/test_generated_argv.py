@@ -1,0 +1,79 @@
+"""Every engine command hpcserve generates is accepted by SGLang 0.5.23's own parser, per rank,
+and every router command by sglang-router's own parser, with the values the plan meant."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpcserve import config, plan
+from hpcserve.words import show
+
+pytestmark = pytest.mark.engine_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml")) + [ROOT / "bench" / "synthetic-1024.yaml"]
+
+
+def _argvs(p) -> list[tuple[str, int, list[str], dict]]:
+    out = []
+    for inst in p.instances:
+        for rank in range(inst.nodes):
+            vals = {"NODE_RANK": str(rank), "NODE_IP": f"10.0.{inst.component}.{inst.node_offset + rank + 1}",
+                    "LEADER_IP": f"10.0.{inst.component}.{inst.node_offset + 1}",
+                    "IB_DEVICES": "mlx5_0,mlx5_1", "NODE_IFACE": "ib0"}
+            out.append((inst.name, rank, [show(w, vals) for w in inst.argv], vals))
+    return out
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_every_rank_parses_with_sglangs_own_parser(sglang_parser, example):
+    p = plan.build(config.load(example))
+    assert p.version == sglang_parser.version
+    cases = _argvs(p)
+    results = sglang_parser([argv for _, _, argv, _ in cases])
+    for (name, rank, argv, vals), res in zip(cases, results):
+        assert res["ok"] and res["server_ok"], (name, rank, res, argv)
+        assert not res.get("warnings"), (name, res["warnings"])  # no deprecated spelling
+        v = res["values"]
+        inst = next(i for i in p.instances if i.name == name)
+        assert v["tp_size"] == inst.tp
+        assert v["host"] == vals["NODE_IP"]
+        assert v["port"] == inst.port
+        if inst.nodes > 1:
+            assert (v["nnodes"], v["node_rank"]) == (inst.nodes, rank)
+            assert v["dist_init_addr"] == f"{vals['LEADER_IP']}:{inst.dist_init_port}"
+        if inst.role in ("prefill", "decode"):
+            assert v["disaggregation_mode"] == inst.role
+        if inst.attn_dp:
+            assert v["attn_dp_size"] == inst.attn_dp
+
+
+def test_kimi_4p12d_values_match_the_seed(sglang_parser):
+    p = plan.build(config.load(ROOT / "examples" / "kimi-k2-instruct-4p12d.yaml"))
+    (pre, dec) = sglang_parser([_argvs(p)[0][2], _argvs(p)[4][2]])
+    assert pre["values"]["moe_a2a_backend"] == dec["values"]["moe_a2a_backend"] == "deepep"
+    assert (pre["values"]["tp_size"], dec["values"]["tp_size"]) == (32, 96)
+    assert (pre["values"]["attn_dp_size"], dec["values"]["attn_dp_size"]) == (32, 96)
+    assert dec["values"]["disaggregation_mode"] == "decode"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_router_command_parses_with_sglang_routers_own_parser(example):
+    from sglang_router.launch_router import parse_router_args
+
+    p = plan.build(config.load(example))
+    vals = {f"{i.role.upper()}_{i.index}_IP": f"10.1.0.{n + 1}" for n, i in enumerate(p.instances)}
+    args = parse_router_args([show(w, vals) for w in p.router.argv])
+    assert args.port == p.router.port and args.prometheus_port == p.router.prometheus_port
+    if p.pd:
+        prefill = [i for i in p.instances if i.role == "prefill"]
+        assert args.pd_disaggregation
+        assert [tuple(x) for x in args.prefill_urls] == [
+            (f"http://{vals['PREFILL_%d_IP' % i.index]}:{i.port}", i.bootstrap_port) for i in prefill]
+        assert args.decode_urls == [f"http://{vals['DECODE_%d_IP' % i.index]}:{i.port}"
+                                    for i in p.instances if i.role == "decode"]
+    else:
+        assert args.worker_urls == [f"http://{vals['WORKER_%d_IP' % i.index]}:{i.port}"
+                                    for i in p.instances]
