@@ -43,10 +43,12 @@ class LocalRunner:
     def __init__(self, env: dict[str, str] | None = None):
         self.env = env
 
-    def run(self, argv: list[str], *, check: bool = True, timeout: float = 60.0) -> Result:
+    def run(self, argv: list[str], *, check: bool = True, timeout: float = 60.0,
+            env: dict[str, str] | None = None) -> Result:
+        full = {**(self.env if self.env is not None else os.environ), **(env or {})}
         try:
-            p = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=timeout,
-                               stdin=subprocess.DEVNULL)
+            p = subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace",
+                               env=full, timeout=timeout, stdin=subprocess.DEVNULL)
         except FileNotFoundError:
             raise HpcserveError(f"`{argv[0]}` not found: is Slurm's client installed and on PATH?"
                                 ) from None
@@ -71,8 +73,21 @@ class LocalRunner:
             return []
 
     def put_tree(self, local_dir: str, remote_dir: str) -> None:
-        if Path(local_dir).resolve() != Path(remote_dir).resolve():
-            shutil.copytree(local_dir, remote_dir, dirs_exist_ok=False)
+        """Copy a rendered job directory into place whole: into a hidden sibling, then rename."""
+        dst = Path(remote_dir)
+        if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
+            raise HpcserveError(f"{dst} exists and is not empty (or not a directory); refusing to "
+                                "overwrite it")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.parent / f".{dst.name}.hpcserve-tmp-{os.getpid()}"
+        try:
+            shutil.copytree(local_dir, tmp)
+            if dst.exists():
+                dst.rmdir()
+            os.rename(tmp, dst)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def expand_path(self, path: str) -> str:
         return str(Path(path).expanduser().resolve())

@@ -1,8 +1,7 @@
 """The Runner contract: one behavioural suite that LocalRunner and SSHRunner (to a real sshd on
 127.0.0.1, as the same user, so both see the same files) must both pass.
 
-Where LocalRunner does not (yet) meet the contract, its case is marked xfail(strict=True) with the
-reason: once runner.py is fixed the xfail turns into a failure, and the mark must go.
+Both drivers meet every case of the contract.
 """
 
 from __future__ import annotations
@@ -27,11 +26,6 @@ def runner(request: pytest.FixtureRequest) -> Iterator[Any]:
         r = request.getfixturevalue("sshd").runner()
     yield r
     r.close()
-
-
-def local_gap(request: pytest.FixtureRequest, reason: str) -> None:
-    if request.node.callspec.params["runner"] == "local":
-        request.applymarker(pytest.mark.xfail(strict=True, reason="LocalRunner: " + reason))
 
 
 # ------------------------------------------------------------------------------- run
@@ -78,8 +72,6 @@ def test_timeout(runner: Any) -> None:
 
 
 def test_undecodable_output_is_replaced(runner: Any, request: pytest.FixtureRequest) -> None:
-    local_gap(request, "run(text=True) raises UnicodeDecodeError on non-UTF-8 output; "
-                       "use encoding='utf-8', errors='replace'")
     res = runner.run(["printf", "a\\377b"])
     assert res.out == "a\ufffdb"
 
@@ -135,8 +127,6 @@ def test_put_tree_copies_contents_and_modes(runner: Any, tmp_path: Path) -> None
 
 def test_put_tree_refuses_a_non_empty_destination(runner: Any, tmp_path: Path,
                                                    request: pytest.FixtureRequest) -> None:
-    local_gap(request, "shutil.copytree raises FileExistsError (an OSError, not an "
-                       "HpcserveError: a traceback in the CLI)")
     _tree(tmp_path / "src")
     (tmp_path / "dst").mkdir()
     (tmp_path / "dst" / "keep").write_text("mine")
@@ -147,7 +137,6 @@ def test_put_tree_refuses_a_non_empty_destination(runner: Any, tmp_path: Path,
 
 def test_put_tree_into_an_empty_directory(runner: Any, tmp_path: Path,
                                           request: pytest.FixtureRequest) -> None:
-    local_gap(request, "copytree(dirs_exist_ok=False) refuses an existing empty directory")
     _tree(tmp_path / "src")
     (tmp_path / "dst").mkdir()
     runner.put_tree(str(tmp_path / "src"), str(tmp_path / "dst"))
