@@ -74,12 +74,14 @@ class Container:
         "default image: enroot/pyxis URI (nvcr.io#org/img:tag), .sqsh or .sif path"))
     mounts: list[str] = field(default_factory=list, metadata=doc(
         "SRC:DST[:ro] bind mounts; the job directory and the model path are added automatically",
-        pattern=r"[^,:]+:[^,:]+(:(ro|rw))?",
-        pattern_help="a mount is SRC:DST or SRC:DST:ro (no commas)"))
+        pattern=r"/[^,:\s]*:/[^,:\s]*(:(ro|rw))?",
+        pattern_help="a mount is SRC:DST or SRC:DST:ro, absolute paths without commas, colons "
+                     "or whitespace (the container runtimes' mount syntax cannot hold them)"))
     workdir: str | None = None
     env: list[str] = field(default_factory=list, metadata=doc(
         "variable names forced from the host into the container even if the image sets them "
-        "(pyxis --container-env)"))
+        "(pyxis --container-env)", pattern=ENV_NAME,
+        pattern_help="an environment variable name such as NCCL_IB_HCA"))
 
 
 @dataclass(frozen=True)
@@ -345,7 +347,12 @@ def parse_set(expr: str, index: int) -> tuple[tuple, Any, Origin]:
     if not all(parts):
         raise ConfigError(f"bad key path {key!r}", file="--set", line=index + 1)
     path = tuple(int(p) if p.isdigit() else p for p in parts)
-    value, _ = load_text(raw, "--set") if raw.strip() else ("", None)
+    try:
+        value, _ = load_text(raw, "--set") if raw.strip() else ("", None)
+    except ConfigError as e:
+        # The position inside the value's own text is meaningless: point at this --set.
+        raise ConfigError(e.message, file="--set", line=index + 1,
+                          field=format_path(path)) from None
     if value == {} and raw.strip() == "":
         value = ""
     if isinstance(value, str):
@@ -471,7 +478,13 @@ def load(deploy_file: str | Path, sets: list[str] | tuple[str, ...] = ()) -> Res
     else:
         raise Validator(pos).error(("site",), "expected a site name or a mapping")
 
-    site = Validator(spos).build(Site, site_doc, ())
+    try:
+        site = Validator(spos).build(Site, site_doc, ())
+    except ConfigError as e:
+        # A site value written in the deployment file (or a --set) sits under `site:` there.
+        if e.file != site_file and e.field:
+            e.field = "site." + e.field if e.field != "<document>" else "site"
+        raise
     # Positions of site fields are kept under ("site", ...) for the planner's error messages.
     pos.update_under(("site",), spos)
     dep = Validator(pos).build(Deployment, raw, ())

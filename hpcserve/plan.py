@@ -7,6 +7,7 @@ templates only loop over the plan and the batch shell does no arithmetic.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -324,6 +325,16 @@ def build(cfg: Resolved) -> Plan:
     if site.container.runtime != "none" and not image:
         raise _err(cfg, ("engine", "image"), f"container runtime {site.container.runtime} needs "
                                              "an image (engine.image or site.container.image)")
+    mp = dep.model.path
+    if site.container.runtime != "none":
+        # Unless a site mount covers it, the model path is mounted into the container at the
+        # same path (containers.mounts), in mount syntax that cannot hold , : or whitespace.
+        srcs = [m.split(":")[0].rstrip("/") for m in site.container.mounts]
+        covered = any(mp == src or mp.startswith(src + "/") for src in srcs)
+        if not mp.startswith("/") or (not covered and re.search(r"[,:\s]", mp)):
+            raise _err(cfg, ("model", "path"), f"the model path is mounted into the "
+                                               f"{site.container.runtime} container: it must be "
+                                               "absolute, without commas, colons or whitespace")
     return Plan(
         name=dep.name, engine=dep.engine.name, version=dep.engine.version,
         simulate=dep.engine.simulate, profile=prof.name, model_path=dep.model.path,

@@ -117,7 +117,9 @@ class Validator:
             if not isinstance(value, list):
                 raise self.error(path, f"expected {type_name(tp)}, got {_kind(value)}")
             (item,) = typing.get_args(tp)
-            return [self.convert(v, item, path + (i,)) for i, v in enumerate(value)]
+            # A list field's value constraints (pattern, ge, le) hold for each of its items.
+            return [self.convert(v, item, path + (i,), _constraints(meta))
+                    for i, v in enumerate(value)]
         if origin is dict:
             if not isinstance(value, dict):
                 raise self.error(path, f"expected a mapping, got {_kind(value)}")
@@ -228,7 +230,7 @@ def _schema_of(tp: Any, defs: dict, meta: dict) -> dict:
     if tp is Any:
         return out
     if _is_union(tp):
-        out["anyOf"] = [_schema_of(a, defs, {}) for a in typing.get_args(tp)]
+        out["anyOf"] = [_schema_of(a, defs, _constraints(meta)) for a in typing.get_args(tp)]
         return out
     if tp is _NoneType:
         return {**out, "type": "null"}
@@ -236,7 +238,8 @@ def _schema_of(tp: Any, defs: dict, meta: dict) -> dict:
     if origin is Literal:
         return {**out, "enum": list(typing.get_args(tp))}
     if origin is list:
-        return {**out, "type": "array", "items": _schema_of(typing.get_args(tp)[0], defs, {})}
+        return {**out, "type": "array",
+                "items": _schema_of(typing.get_args(tp)[0], defs, _constraints(meta))}
     if origin is dict:
         s = {**out, "type": "object",
              "additionalProperties": _schema_of(typing.get_args(tp)[1], defs, {})}
@@ -269,6 +272,11 @@ def _schema_of(tp: Any, defs: dict, meta: dict) -> dict:
         if k in meta:
             out[js] = ("^" + meta[k] + "$") if k == "pattern" else meta[k]
     return out
+
+
+def _constraints(meta: dict) -> dict:
+    """The value constraints of a field's metadata, for the items of a list or union members."""
+    return {k: v for k, v in meta.items() if k in ("ge", "le", "pattern", "pattern_help")}
 
 
 def _jsonable(v: Any) -> bool:

@@ -1,0 +1,249 @@
+"""Broken deployment files: the CLI refuses each with one line naming file:line and the field.
+
+Each case is a deployment file whose offending line carries the marker `#<` (the expected line
+number is computed from it), run as `hpcserve render FILE --out DIR` in a subprocess: exit code
+2, stderr exactly one line `hpcserve: error: FILE:LINE: FIELD: message`, no traceback, nothing
+written to DIR.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from unitkit import ROOT
+
+BASE_HEAD = """name: broken
+site: local
+model:
+  profile: deepseek-v3
+  path: /models/dsv3
+"""
+PD = """roles:
+  prefill:
+    nodes: 1
+  decode:
+    nodes: 2
+"""
+
+
+@dataclass
+class Case:
+    name: str
+    text: str
+    field: str | None          # the field path the message names (None: the error has none)
+    message: list[str]         # substrings of the message
+    sets: list[str] = field(default_factory=list)
+    where: str | None = None   # "--set:N" instead of FILE:LINE
+
+
+CASES = [
+    Case("unknown_nested_key", BASE_HEAD + """roles:
+  prefill:
+    nodes: 1
+  decode:
+    nodez: 2  #<
+""", "roles.decode.nodez", ["unknown key 'nodez'", "did you mean 'nodes'?", "valid keys here:",
+                            "instances", "nodes", "gpus"]),
+    Case("unknown_top_level_key", BASE_HEAD + "nmae: x  #<\n" + PD, "nmae",
+         ["unknown key 'nmae'", "did you mean 'name'?"]),
+    Case("unknown_key_in_inline_site", """name: broken
+site:
+  base: local
+  slurm:
+    partiton: gpu  #<
+model:
+  profile: deepseek-v3
+  path: /models/dsv3
+""" + PD, "site.slurm.partiton", ["unknown key 'partiton'", "did you mean 'partition'?"]),
+    Case("wrong_type", BASE_HEAD + """roles:
+  prefill:
+    nodes: 1
+  decode:
+    nodes: two  #<
+""", "roles.decode.nodes", ["expected an integer, got the string 'two'"]),
+    Case("decode_nodes_zero", BASE_HEAD + """roles:
+  prefill:
+    nodes: 1
+  decode:
+    nodes: 0  #<
+""", "roles.decode.nodes", ["must be at least 1, got 0"]),
+    Case("tp_not_matching_gpus", BASE_HEAD + """roles:
+  prefill:
+    nodes: 1
+  decode:
+    nodes: 2
+    tp: 12  #<
+""", "roles.decode.tp", ["TP 12 x PP 1 must use exactly the 16 GPUs"]),
+    Case("attn_dp_not_dividing_tp", BASE_HEAD + """roles:
+  prefill:
+    nodes: 1
+  decode:
+    nodes: 2
+    attn_dp: 3  #<
+""", "roles.decode.attn_dp", ["attn_dp 3 must divide tp 16"]),
+    Case("more_nodes_than_site_max", BASE_HEAD + """roles:  #<
+  prefill:
+    nodes: 2
+  decode:
+    nodes: 4
+""", "roles", ["needs 6 nodes (2 prefill + 4 decode)", "allows 4", "max_nodes"]),
+    Case("newline_in_string", BASE_HEAD.replace("  path: /models/dsv3\n", """  path: /models/dsv3
+  served_name: "kimi\\nk2"  #<
+""") + PD, "model.served_name", ["control character '\\n' is not allowed"]),
+    Case("tab_in_string", BASE_HEAD + PD + 'env:\n  FOO: "a\\tb"  #<\n', "env.FOO",
+         ["control character '\\t' is not allowed"]),
+    Case("escape_char_in_string", BASE_HEAD.replace("  path: /models/dsv3\n",
+                                                    '  path: "/models/\\e[31mred"  #<\n') + PD,
+         "model.path", ["control character '\\x1b' is not allowed"]),
+    Case("removed_sglang_flag", BASE_HEAD + """roles:
+  prefill:
+    nodes: 1
+    args:
+      enable-deepep-moe: true  #<
+  decode:
+    nodes: 2
+""", "roles.prefill.args.enable-deepep-moe",
+         ["SGLang 0.5.23 has no --enable-deepep-moe", "moe_a2a_backend: deepep"]),
+    Case("owned_flag_in_args", BASE_HEAD + """roles:
+  prefill:
+    nodes: 1
+    args:
+      tp-size: 8  #<
+  decode:
+    nodes: 2
+""", "roles.prefill.args.tp-size", ["--tp-size is set by hpcserve", "use tp instead"]),
+    Case("invalid_choice_schema", BASE_HEAD + """roles:
+  prefill:
+    nodes: 1
+    deepep_mode: fast  #<
+  decode:
+    nodes: 2
+""", "roles.prefill.deepep_mode", ["expected one of auto, normal, low_latency",
+                                   "got the string 'fast'"]),
+    Case("invalid_choice_engine", BASE_HEAD + """roles:
+  prefill:
+    nodes: 1
+    moe_a2a_backend: deeppe  #<
+  decode:
+    nodes: 2
+""", "roles.prefill.moe_a2a_backend",
+         ["'deeppe' is not a valid --moe-a2a-backend in SGLang 0.5.23", "choices:", "deepep"]),
+    Case("invalid_choice_in_args", BASE_HEAD + """roles:
+  prefill:
+    nodes: 1
+    args:
+      ep-dispatch-algorithm: fastest  #<
+  decode:
+    nodes: 2
+""", "roles.prefill.args.ep-dispatch-algorithm",
+         ["'fastest' is not a valid --ep-dispatch-algorithm", "dynamic"]),
+    Case("missing_required_key", """name: broken
+site: local
+model:  #<
+  profile: deepseek-v3
+""" + PD, "model", ["missing required key 'path'"]),
+    Case("duplicate_key", BASE_HEAD + PD + "name: again  #<\n", "name",
+         ["duplicate key 'name'"]),
+    Case("bad_yaml_indentation", BASE_HEAD + """roles:
+  prefill: {nodes: 1}
+   decode: {nodes: 2}  #<
+""", None, ["not valid YAML"]),
+    Case("bad_yaml_mapping", "name: broken: x  #<\n" + BASE_HEAD[len("name: broken\n"):] + PD,
+         None, ["not valid YAML", "mapping values are not allowed"]),
+    Case("unknown_site", BASE_HEAD.replace("site: local\n", "site: nosuch-site  #<\n") + PD,
+         "site", ["no site named 'nosuch-site'", "known:", "local", "dgx-h200-pyxis"]),
+    Case("unknown_profile", BASE_HEAD.replace("  profile: deepseek-v3\n",
+                                              "  profile: nosuch-model  #<\n") + PD,
+         "model.profile", ["no model profile named 'nosuch-model'", "kimi-k2-instruct"]),
+    Case("unknown_role", BASE_HEAD + """roles:
+  prefill:
+    nodes: 1
+  decode:
+    nodes: 2
+  prefil:  #<
+    nodes: 1
+""", "roles.prefil", ["unknown role"]),
+    Case("prefill_without_decode", BASE_HEAD + """roles:  #<
+  prefill:
+    nodes: 1
+""", "roles", ["needs both prefill and decode", "decode is missing"]),
+    Case("bad_env_name", BASE_HEAD + PD + "env:\n  BAD-NAME: 1  #<\n", "env.BAD-NAME",
+         ["does not match"]),
+    Case("bad_mount", """name: broken
+site:
+  base: local
+  container:
+    runtime: pyxis
+    image: img
+    mounts:
+      - /a,/b:/c  #<
+""" + BASE_HEAD[len("name: broken\nsite: local\n"):] + PD, "site.container.mounts[0]",
+         ["a mount is SRC:DST"]),
+    Case("bad_set_syntax", BASE_HEAD + PD, None, ["expected KEY.PATH=VALUE",
+                                                  "'roles.decode.nodes'"],
+         sets=["roles.decode.tp=16", "roles.decode.nodes"], where="--set:2"),
+    Case("bad_set_value", BASE_HEAD + PD, "roles.decode.nodes", ["must be at least 1, got 0"],
+         sets=["roles.decode.nodes=0"], where="--set:1"),
+    Case("bad_set_on_named_site", BASE_HEAD + PD, "site.slurm.max_nodes",
+         ["expected an integer or null, got the string 'zero'"],
+         sets=["site.slurm.partition=gpu", "site.slurm.max_nodes=zero"], where="--set:2"),
+]
+
+
+def _cli() -> list[str]:
+    exe = Path(sys.executable).parent / "hpcserve"
+    if not exe.exists():
+        exe = ROOT / ".venv" / "bin" / "hpcserve"
+    return [str(exe)]
+
+
+def _run(case: Case, tmp: Path) -> dict:
+    f = tmp / f"{case.name}.yaml"
+    f.write_text(case.text, encoding="utf-8")
+    out = tmp / f"out-{case.name}"
+    cmd = _cli() + ["render", str(f), "--out", str(out)]
+    for s in case.sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp,
+                       stdin=subprocess.DEVNULL)
+    return {"file": str(f), "out": out, "rc": p.returncode, "stdout": p.stdout,
+            "stderr": p.stderr}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict[str, dict]:
+    tmp = tmp_path_factory.mktemp("broken")
+    with ThreadPoolExecutor(max_workers=4) as ex:
+        return dict(zip([c.name for c in CASES], ex.map(lambda c: _run(c, tmp), CASES)))
+
+
+def test_case_names_are_unique():
+    assert len({c.name for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_broken_config_is_refused_in_one_line(case, results):
+    r = results[case.name]
+    err = r["stderr"]
+    assert "Traceback" not in err and "Traceback" not in r["stdout"], err
+    assert r["rc"] == 2, f"exit {r['rc']}; stderr: {err}"
+    assert err.endswith("\n") and err.count("\n") == 1, f"not exactly one line: {err!r}"
+    assert err.startswith("hpcserve: error: "), err
+    if case.where:
+        where = case.where
+    else:
+        marked = [i for i, ln in enumerate(case.text.splitlines(), 1) if ln.endswith("#<")]
+        assert len(marked) == 1, "a case marks exactly one line"
+        where = f"{r['file']}:{marked[0]}"
+    head = f"hpcserve: error: {where}: " + (f"{case.field}: " if case.field else "")
+    assert err.startswith(head), f"expected to start with {head!r}, got {err!r}"
+    for m in case.message:
+        assert m in err, f"{m!r} not in {err!r}"
+    assert not r["out"].exists(), "nothing may be written when the config is refused"
+    assert r["stdout"] == ""

@@ -1,0 +1,228 @@
+"""The config layer: YAML positions, schema validation messages, --set overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcserve import config
+from hpcserve.errors import ConfigError
+from hpcserve.schema import Validator
+from hpcserve.yamlsrc import Origin, Positions, load_text
+from unitkit import ROOT, small_pd, write_yaml
+
+# ----------------------------------------------------------------------------- yamlsrc positions
+
+DOC = """\
+name: x            # 1
+roles:             # 2
+  prefill:         # 3
+    nodes: 1       # 4
+  decode:          # 5
+
+    nodes: 2       # 7
+    args:          # 8
+      foo: [1, 2]  # 9
+list:              # 10
+  - a              # 11
+  -                # 12
+    b: 1           # 13
+"""
+
+
+def test_positions_of_nested_keys_and_list_items():
+    doc, pos = load_text(DOC, "f.yaml")
+    line = {p: o.line for p, o in pos.table.items()}
+    assert all(o.file == "f.yaml" for o in pos.table.values())
+    assert line[("name",)] == 1
+    assert line[("roles",)] == 2
+    assert line[("roles", "prefill", "nodes")] == 4
+    assert line[("roles", "decode")] == 5        # a mapping is reported at its key's line
+    assert line[("roles", "decode", "nodes")] == 7
+    assert line[("roles", "decode", "args", "foo")] == 9
+    assert line[("roles", "decode", "args", "foo", 1)] == 9
+    assert line[("list", 0)] == 11
+    assert line[("list", 1, "b")] == 13
+    assert doc["roles"]["decode"]["args"]["foo"] == [1, 2]
+
+
+def test_lookup_falls_back_to_the_nearest_ancestor():
+    _, pos = load_text(DOC, "f.yaml")
+    assert pos.lookup(("roles", "decode", "tp")).line == 5
+    assert pos.lookup(("nothing", "here")) .line == 1  # the document itself
+    assert Positions().lookup(("a",)) is None
+
+
+def test_positions_reach_validation_errors():
+    _, pos = load_text(DOC, "f.yaml")
+    with pytest.raises(ConfigError) as e:
+        Validator(pos).convert("x", int, ("roles", "decode", "args", "foo", 1))
+    assert (e.value.file, e.value.line, e.value.field) == ("f.yaml", 9, "roles.decode.args.foo[1]")
+
+
+@pytest.mark.parametrize("text,line", [
+    ("a: 1\na: 2\n", 2),                  # duplicate key
+    ("a: 1\nb: 'ok'\n", None),            # fine
+    ("a:\n  <<: {b: 1}\n", 2),            # merge keys are refused
+    ('a: "x\\ny"\n', 1),                  # control character
+    ("a: [1,\n", 2),                      # syntax
+])
+def test_load_errors_have_lines(text, line):
+    if line is None:
+        doc, _ = load_text(text, "f.yaml")
+        assert doc == {"a": 1, "b": "ok"}
+        return
+    with pytest.raises(ConfigError) as e:
+        load_text(text, "f.yaml")
+    assert e.value.file == "f.yaml" and e.value.line == line
+
+
+# ------------------------------------------------------------------------ validation messages
+
+def _site_error(value: dict) -> ConfigError:
+    _, pos = load_text("name: s\n", "site.yaml")
+    with pytest.raises(ConfigError) as e:
+        Validator(pos).build(config.Site, {"name": "s", **value}, ())
+    return e.value
+
+
+@pytest.mark.parametrize("value,field,message", [
+    ({"slurm": {"partiton": "x"}}, "slurm.partiton",
+     "unknown key 'partiton' (did you mean 'partition'?); valid keys here: partition, account"),
+    ({"slurm": {"max_nodes": 0}}, "slurm.max_nodes", "must be at least 1, got 0"),
+    ({"slurm": {"max_nodes": "many"}}, "slurm.max_nodes",
+     "expected an integer or null, got the string 'many'"),
+    ({"slurm": {"exclusive": "yes"}}, "slurm.exclusive", "expected true or false"),
+    ({"slurm": {"signal_grace": 5000}}, "slurm.signal_grace", "must be at most 3600, got 5000"),
+    ({"container": {"runtime": "docker"}}, "container.runtime",
+     "expected one of pyxis, enroot, apptainer, none; got the string 'docker'"),
+    ({"container": {"mounts": ["/a:/a", "/b,/c:/d"]}}, "container.mounts[1]",
+     "a mount is SRC:DST or SRC:DST:ro"),
+    ({"container": {"mounts": ["/a"]}}, "container.mounts[0]", "a mount is SRC:DST"),
+    ({"container": {"mounts": ["/a b:/c"]}}, "container.mounts[0]", "without commas, colons or "
+                                                                    "whitespace"),
+    ({"container": {"mounts": ["rel:/c"]}}, "container.mounts[0]", "absolute paths"),
+    ({"container": {"mounts": ["/a:/b:rx"]}}, "container.mounts[0]", "a mount is SRC:DST"),
+    ({"container": {"env": ["NCCL_IB_HCA", "A,B"]}}, "container.env[1]",
+     "an environment variable name"),
+    ({"network": {"ib_devices": "all"}}, "network.ib_devices",
+     "expected one of auto; got the string 'all'"),
+    ({"network": {"ib_devices": [1]}}, "network.ib_devices[0]", "expected a string"),
+    ({"network": {"env": {"1BAD": 1}}}, "network.env.1BAD", "does not match"),
+    ({"name": "bad name"}, "name", "does not match the pattern"),
+    ({"node": {"gpus": True}}, "node.gpus", "expected an integer, got a boolean"),
+])
+def test_schema_messages(value, field, message):
+    e = _site_error(value)
+    assert e.field == field
+    assert message in e.message, e.message
+
+
+def test_every_valid_mount_form_is_accepted():
+    _, pos = load_text("name: s\n", "site.yaml")
+    site = Validator(pos).build(config.Site, {"container": {
+        "mounts": ["/a:/b", "/a:/b:ro", "/a:/b:rw", "/x.y-z_1/ünï:/x"]}}, ())
+    assert len(site.container.mounts) == 4
+
+
+# ------------------------------------------------------------------------------ --set overrides
+
+def test_set_overrides_a_deployment_value_and_records_its_origin(tmp_path):
+    f = write_yaml(tmp_path / "d.yaml", small_pd())
+    cfg = config.load(f, ["roles.decode.nodes=3", "roles.decode.args.foo=[1, 2]",
+                          "engine.simulate=true"])
+    assert cfg.deployment.roles["decode"].nodes == 3
+    assert cfg.deployment.roles["decode"].args == {"foo": [1, 2]}
+    assert cfg.deployment.engine.simulate is True
+    assert cfg.positions.lookup(("roles", "decode", "nodes")) == Origin("--set", 1)
+    assert cfg.positions.lookup(("roles", "decode", "args", "foo")) == Origin("--set", 2)
+    assert cfg.positions.lookup(("roles", "prefill", "nodes")).file == str(f)
+
+
+def test_set_on_a_named_site_keeps_the_rest_of_the_site(tmp_path):
+    doc = small_pd()
+    doc["site"] = "local"
+    f = write_yaml(tmp_path / "d.yaml", doc)
+    plain = config.load(f)
+    cfg = config.load(f, ["site.slurm.partition=x", "site.slurm.account=acct"])
+    assert plain.site.slurm.partition == "local"
+    assert cfg.site.slurm.partition == "x"
+    assert cfg.site.slurm.account == "acct"
+    # everything else still comes from site_configs/local.yaml
+    assert cfg.site_file == plain.site_file == str(ROOT / "site_configs" / "local.yaml")
+    assert cfg.site.slurm.max_nodes == plain.site.slurm.max_nodes == 4
+    assert cfg.site.network == plain.site.network
+    assert cfg.positions.lookup(("site", "slurm", "partition")) == Origin("--set", 1)
+
+
+def test_set_replaces_a_whole_site(tmp_path):
+    f = write_yaml(tmp_path / "d.yaml", small_pd())
+    cfg = config.load(f, ["site=local"])
+    assert cfg.site.name == "local"
+
+
+@pytest.mark.parametrize("sets,line,field,message", [
+    (["roles.decode.nodes=2", "roles.decode.nodes"], 2, None, "expected KEY.PATH=VALUE"),
+    (["roles..nodes=2"], 1, None, "bad key path"),
+    (["roles.decode.nodes=2", "roles.decode.tp=-1"], 2, "roles.decode.tp", "at least 1"),
+    (["name=bad name"], 1, "name", "does not match"),
+    (["site.slurm.max_nodes=zero"], 1, "site.slurm.max_nodes", "expected an integer or null"),
+    (["name=ok", 'model.path="a\\nb"'], 2, "model.path", "control character"),
+    (["roles.decode.args.x=[1,", "name=ok"], 1, "roles.decode.args.x", "not valid YAML"),
+    (["model.path.x=1"], 1, "model.path.x", "model.path is not a mapping"),
+])
+def test_set_errors_point_at_the_set(tmp_path, sets, line, field, message):
+    f = write_yaml(tmp_path / "d.yaml", small_pd())
+    with pytest.raises(ConfigError) as e:
+        config.load(f, sets)
+    assert (e.value.file, e.value.line) == ("--set", line), str(e.value)
+    if field:
+        assert e.value.field == field
+    assert message in e.value.message
+    assert str(e.value).startswith(f"--set:{line}: ")
+
+
+def test_site_search_path_env(tmp_path, monkeypatch):
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    write_yaml(sites / "mine.yaml", {"name": "mine", "slurm": {"partition": "mypart"}})
+    doc = small_pd()
+    doc["site"] = "mine"
+    f = write_yaml(tmp_path / "d.yaml", doc)
+    with pytest.raises(ConfigError, match="no site named 'mine'"):
+        config.load(f)
+    monkeypatch.setenv("HPCSERVE_SITE_PATH", str(sites))
+    assert config.load(f).site.slurm.partition == "mypart"
+
+
+def test_inline_site_errors_name_the_site_field(tmp_path):
+    doc = small_pd()
+    doc["site"]["slurm"]["qos"] = 5
+    f = write_yaml(tmp_path / "d.yaml", doc)
+    with pytest.raises(ConfigError) as e:
+        config.load(f)
+    assert e.value.field == "site.slurm.qos" and e.value.file == str(f)
+
+
+def test_site_file_errors_name_the_site_file(tmp_path, monkeypatch):
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    (sites / "bad.yaml").write_text("name: bad\nslurm:\n  qos: 5\n", encoding="utf-8")
+    monkeypatch.setenv("HPCSERVE_SITE_PATH", str(sites))
+    doc = small_pd()
+    doc["site"] = "bad"
+    with pytest.raises(ConfigError) as e:
+        config.load(write_yaml(tmp_path / "d.yaml", doc))
+    assert (e.value.file, e.value.line, e.value.field) == (str(sites / "bad.yaml"), 3, "slurm.qos")
+
+
+def test_profile_defaults_merge_under_role_settings(tmp_path):
+    doc = small_pd()
+    doc["roles"]["decode"]["args"] = {"disable-radix-cache": None, "foo-bar": 1}
+    doc["roles"]["decode"]["deepep_mode"] = "auto"
+    cfg = config.load(write_yaml(tmp_path / "d.yaml", doc))
+    prof = cfg.profile.sglang
+    st = config.merged_settings(prof.common, prof.decode, cfg.deployment.roles["decode"])
+    assert st["deepep_mode"] == "auto"              # role wins over the profile's low_latency
+    assert st["moe_a2a_backend"] == "deepep"        # profile default kept
+    assert st["trust_remote_code"] is True          # common layer
+    assert st["args"] == {"foo-bar": 1}             # null removes the profile's default flag
