@@ -103,6 +103,156 @@ def profiles() -> None:
         click.echo(f"{prof.name:20} {prof.description}")
 
 
+def _remote_opts(f):
+    for opt in reversed([
+        click.option("--remote", metavar="USER@HOST[:PORT]", envvar="HPCSERVE_REMOTE",
+                     help="run Slurm's commands on this login node over SSH"),
+        click.option("--jump", metavar="USER@HOST[:PORT]", help="SSH jump host"),
+        click.option("--identity", "-i", type=click.Path(dir_okay=False), multiple=True,
+                     help="SSH private key (default: agent and ~/.ssh keys)"),
+        click.option("--known-hosts", type=click.Path(dir_okay=False),
+                     help="known_hosts file (default ~/.ssh/known_hosts); unknown keys are refused"),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _runner(remote, jump=None, identity=(), known_hosts=None):
+    from .ops import runner_for
+    return runner_for(remote, jump=jump, key_filenames=list(identity) or None,
+                      known_hosts=known_hosts)
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@_set_opt
+@click.option("--out", "-o", help="job directory (default: <jobs_dir>/<name>-<timestamp>)")
+@click.option("--dry-run", is_flag=True, help="render only; print the job directory")
+@click.option("--check", is_flag=True, help="ask Slurm whether it would run (sbatch --test-only)")
+@click.option("--follow", "-f", is_flag=True, help="show the phases live until serving or failure")
+@click.option("--wait", "-w", is_flag=True, help="wait until serving or failure, print the end")
+@_remote_opts
+def submit(file, sets, out, dry_run, check, follow, wait, remote, jump, identity, known_hosts):
+    """Render FILE and submit it with sbatch; print the job id and the job directory."""
+    from . import ops
+    runner = _runner(remote, jump, identity, known_hosts)
+    res = ops.submit(file, sets, runner=runner, remote=remote, out=out, dry_run=dry_run,
+                     check=check)
+    if isinstance(res, str):
+        click.echo(res)
+        return
+    click.echo(f"submitted job {res.job_id}: {res.name}")
+    click.echo(f"job directory: {res.job_dir}")
+    if not (follow or wait):
+        r = f" --remote {remote}" if remote else ""
+        click.echo(f"follow it with: hpcserve status {res.job_id}{r}   "
+                   f"(logs: hpcserve logs {res.job_id}{r})")
+        return
+    from . import deployments
+    sys.exit(ops.follow(deployments.find(res.job_id), runner, echo=click.echo, quiet=wait))
+
+
+@main.command()
+@click.argument("jobs", nargs=-1)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--probe", is_flag=True, help="also probe each serving endpoint's /health")
+@click.option("--follow", "-f", is_flag=True, help="follow one job's phases live")
+@_remote_opts
+def status(jobs, as_json, probe, follow, remote, jump, identity, known_hosts):
+    """Where deployments stand: Slurm's state (one squeue call) merged with each job's state.json."""
+    import json
+    from . import deployments, ops
+    runners = {}
+
+    def runner_of(r):
+        if r not in runners:
+            runners[r] = _runner(r or remote, jump, identity, known_hosts)
+        return runners[r]
+
+    if jobs:
+        entries = [ops.resolve(j, remote, runner_of(remote)) for j in jobs]
+    else:
+        entries = [e for e in deployments.entries() if not remote or e.remote == remote]
+    if follow:
+        if len(entries) != 1:
+            raise HpcserveError("--follow takes exactly one job")
+        sys.exit(ops.follow(entries[0], runner_of(entries[0].remote), echo=click.echo))
+    views = ops.status(entries, runner_of, probe=probe)
+    if as_json:
+        click.echo(json.dumps([v.as_json() for v in views], indent=1))
+    elif views:
+        click.echo(ops.status_table(views))
+    else:
+        click.echo("no deployments")
+    failed = [v for v in views if v.summary_phase == "failed"]
+    sys.exit(1 if failed and jobs else 0)
+
+
+@main.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--all", "show_all", is_flag=True, help="include finished deployments")
+@_remote_opts
+def list_cmd(as_json, show_all, remote, jump, identity, known_hosts):
+    """This user's deployments with their phase and endpoint."""
+    import json
+    from . import deployments, ops
+    entries = [e for e in deployments.entries() if not remote or e.remote == remote]
+    views = ops.status(entries, lambda r: _runner(r or remote, jump, identity, known_hosts))
+    if not show_all:
+        views = [v for v in views if v.summary_phase not in ops.TERMINAL_PHASES
+                 and not v.summary_phase.startswith("ended")]
+    if as_json:
+        click.echo(json.dumps([v.as_json() for v in views], indent=1))
+    else:
+        click.echo(ops.status_table(views) if views else "no deployments")
+
+
+@main.command()
+@click.argument("job")
+@click.option("--role", type=click.Choice(["prefill", "decode", "worker", "router", "batch",
+                                           "hpcserve-job", "discover"]))
+@click.option("--instance", type=int)
+@click.option("--node", help="node rank or host name")
+@click.option("--follow", "-f", is_flag=True, help="keep printing what is appended")
+@click.option("--lines", "-n", type=int, default=50, show_default=True)
+@_remote_opts
+def logs(job, role, instance, node, follow, lines, remote, jump, identity, known_hosts):
+    """Show a deployment's logs (logs/<role>-<instance>.node<rank>.<host>.log and others)."""
+    import time
+    from . import ops
+    runner = _runner(remote, jump, identity, known_hosts)
+    e = ops.resolve(job, remote, runner)
+    files = ops.log_files(runner, e, role, instance, node)
+    if not files:
+        raise HpcserveError(f"no log of job {e.job_id} matches (logs are in {e.job_dir}/logs)")
+    seen = {}
+    for f in files:
+        text = runner.read_text(f) or ""
+        if len(files) > 1:
+            click.echo(f"==> {f} <==")
+        click.echo("\n".join(text.splitlines()[-lines:]))
+        seen[f] = len(text)
+    while follow:
+        time.sleep(0.5)
+        for f in ops.log_files(runner, e, role, instance, node):
+            text = runner.read_text(f) or ""
+            if len(text) > seen.get(f, 0):
+                click.echo(text[seen.get(f, 0):], nl=False)
+                seen[f] = len(text)
+
+
+@main.command()
+@click.argument("job")
+@click.option("--wait", "-w", is_flag=True, help="wait until the teardown is complete")
+@_remote_opts
+def cancel(job, wait, remote, jump, identity, known_hosts):
+    """Stop a deployment through its own graceful path (router first, then engines)."""
+    from . import ops
+    runner = _runner(remote, jump, identity, known_hosts)
+    e = ops.resolve(job, remote, runner)
+    sys.exit(ops.cancel(e, runner, wait=wait, echo=click.echo))
+
+
 def _register_dev_cluster() -> None:
     try:
         from .devcluster.cli import dev_cluster

@@ -177,7 +177,12 @@ class Job:
     def on_signal(self, signum, _frame) -> None:
         if self.signal_reason:
             return
-        self.signal_reason = "time_limit" if self._near_time_limit() else "cancelled"
+        # USR1 comes from `hpcserve cancel` (scancel --batch --signal=USR1): a requested stop.
+        # TERM comes from scancel or from --signal=B:TERM@grace before the time limit.
+        if signum == signal.SIGUSR1:
+            self.signal_reason = "cancelled"
+        else:
+            self.signal_reason = "time_limit" if self._near_time_limit() else "cancelled"
         self.log(f"received {signal.Signals(signum).name}: {self.signal_reason}")
 
     def _near_time_limit(self) -> bool:

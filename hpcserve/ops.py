@@ -1,0 +1,300 @@
+"""Operating deployments: submit, follow, status, logs, cancel, list.
+
+Everything that runs or reads goes through a Runner (local or SSH), so the same code serves the
+login node and a laptop. Slurm is asked once per command (one squeue for all jobs), and the
+job's own state.json supplies what Slurm cannot know (phase, endpoint, failed node).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from . import deployments
+from .errors import HpcserveError
+from .slurm import parsers
+from .slurm.client import parse_job_id
+
+TERMINAL_PHASES = {"done", "cancelled", "failed"}
+ACTIVE_SLURM = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
+                "RESIZING", "SIGNALING", "STAGE_OUT"}
+
+
+def runner_for(remote: str | None, **ssh: Any):
+    if not remote:
+        from .slurm.runner import LocalRunner
+        return LocalRunner()
+    from .slurm.ssh import SSHRunner
+    return SSHRunner(remote, **{k: v for k, v in ssh.items() if v is not None})
+
+
+# ------------------------------------------------------------------------------------- submit
+
+@dataclass
+class Submitted:
+    job_id: str
+    job_dir: str
+    name: str
+    remote: str | None
+
+
+def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out: str | None,
+           dry_run: bool, check: bool) -> Submitted | str:
+    from . import config, plan as planner
+    from .render import render_files, write_job
+    p = planner.build(config.load(file, sets))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    jobs_dir = runner.expand_path(p.jobs_dir)
+    job_dir = out or posixpath.join(jobs_dir, f"{p.name}-{stamp}")
+    if remote is None:
+        job_dir = str(Path(job_dir).expanduser().resolve())
+    files = render_files(p, job_dir)
+    if dry_run:
+        if remote is None:
+            write_job(files, job_dir)
+            return job_dir
+        tmp = tempfile.mkdtemp(prefix="hpcserve-render-")
+        write_job(files, tmp)
+        return tmp
+    if remote is None:
+        write_job(files, job_dir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="hpcserve-render-") as tmp:
+            write_job(files, tmp)
+            runner.put_tree(tmp, job_dir)
+    script = posixpath.join(job_dir, "job.sbatch")
+    if check:
+        res = runner.run(["sbatch", "--test-only", script], check=True)
+        return (res.err or res.out).strip()
+    res = runner.run(["sbatch", "--parsable", script])
+    job_id = parse_job_id(res.out)
+    deployments.record(deployments.new_entry(job_id, p.name, job_dir, remote))
+    return Submitted(job_id, job_dir, p.name, remote)
+
+
+# ------------------------------------------------------------------------------------- status
+
+@dataclass
+class View:
+    job_id: str
+    name: str
+    job_dir: str | None
+    remote: str | None
+    slurm_state: str | None = None
+    reason: str | None = None
+    nodes: str | None = None
+    components: list = field(default_factory=list)
+    phase: str | None = None
+    endpoint: str | None = None
+    failure: dict | None = None
+    engines: str | None = None
+    health: str | None = None
+    state: dict = field(default_factory=dict)
+
+    def as_json(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "state"} | {
+            "history": self.state.get("history", [])}
+
+    @property
+    def summary_phase(self) -> str:
+        """The phase a person should see: state.json's, or Slurm's when the job never started."""
+        if self.phase and (self.phase in TERMINAL_PHASES or self.slurm_state in (None, "RUNNING",
+                                                                                 "COMPLETING")):
+            return self.phase
+        if self.slurm_state == "PENDING":
+            return "pending"
+        if self.slurm_state and self.slurm_state not in ACTIVE_SLURM:
+            # Slurm ended the job but the job never wrote a final phase (killed, node failure...)
+            return self.phase if self.phase in TERMINAL_PHASES else f"ended ({self.slurm_state})"
+        return self.phase or "pending"
+
+
+def _squeue(runner) -> dict[str, Any]:
+    res = runner.run(parsers.squeue_argv(), check=True)
+    return {j.job_id: j for j in parsers.fold_het(parsers.parse_squeue_format(res.out))}
+
+
+def status(entries: list[deployments.Entry], runner_of: Callable[[str | None], Any],
+           probe: bool = False) -> list[View]:
+    views = []
+    by_remote: dict[str | None, list[deployments.Entry]] = {}
+    for e in entries:
+        by_remote.setdefault(e.remote, []).append(e)
+    for remote, es in by_remote.items():
+        runner = runner_of(remote)
+        queue = _squeue(runner)  # one call for every job on this cluster
+        for e in es:
+            v = View(e.job_id, e.name, e.job_dir, remote)
+            j = queue.get(e.job_id)
+            if j is not None:
+                v.slurm_state = j.state
+                v.reason = j.reason
+                v.nodes = ",".join(n for n in j.nodes if n)
+                v.components = [{"job_id": c.job_id, "state": c.state, "nodes": c.nodes,
+                                 "reason": c.reason} for c in j.components]
+            if e.job_dir:
+                text = runner.read_text(posixpath.join(e.job_dir, "state.json"))
+                if text:
+                    try:
+                        v.state = json.loads(text)
+                    except ValueError:
+                        v.state = {}
+                    v.phase = v.state.get("phase")
+                    v.endpoint = v.state.get("endpoint")
+                    v.failure = v.state.get("failure")
+                    if v.state.get("engines_total"):
+                        v.engines = f"{v.state.get('engines_ready_count', 0)}/{v.state['engines_total']}"
+            if probe and v.endpoint and v.summary_phase == "serving":
+                v.health = _probe(runner, v.endpoint)
+            views.append(v)
+    return views
+
+
+def _probe(runner, endpoint: str) -> str:
+    # From the login node (or over SSH) the endpoint is on the cluster network: probe it there.
+    res = runner.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5",
+                      endpoint + "/health"], check=False)
+    return "ok" if res.out.strip() == "200" else f"unhealthy ({res.out.strip() or res.rc})"
+
+
+REASONS = {"cancelled": "cancelled", "time_limit": "stopped at the time limit"}
+
+
+def describe(v: View) -> str:
+    ph = v.summary_phase
+    if ph == "pending":
+        words = parsers.reason_in_words(v.reason or "")
+        return f"pending: {words}" if words else "pending"
+    if ph == "starting" and v.engines:
+        return f"starting: engines {v.engines} ready"
+    if ph in ("engines_ready", "router_ready"):
+        return ph.replace("_", " ")
+    if ph == "serving":
+        return f"serving at {v.endpoint}" + (f" ({v.health})" if v.health else "")
+    if ph == "failed" and v.failure:
+        f = v.failure
+        where = " ".join(str(x) for x in (
+            f.get("role"), f.get("instance") if f.get("instance") is not None else None,
+            f"node {f['node']}" if f.get("node") else None,
+            f"rank {f['node_rank']}" if f.get("node_rank") is not None else None) if x is not None)
+        code = f", exit code {f['exit_code']}" if f.get("exit_code") is not None else ""
+        return f"failed: {v.state.get('reason', '')} [{where}{code}]"
+    if ph == "cancelled":
+        return REASONS.get(v.state.get("reason"), "cancelled")
+    if ph in ("done", "failed"):
+        return f"{ph}: {v.state.get('reason', '')}"
+    return ph
+
+
+def status_table(views: list[View]) -> str:
+    rows = [("JOB", "NAME", "SLURM", "PHASE")]
+    for v in views:
+        rows.append((v.job_id, v.name, v.slurm_state or "-", describe(v)))
+    w = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}" for r in rows)
+
+
+# ------------------------------------------------------------------------------------- follow
+
+def follow(entry: deployments.Entry, runner, *, echo: Callable[[str], None], quiet: bool = False,
+           interval: float = 0.5, until_serving: bool = True) -> int:
+    """Print each phase change with the elapsed time; 0 once serving (or done), 1 on failure."""
+    t0 = entry.submitted_at or time.time()
+    last = None
+    while True:
+        (v,) = status([entry], lambda _r: runner)
+        line = describe(v)
+        if line != last and not quiet:
+            echo(f"[{time.time() - t0:7.1f}s] {line}")
+        last = line
+        ph = v.summary_phase
+        if ph == "serving" and until_serving:
+            if quiet:
+                echo(line)
+            return 0
+        if ph in TERMINAL_PHASES or ph.startswith("ended"):
+            if quiet:
+                echo(line)
+            return 0 if ph in ("done", "cancelled") else 1
+        time.sleep(interval)
+
+
+# --------------------------------------------------------------------------------------- logs
+
+def log_files(runner, entry: deployments.Entry, role: str | None, instance: int | None,
+              node: str | None) -> list[str]:
+    logs = posixpath.join(entry.job_dir, "logs")
+    names = runner.list_dir(logs)
+    out = []
+    for n in names:
+        base = n.split(".")[0]  # prefill-0 / router / batch-123 / hpcserve-job / discover-0
+        r, _, i = base.rpartition("-")
+        if role and not (base == role or r == role):
+            continue
+        if instance is not None and not (i.isdigit() and int(i) == instance):
+            continue
+        if node is not None:
+            parts = n.split(".")
+            if not (len(parts) >= 3 and (parts[1] == f"node{node}" or parts[2] == node)):
+                continue
+        out.append(posixpath.join(logs, n))
+    return out
+
+
+def cancel(entry: deployments.Entry, runner, *, wait: bool, echo: Callable[[str], None]) -> int:
+    """Stop a deployment through its own graceful path; plain scancel where that cannot work."""
+    q = _squeue(runner).get(entry.job_id)
+    if q is not None and q.state == "RUNNING":
+        # Only the batch shell (hpcserve_job.py) gets USR1: it tears down router first, then the
+        # engines rank 0 first, and records `cancelled`. A plain scancel would signal every step
+        # at once.
+        runner.run(["scancel", "--batch", "--signal=USR1", entry.job_id])
+        echo(f"cancelling job {entry.job_id} ({entry.name}): orderly teardown requested")
+    else:
+        runner.run(["scancel", entry.job_id])  # always the leader id: ID+1 is one component
+        echo(f"cancelled job {entry.job_id} ({entry.name})")
+        return 0
+    if not wait:
+        return 0
+    grace = 120.0
+    text = runner.read_text(posixpath.join(entry.job_dir, "plan.json")) if entry.job_dir else None
+    if text:
+        try:
+            grace = float(json.loads(text)["signal_grace"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    end = time.time() + grace + 30
+    while time.time() < end:
+        (v,) = status([entry], lambda _r: runner)
+        if v.summary_phase in TERMINAL_PHASES or v.slurm_state not in ACTIVE_SLURM | {None}:
+            echo(describe(v))
+            return 0
+        time.sleep(0.5)
+    runner.run(["scancel", entry.job_id])
+    echo(f"job {entry.job_id} did not finish its teardown in {grace + 30:.0f} s: scancel sent")
+    return 1
+
+
+def resolve(job: str, remote: str | None, runner) -> deployments.Entry:
+    e = deployments.find(job)
+    if e is not None:
+        return e
+    # Not submitted by this hpcserve: find the job directory from Slurm's record of the job.
+    jid = job.split("+")[0]
+    if not jid.isdigit():
+        raise HpcserveError(f"{job!r} is not a job id")
+    res = runner.run(parsers.scontrol_argv(jid), check=False)
+    if res.rc != 0:
+        raise HpcserveError(f"job {jid} is not in hpcserve's list and Slurm does not know it "
+                            f"({(res.err or res.out).strip()})")
+    recs = parsers.parse_scontrol_job(res.out)
+    for r in recs:
+        if "/logs/batch-" in r.stdout:
+            job_dir = r.stdout.rsplit("/logs/", 1)[0]
+            return deployments.Entry(jid, r.name, job_dir, remote)
+    raise HpcserveError(f"job {jid} was not rendered by hpcserve (no job directory found)")
