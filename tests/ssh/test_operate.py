@@ -1,0 +1,140 @@
+"""Operating a deployment the way users do, through the `hpcserve` command, on the real test
+cluster: submit -> follow -> status -> logs -> cancel, from the login node (local runner) and from
+a laptop over SSH (a real sshd on loopback), with simulated engines and the real router."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sshkit import start_sshd
+
+pytestmark = pytest.mark.slurm
+
+HPCSERVE = str(Path(sys.executable).parent / "hpcserve")
+
+
+@pytest.fixture(scope="module")
+def login_sshd(tmp_path_factory, ssh_keys, dev_cluster):
+    # The "login node": an sshd whose sessions see the test cluster's slurm.conf, as a real login
+    # node's sessions see the site's.
+    s = start_sshd(tmp_path_factory.mktemp("login"), "login", ssh_keys,
+                   f"SetEnv SLURM_CONF={dev_cluster.conf_path}\nAllowTcpForwarding no")
+    yield s
+    from sshkit import stop
+    stop(s.proc)
+
+
+@pytest.fixture(params=["local", "ssh"])
+def hs(request, dev_cluster, tmp_path):
+    env = dev_cluster.client_env()
+    env["HPCSERVE_STATE_DIR"] = str(tmp_path / "state")
+    env["PATH"] = str(Path(sys.executable).parent) + ":" + env["PATH"]
+    remote = []
+    if request.param == "ssh":
+        s = request.getfixturevalue("login_sshd")
+        env.pop("SLURM_CONF")  # over SSH, only the login node knows the cluster
+        remote = ["--remote", s.target, "-i", str(s.user_key), "--known-hosts", str(s.known_hosts)]
+
+    def run(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        cmd = [HPCSERVE, *args]
+        if args[0] in ("submit", "status", "logs", "cancel", "list"):
+            cmd += remote
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        if check and p.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
+        return p
+
+    run.mode = request.param
+    run.jobs_dir = str(Path(dev_cluster.state_dir).parent / "jobs" / f"ops-{request.param}")
+    yield run
+    for e in json.loads(run("status", "--json", check=False).stdout or "[]"):
+        subprocess.run(["scancel", e["job_id"]], env=dev_cluster.client_env(), capture_output=True)
+
+
+def _deployment(tmp_path: Path, jobs_dir: str, **roles_over) -> Path:
+    d = {"name": "ops-demo", "site": {"base": "local"}, "jobs_dir": jobs_dir,
+         "model": {"profile": "kimi-k2-instruct", "path": "/models/k2", "served_name": "kimi-k2"},
+         "engine": {"version": "0.5.23", "simulate": True},
+         # the router's python must have sglang_router: the project venv's
+         "router": {"python": sys.executable},
+         "roles": {"prefill": {"nodes": 1}, "decode": {"nodes": 2, **roles_over}},
+         "readiness": {"engine_timeout": 60, "poll_interval": 0.1}}
+    f = tmp_path / "deploy.yaml"
+    f.write_text(yaml.safe_dump(d))
+    return f
+
+
+def test_submit_follow_status_logs_cancel(hs, tmp_path, dev_cluster):
+    f = _deployment(tmp_path, hs.jobs_dir)
+    out = hs("submit", str(f), "--follow").stdout
+    job = out.split("submitted job ")[1].split(":")[0]
+    phases = [ln.split("] ", 1)[1] for ln in out.splitlines() if ln.startswith("[")]
+    endpoint = f"http://{dev_cluster.node_addresses()['node1']}:8000"
+    assert phases[-1] == f"serving at {endpoint}", out
+    assert any(p.startswith("starting") for p in phases), out
+
+    st = json.loads(hs("status", job, "--json").stdout)[0]
+    assert (st["job_id"], st["slurm_state"], st["phase"], st["endpoint"]) == (
+        job, "RUNNING", "serving", endpoint)
+    assert len(st["components"]) == 2  # the het job folded into one deployment
+    table = hs("status").stdout
+    assert f"serving at {endpoint}" in table and job in table
+    assert job in hs("list").stdout
+
+    log = hs("logs", job, "--role", "decode", "--node", "1").stdout
+    assert "decode-0 node-rank 1 on node3" in log
+    assert "joined" in log  # rank 1's own engine log, not another node's
+
+    out = hs("cancel", job, "--wait").stdout
+    assert "orderly teardown" in out and out.strip().endswith("cancelled")
+    st = json.loads(hs("status", job, "--json").stdout)[0]
+    assert st["phase"] == "cancelled"
+    history = [h["phase"] for h in st["history"]]
+    assert history[-2:] == ["stopping", "cancelled"]
+    joblog = Path(st["job_dir"], "logs", "hpcserve-job.log").read_text()
+    # router first, then the engines
+    assert joblog.index("SIGTERM to router") < joblog.index("SIGTERM to prefill-0, decode-0")
+
+
+def test_status_names_the_failed_node(hs, tmp_path, dev_cluster):
+    f = _deployment(tmp_path, hs.jobs_dir,
+                    sim_fault={"kind": "exit", "exit_code": 7, "after": 0.5, "ranks": [1]})
+    out = hs("submit", str(f), "--follow", check=False)
+    assert out.returncode == 1, out.stdout + out.stderr
+    job = out.stdout.split("submitted job ")[1].split(":")[0]
+    st = json.loads(hs("status", job, "--json", check=False).stdout)[0]
+    assert st["phase"] == "failed"
+    f = st["failure"]
+    assert (f["role"], f["instance"], f["node"], f["node_rank"], f["exit_code"]) == (
+        "decode", 0, "node3", 1, 7)
+    line = hs("status", job, check=False).stdout
+    assert "failed" in line and "node node3" in line and "exit code 7" in line
+
+
+def test_unknown_host_key_is_refused_and_nothing_reaches_the_cluster(login_sshd, dev_cluster,
+                                                                       tmp_path):
+    env = dev_cluster.client_env()
+    env["HPCSERVE_STATE_DIR"] = str(tmp_path / "state")
+    jobs = Path(dev_cluster.state_dir).parent / "jobs" / "ops-refused"
+    f = _deployment(tmp_path, str(jobs))
+    before = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i"], env=env,
+                            capture_output=True, text=True).stdout
+    for kh, key in ((login_sshd.empty_known_hosts, login_sshd.user_key),
+                    (login_sshd.known_hosts, login_sshd.other_key)):
+        p = subprocess.run([HPCSERVE, "submit", str(f), "--remote", login_sshd.target,
+                            "-i", str(key), "--known-hosts", str(kh)], env=env,
+                           capture_output=True, text=True)
+        assert p.returncode == 2, p.stderr
+        assert p.stderr.startswith("hpcserve: error: ssh: ") and "Traceback" not in p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1
+    assert not jobs.exists()  # nothing uploaded
+    after = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i"], env=env,
+                           capture_output=True, text=True).stdout
+    assert after == before  # nothing submitted
