@@ -164,7 +164,10 @@ class Job:
         self.steps: dict[str, subprocess.Popen] = {}
         self.nodes: dict[str, list[list[str]]] = {}   # instance -> [[rank, name, ip, iface, ib]]
         self.signal_reason: str | None = None
-        self.t0 = now()
+        try:
+            self.t0 = float(os.environ.get("HPCSERVE_BATCH_T0", ""))
+        except ValueError:
+            self.t0 = now()
         self.job_id = os.environ.get("SLURM_JOB_ID", "")
         self.log_fh = open(os.path.join(job_dir, "logs", "hpcserve-job.log"), "a", buffering=1)
 
@@ -303,7 +306,7 @@ class Job:
     def run(self) -> int:
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(s, self.on_signal)
-        self.state.update("starting", started_at=round(self.t0, 3),
+        self.state.update("starting", started_at=round(self.t0, 3), runtime_at=round(now(), 3),
                           batch_host=os.uname().nodename, endpoint=None, failure=None)
         try:
             self.serve()
