@@ -260,6 +260,9 @@ class Deployment:
         "environment for every engine of this deployment", key_pattern=ENV_NAME))
     readiness: Readiness = field(default_factory=Readiness)
     jobs_dir: str | None = field(default=None, metadata=doc("overrides site.paths.jobs_dir"))
+    requeue: int = field(default=0, metadata=doc(
+        "when the deployment fails (not when it is cancelled), requeue the job up to this many "
+        "times", ge=0, le=100))
 
     def validate(self) -> None:
         keys = set(self.roles)

@@ -90,6 +90,7 @@ class Plan:
     router_python: str
     readiness: Any
     jobs_dir: str
+    requeue: int
     sim: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
@@ -135,6 +136,7 @@ def _directives(cfg: Resolved, name: str, nodes: int, first: bool, job_dir_out: 
         d += [("job-name", cfg.deployment.name),
               ("output", job_dir_out),
               ("signal", f"B:TERM@{s.signal_grace}")]
+        d.append(("requeue", None) if cfg.deployment.requeue else ("no-requeue", None))
     for key, val in (("partition", s.partition), ("account", s.account), ("qos", s.qos),
                      ("constraint", s.constraint), ("reservation", s.reservation)):
         if val:
@@ -344,7 +346,7 @@ def build(cfg: Resolved) -> Plan:
         interface=interface, ib_devices=ib, site_python=site.paths.python,
         engine_python=dep.engine.python,
         router_python=router_cfg.python or dep.engine.python,
-        readiness=dep.readiness, jobs_dir=jobs_dir,
+        readiness=dep.readiness, jobs_dir=jobs_dir, requeue=dep.requeue,
         sim={"startup_delay": dep.engine.sim_startup_delay,
              "prefill_s_per_token": dep.engine.sim_prefill_s_per_token,
              "decode_s_per_token": dep.engine.sim_decode_s_per_token},

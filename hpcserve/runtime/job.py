@@ -24,7 +24,7 @@ import time
 import urllib.error
 import urllib.request
 
-PHASES = ("pending", "starting", "engines_ready", "router_ready", "serving", "stopping",
+PHASES = ("pending", "starting", "engines_ready", "router_ready", "serving", "stopping", "requeued",
           "done", "cancelled", "failed")
 
 
@@ -161,6 +161,8 @@ class Job:
         with open(os.path.join(job_dir, "plan.json")) as f:
             self.plan = json.load(f)
         self.state = State(job_dir)
+        if self.state.data.get("phase") == "requeued":
+            self.state.data["history"].append({"phase": "pending", "at": round(now(), 3)})
         self.steps: dict[str, subprocess.Popen] = {}
         self.nodes: dict[str, list[list[str]]] = {}   # instance -> [[rank, name, ip, iface, ib]]
         self.signal_reason: str | None = None
@@ -319,7 +321,20 @@ class Job:
         self.state.update("stopping", reason=reason, failure=failure)
         self.teardown()
         final = "cancelled" if phase == "cancelled" else phase
-        self.state.update(final, reason=reason, finished_at=round(now(), 3))
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        if final == "failed" and restarts < int(self.plan.get("requeue") or 0) and self.job_id:
+            # The deployment asked for another try: Slurm puts the whole job back in the queue
+            # and runs this script again (SLURM_RESTART_COUNT counts the tries).
+            res = subprocess.run(["scontrol", "requeue", self.job_id], capture_output=True,
+                                 text=True, timeout=30)
+            if res.returncode == 0:
+                self.state.update("requeued", reason=reason, finished_at=round(now(), 3),
+                                  restarts=restarts + 1)
+                self.log(f"failed ({reason}); requeued, try {restarts + 2} of "
+                         f"{int(self.plan['requeue']) + 1}")
+                return 0
+            self.log(f"scontrol requeue failed: {(res.stderr or res.stdout).strip()}")
+        self.state.update(final, reason=reason, finished_at=round(now(), 3), restarts=restarts)
         self.log(f"final state: {final} ({reason})")
         return 0 if final in ("cancelled", "done") else 1
 
