@@ -152,7 +152,24 @@ def status(entries: list[deployments.Entry], runner_of: Callable[[str | None], A
             if probe and v.endpoint and v.summary_phase == "serving":
                 v.health = _probe(runner, v.endpoint)
             views.append(v)
+        _from_accounting(runner, [v for v in views if v.remote == remote])
     return views
+
+
+def _from_accounting(runner, views: list[View]) -> None:
+    """Jobs Slurm no longer lists (past MinJobAge) whose state.json has no final phase: ask sacct
+    once for all of them. Without accounting sacct exits 1; nothing more is known then."""
+    missing = [v for v in views if v.slurm_state is None and v.phase not in TERMINAL_PHASES]
+    if not missing:
+        return
+    res = runner.run(parsers.sacct_argv([v.job_id for v in missing]), check=False)
+    if res.rc != 0 or parsers.sacct_disabled(res):
+        return
+    by_id = {j.job_id: j for j in parsers.fold_het(parsers.parse_sacct(res.out))}
+    for v in missing:
+        j = by_id.get(v.job_id)
+        if j is not None:
+            v.slurm_state = j.state
 
 
 def _probe(runner, endpoint: str) -> str:

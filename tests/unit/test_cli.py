@@ -166,3 +166,19 @@ def test_render_writes_the_job_directory_and_prints_it(tmp_path):
                          str(out)], capture_output=True, text=True, timeout=60)
     assert p2.returncode == 2 and p2.stderr.startswith("hpcserve: error: ")
     assert p2.stderr.count("\n") == 1 and "not empty" in p2.stderr
+
+
+def test_shell_completion_script_is_generated():
+    # click's completion: `eval "$(_HPCSERVE_COMPLETE=bash_source hpcserve)"` in ~/.bashrc
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    exe = str(Path(sys.executable).parent / "hpcserve")
+    out = subprocess.run([exe], env={**os.environ, "_HPCSERVE_COMPLETE": "bash_source"},
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "complete " in out.stdout and "_hpcserve_completion" in out.stdout
+    words = subprocess.run([exe], env={**os.environ, "_HPCSERVE_COMPLETE": "bash_complete",
+                                       "COMP_WORDS": "hpcserve st", "COMP_CWORD": "1"},
+                           capture_output=True, text=True).stdout
+    assert "plain,status" in words
