@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .containers import wrap_task
+from .containers import container_files, wrap_task
 from .plan import Instance, Plan
 from .words import Var, Word, quote, to_json
 
@@ -38,7 +38,15 @@ def _jinja():
 
 
 def _directive(key: str, value: str | None) -> str:
-    return f"--{key}" if value is None else f"--{key}={shlex.quote(value)}"
+    return f"--{key}" if value is None else f"--{key}={_sbatch_quote(value)}"
+
+
+def _sbatch_quote(value: str) -> str:
+    """Quote for sbatch's #SBATCH parser: it honours '...' and "..." like a shell, but takes a
+    backslash as an escape even inside single quotes, so shlex.quote would lose backslashes."""
+    if "\\" not in value:
+        return shlex.quote(value)
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _jsonify(obj: Any) -> Any:
@@ -129,7 +137,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
 
     launch = env.get_template("launch_engine.sh.j2")
     for inst in plan.instances:
-        srun_extra, prefix = wrap_task(plan, jd)
+        srun_extra, prefix = wrap_task(plan, jd, inst.name)
         files[f"steps/{inst.name}.sh"] = (step.render(
             title=f"{inst.name}: {_title(plan, inst)}", needs_nodelist=True,
             srun=[quote(w) for w in _srun(plan, inst.component, inst.nodes, inst.name,
@@ -150,7 +158,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
 
     if plan.router:
         r = plan.router
-        srun_extra, prefix = wrap_task(plan, jd)
+        srun_extra, prefix = wrap_task(plan, jd, "router")
         files["steps/router.sh"] = (step.render(
             title=f"router: sglang-router on node {r.node_offset} of component {r.component}",
             needs_nodelist=True,
@@ -168,6 +176,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
             command=_argv_lines([plan.router_python, "-m", "sglang_router.launch_router"],
                                 r.argv)), 0o755)
 
+    files.update(container_files(plan, jd))
     files["plan.json"] = (json.dumps(plan_json(plan, jd), indent=1, sort_keys=False) + "\n", 0o644)
     files["hpcserve_job.py"] = (RUNTIME.read_text(encoding="utf-8"), 0o755)
     if plan.simulate:

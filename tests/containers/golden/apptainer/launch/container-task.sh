@@ -1,0 +1,33 @@
+#!/bin/bash
+# The task of every engine and router step: `container-task.sh TASK COMMAND...`, where TASK is the
+# instance name (or "router") and COMMAND runs its launch script.
+# Runs on the host and execs COMMAND in `apptainer exec` of /shared/images/sglang-0.5.23.sif.
+set -uo pipefail
+task=${1:?usage: container-task.sh TASK COMMAND...}
+shift
+node=${SLURMD_NODENAME:-$(hostname)}
+
+# RDMA (NCCL over InfiniBand, Mooncake, NVSHMEM) pins memory up to RLIMIT_MEMLOCK. Slurm's default
+# PropagateResourceLimits=ALL gives the task the submitting shell's soft limit (often 64 KiB on a
+# login node) below slurmd's hard limit (normally unlimited). Raising the soft limit to the hard one
+# needs no privilege and never lowers anything; `srun --propagate=MEMLOCK` could only copy a limit
+# that is the same or lower, and `ulimit -l unlimited` fails wherever the hard limit is finite.
+ulimit -S -l "$(ulimit -H -l)" 2>/dev/null || true
+if [ "$(ulimit -S -l)" != unlimited ]; then
+  echo "hpcserve: warning: $task on $node: the locked-memory limit is $(ulimit -S -l) KiB;" \
+       "RDMA registration may fail (slurmd needs LimitMEMLOCK=infinity)" >&2
+fi
+
+# The host environment passes into the container (no --cleanenv): the launch script needs
+# SLURMD_NODENAME, and it exports the engine's own variables inside anyway. For a name the image
+# also defines the image's value wins; APPTAINERENV_<NAME> forces the host value instead.
+for v in NCCL_DEBUG; do
+  if [ -n "${!v+x}" ]; then export "APPTAINERENV_$v=${!v}"; fi
+done
+# --pwd: the spelling every Apptainer release accepts (1.5 documents it as --cwd)
+exec apptainer exec --nv \
+  --bind /shared:/shared \
+  --bind /models/Kimi-K2-Instruct:/models/Kimi-K2-Instruct:ro \
+  --pwd /shared/hpcserve-jobs/demo-golden \
+  /shared/images/sglang-0.5.23.sif \
+  "$@"
