@@ -228,10 +228,11 @@ class Job:
             text = open(srun_log, errors="replace").read()
         except OSError:
             text = ""
-        # srun reports each task's end; when one node dies its peers follow (NCCL, or SGLang's
-        # watchdog), so the root cause is ranked first: a signal death (OOM killer, segfault),
-        # then an unusual exit code, then a plain failure. Every task's end is kept as well.
+        # srun reports each task's end. Tasks it reports before it starts terminating the step
+        # (`--kill-on-bad-exit`) are the causes; the rest are its own kills. Among the causes a
+        # signal death (OOM killer, segfault) ranks first, then an unusual exit code.
         tasks = []
+        stop_at = re.search(r"_step_signal: Terminating|Force Terminated", text)
         for m in re.finditer(r"error: (\S+): task (\d+): (Exited with exit code (\d+)|Killed|"
                              r"Terminated|Segmentation fault|Aborted|Bus error)", text):
             code = int(m.group(4)) if m.group(4) else None
@@ -239,10 +240,12 @@ class Job:
                         None)
             tasks.append({"node": m.group(1), "node_rank": rank, "how": m.group(3),
                           "exit_code": code if code is not None else 128 + _SIGNALS.get(
-                              m.group(3), 9)})
+                              m.group(3), 9),
+                          "cause": stop_at is None or m.start() < stop_at.start()})
         if tasks:
             f["tasks"] = tasks
-            primary = min(tasks, key=lambda t: (0 if not t["how"].startswith("Exited") else
+            primary = min(tasks, key=lambda t: (not t["cause"],
+                                                0 if not t["how"].startswith("Exited") else
                                                 1 if t["exit_code"] not in (0, 1) else 2))
             f.update(node=primary["node"], node_rank=primary["node_rank"],
                      exit_code=primary["exit_code"])

@@ -10,6 +10,8 @@ with no imports outside the standard library.
 Knobs (environment):
   HPCSERVE_SIM_STARTUP_DELAY         seconds between init and opening the HTTP port (default 0)
   HPCSERVE_SIM_INIT_TIMEOUT          multi-node rendezvous timeout in seconds (default 60)
+  HPCSERVE_SIM_PEER_LOSS_DELAY       seconds a surviving rank takes to notice a dead peer, as an
+                                     NCCL watchdog does; so srun reports the dead node first (0.5)
   HPCSERVE_SIM_BOOTSTRAP_TIMEOUT     decode: how long to wait for the prefill's room (default 30)
   HPCSERVE_SIM_PREFILL_S_PER_TOKEN   prefill compute time per prompt token (default 0)
   HPCSERVE_SIM_DECODE_S_PER_TOKEN    time per output token (default 0)
@@ -170,6 +172,7 @@ class Engine:
         self.decode_s = env_float("HPCSERVE_SIM_DECODE_S_PER_TOKEN", 0.0)
         self.bootstrap_timeout = env_float("HPCSERVE_SIM_BOOTSTRAP_TIMEOUT", 30.0)
         self.init_timeout = env_float("HPCSERVE_SIM_INIT_TIMEOUT", 60.0)
+        self.peer_loss_delay = env_float("HPCSERVE_SIM_PEER_LOSS_DELAY", 0.5)
         self.startup_delay = env_float("HPCSERVE_SIM_STARTUP_DELAY", 0.0)
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -365,6 +368,7 @@ class Engine:
             except OSError:
                 line = b""
             if not line:
+                time.sleep(self.peer_loss_delay)
                 self.exit(1, f"NCCL error: remote process exited or network error: lost node "
                              f"rank {rank}; aborting")
             try:
@@ -423,6 +427,7 @@ class Engine:
             except OSError:
                 line = b""
             if not line:
+                time.sleep(self.peer_loss_delay)
                 fatal(1, "NCCL error: lost connection to node rank 0; aborting")
             try:
                 msg = json.loads(line)

@@ -43,6 +43,7 @@ CANARY: dict[tuple, tuple[Any, list[tuple[str | None, str]]]] = {
     ("model", "path"): ("/canary/model/path", [(F_P0, "--model-path /canary/model/path ")]),
     ("site", "container", "workdir"): ("/canary/workdir", [(None, "/canary/workdir")]),
     ("time_limit",): ("12:34:56", [(F_JOB, "#SBATCH --time=12:34:56\n")]),
+    ("requeue",): (3, [(F_JOB, "#SBATCH --requeue\n"), (F_PLAN, '"requeue": 3')]),
     ("engine", "version"): ("0.5.22", [(F_P0, "SGLang 0.5.22 prefill"), (F_PLAN, '"0.5.22"')]),
     ("engine", "sim_startup_delay"): (1.5, [(F_P0, "HPCSERVE_SIM_STARTUP_DELAY=1.5\n")]),
     ("engine", "sim_prefill_s_per_token"): (0.125, [(F_D0, "_PREFILL_S_PER_TOKEN=0.125\n")]),

@@ -1,0 +1,24 @@
+"""What the golden tests compare: the examples, where their golden copies live, how they render."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+# Copied verbatim into every job directory; compared with their sources instead of a golden copy.
+COPIED = {"hpcserve_job.py": ROOT / "hpcserve" / "runtime" / "job.py",
+          "hpcserve_sim.py": ROOT / "hpcserve" / "sim" / "engine.py",
+          "hpcserve_enroot_import.sh": ROOT / "containers" / "enroot-import.sh"}
+
+
+def job_dir_for(stem: str) -> str:
+    """A fixed job directory per example, so the rendered text does not depend on the machine."""
+    return f"/jobs/{stem}"
+
+
+def render_example(example: Path) -> dict[str, tuple[str, int]]:
+    from hpcserve import config, plan
+    from hpcserve.render import render_files
+    return render_files(plan.build(config.load(example)), job_dir_for(example.stem))

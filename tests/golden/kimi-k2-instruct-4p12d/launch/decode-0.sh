@@ -1,0 +1,63 @@
+#!/bin/bash
+# decode-0: SGLang 0.5.23 decode instance 0, TP 96, DP-attention 96, EP 96 (component 1 nodes 0-11)
+# Runs once on each of the instance's 12 node(s), inside the container. The node rank and the
+# addresses are looked up in the task from this node's own name (SLURMD_NODENAME) in
+# run/decode-0.nodes, which hpcserve_job.py writes after address discovery.
+set -euo pipefail
+JOB_DIR=/jobs/kimi-k2-instruct-4p12d
+NODES_FILE="$JOB_DIR/run/decode-0.nodes"
+me="${SLURMD_NODENAME:?SLURMD_NODENAME is not set: run this through srun}"
+# columns: node-rank  node-name  address  interface  ib-devices
+read -r NODE_RANK _ NODE_IP NODE_IFACE IB_DEVICES < <(awk -v me="$me" '$2 == me' "$NODES_FILE") || true
+if [ -z "${NODE_RANK:-}" ]; then
+  echo "hpcserve: node $me is not one of decode-0's nodes ($NODES_FILE)" >&2
+  exit 3
+fi
+read -r _ _ LEADER_IP _ < <(awk '$1 == 0' "$NODES_FILE")
+[ "$IB_DEVICES" = "-" ] && IB_DEVICES=""
+exec >"$JOB_DIR/logs/decode-0.node${NODE_RANK}.${me}.log" 2>&1
+echo "hpcserve: decode-0 node-rank $NODE_RANK on $me ($NODE_IP), leader $LEADER_IP"
+
+export PYTHONUNBUFFERED=1
+export GLOO_SOCKET_IFNAME=ib0
+export NCCL_SOCKET_IFNAME=ib0
+export NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7
+export NCCL_IB_GID_INDEX=3
+export NCCL_CROSS_NIC=0
+export UCX_TLS=rc,ud,sm,cuda_copy,cuda_ipc,gdr_copy,tcp
+export MC_TE_METRIC=true
+export SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=10000000
+export SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000
+export SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000
+export SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK=480
+export SGLANG_HOST_IP="${NODE_IP}"
+
+exec \
+  python3 -m sglang.launch_server \
+  --model-path /lustre/models/Kimi-K2-Instruct \
+  --served-model-name kimi-k2 \
+  --host "${NODE_IP}" \
+  --port 30000 \
+  --disaggregation-mode decode \
+  --disaggregation-ib-device mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 \
+  --dist-init-addr "${LEADER_IP}":5757 \
+  --nnodes 12 \
+  --node-rank "${NODE_RANK}" \
+  --tp-size 96 \
+  --attn-dp-size 96 \
+  --moe-a2a-backend deepep \
+  --deepep-mode low_latency \
+  --ep-num-redundant-experts 96 \
+  --cuda-graph-bs-decode 480 \
+  --mem-fraction-static 0.8 \
+  --max-running-requests 46080 \
+  --context-length 2176 \
+  --tool-call-parser kimi_k2 \
+  --trust-remote-code \
+  --disable-radix-cache \
+  --decode-log-interval 1 \
+  --moe-dense-tp-size 1 \
+  --enable-dp-lm-head \
+  --disable-shared-experts-fusion \
+  --watchdog-timeout 1000000 \
+  --enable-two-batch-overlap

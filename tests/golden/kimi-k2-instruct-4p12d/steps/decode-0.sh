@@ -1,0 +1,20 @@
+#!/bin/bash
+# decode-0: SGLang 0.5.23 decode instance 0, TP 96, DP-attention 96, EP 96 (component 1 nodes 0-11)
+# Started by hpcserve_job.py with NODELIST set to this step's nodes.
+set -euo pipefail
+exec srun \
+  --het-group=1 \
+  --nodes=12 \
+  --ntasks=12 \
+  --ntasks-per-node=1 \
+  --nodelist="${NODELIST}" \
+  --overlap \
+  --job-name=decode-0 \
+  --kill-on-bad-exit=1 \
+  --container-image=lmsysorg/sglang:v0.5.23 \
+  --container-mounts=/lustre:/lustre,/jobs/kimi-k2-instruct-4p12d:/jobs/kimi-k2-instruct-4p12d \
+  --container-workdir=/jobs/kimi-k2-instruct-4p12d \
+  --no-container-mount-home \
+  --container-writable \
+  --container-env=NCCL_IB_HCA,NCCL_SOCKET_IFNAME,GLOO_SOCKET_IFNAME,UCX_NET_DEVICES \
+  bash /jobs/kimi-k2-instruct-4p12d/launch/container-task.sh decode-0 bash /jobs/kimi-k2-instruct-4p12d/launch/decode-0.sh

@@ -1,0 +1,20 @@
+#!/bin/bash
+# prefill-0: SGLang 0.5.23 prefill instance 0, TP 32, DP-attention 32, EP 32 (component 0 nodes 0-3)
+# Started by hpcserve_job.py with NODELIST set to this step's nodes.
+set -euo pipefail
+exec srun \
+  --het-group=0 \
+  --nodes=4 \
+  --ntasks=4 \
+  --ntasks-per-node=1 \
+  --nodelist="${NODELIST}" \
+  --overlap \
+  --job-name=prefill-0 \
+  --kill-on-bad-exit=1 \
+  --container-image=lmsysorg/sglang:v0.5.23 \
+  --container-mounts=/lustre:/lustre,/jobs/kimi-k2-instruct-4p12d:/jobs/kimi-k2-instruct-4p12d \
+  --container-workdir=/jobs/kimi-k2-instruct-4p12d \
+  --no-container-mount-home \
+  --container-writable \
+  --container-env=NCCL_IB_HCA,NCCL_SOCKET_IFNAME,GLOO_SOCKET_IFNAME,UCX_NET_DEVICES \
+  bash /jobs/kimi-k2-instruct-4p12d/launch/container-task.sh prefill-0 bash /jobs/kimi-k2-instruct-4p12d/launch/prefill-0.sh

@@ -1,0 +1,19 @@
+#!/bin/bash
+# router: sglang-router in plain mode in front of 2 instance(s).
+# Runs as one task; hpcserve_job.py starts it once every instance answers /health, and writes
+# run/endpoints.env with each instance's node-rank-0 address.
+set -euo pipefail
+JOB_DIR=/jobs/kimi-k2-thinking
+source "$JOB_DIR/run/endpoints.env"
+exec >"$JOB_DIR/logs/router.log" 2>&1
+
+export PYTHONUNBUFFERED=1
+
+exec \
+  python3 -m sglang_router.launch_router \
+  --worker-urls http://"${WORKER_0_IP}":30000 http://"${WORKER_1_IP}":30000 \
+  --host 0.0.0.0 \
+  --port 8000 \
+  --policy cache_aware \
+  --prometheus-host 0.0.0.0 \
+  --prometheus-port 29000

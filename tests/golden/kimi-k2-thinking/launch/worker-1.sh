@@ -1,0 +1,39 @@
+#!/bin/bash
+# worker-1: SGLang 0.5.23 plain instance 1, TP 8 (component 0 nodes 1)
+# Runs once on each of the instance's 1 node(s), inside the container. The node rank and the
+# addresses are looked up in the task from this node's own name (SLURMD_NODENAME) in
+# run/worker-1.nodes, which hpcserve_job.py writes after address discovery.
+set -euo pipefail
+JOB_DIR=/jobs/kimi-k2-thinking
+NODES_FILE="$JOB_DIR/run/worker-1.nodes"
+me="${SLURMD_NODENAME:?SLURMD_NODENAME is not set: run this through srun}"
+# columns: node-rank  node-name  address  interface  ib-devices
+read -r NODE_RANK _ NODE_IP NODE_IFACE IB_DEVICES < <(awk -v me="$me" '$2 == me' "$NODES_FILE") || true
+if [ -z "${NODE_RANK:-}" ]; then
+  echo "hpcserve: node $me is not one of worker-1's nodes ($NODES_FILE)" >&2
+  exit 3
+fi
+read -r _ _ LEADER_IP _ < <(awk '$1 == 0' "$NODES_FILE")
+[ "$IB_DEVICES" = "-" ] && IB_DEVICES=""
+exec >"$JOB_DIR/logs/worker-1.node${NODE_RANK}.${me}.log" 2>&1
+echo "hpcserve: worker-1 node-rank $NODE_RANK on $me ($NODE_IP), leader $LEADER_IP"
+
+export PYTHONUNBUFFERED=1
+export GLOO_SOCKET_IFNAME=ib0
+export NCCL_SOCKET_IFNAME=ib0
+export NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7
+export NCCL_IB_GID_INDEX=3
+export NCCL_CROSS_NIC=0
+export UCX_TLS=rc,ud,sm,cuda_copy,cuda_ipc,gdr_copy,tcp
+export SGLANG_HOST_IP="${NODE_IP}"
+
+exec \
+  python3 -m sglang.launch_server \
+  --model-path /lustre/models/Kimi-K2-Thinking \
+  --served-model-name kimi-k2-thinking \
+  --host "${NODE_IP}" \
+  --port 30000 \
+  --tp-size 8 \
+  --tool-call-parser kimi_k2 \
+  --reasoning-parser kimi_k2 \
+  --trust-remote-code

@@ -1,0 +1,19 @@
+#!/bin/bash
+# worker-0: SGLang 0.5.23 plain instance 0, TP 8 (component 0 nodes 0)
+# Started by hpcserve_job.py with NODELIST set to this step's nodes.
+set -euo pipefail
+exec srun \
+  --nodes=1 \
+  --ntasks=1 \
+  --ntasks-per-node=1 \
+  --nodelist="${NODELIST}" \
+  --overlap \
+  --job-name=worker-0 \
+  --kill-on-bad-exit=1 \
+  --container-image=lmsysorg/sglang:v0.5.23 \
+  --container-mounts=/lustre:/lustre,/jobs/kimi-k2-thinking:/jobs/kimi-k2-thinking \
+  --container-workdir=/jobs/kimi-k2-thinking \
+  --no-container-mount-home \
+  --container-writable \
+  --container-env=NCCL_IB_HCA,NCCL_SOCKET_IFNAME,GLOO_SOCKET_IFNAME,UCX_NET_DEVICES \
+  bash /jobs/kimi-k2-thinking/launch/container-task.sh worker-0 bash /jobs/kimi-k2-thinking/launch/worker-0.sh
