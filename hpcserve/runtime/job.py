@@ -320,6 +320,9 @@ class Job:
             phase, reason, failure = s.phase, s.reason, s.failure
         except Exception as e:  # a bug here must still tear the job down
             phase, reason, failure = "failed", f"hpcserve runtime error: {e!r}", None
+        if self.signal_reason and phase == "failed":
+            # A step that ended because scancel signalled it too is not a crash of its own.
+            phase, reason, failure = "cancelled", self.signal_reason, None
         self.log(f"stopping: {reason}")
         self.state.update("stopping", reason=reason, failure=failure)
         self.teardown()

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from jobkit import deployment, node_processes, wait_no_job_processes
+from jobkit import cmdline, deployment, node_processes, wait_no_job_processes
 
 pytestmark = pytest.mark.slurm
 
@@ -18,10 +18,14 @@ def test_scancel_during_startup_cancels_and_leaves_nothing(submit, dev_cluster):
     dep = deployment(1, 2, name="t-cancel-start", engine={"sim_startup_delay": 60})
     job = submit(dep)
     job.wait({"starting"}, 30)
-    # wait until the engines really run on their nodes (still loading: not healthy yet)
+    # wait until the three engine processes really run on their nodes (still loading)
+    def engines() -> int:
+        return sum(1 for ps in node_processes(dev_cluster).values() for p in ps
+                   if "hpcserve_sim.py" in cmdline(p) and not cmdline(p).startswith("bash"))
     end = time.time() + 20
-    while time.time() < end and sum(len(p) for p in node_processes(dev_cluster).values()) < 4:
+    while time.time() < end and engines() < 3:
         time.sleep(0.1)
+    assert engines() == 3
     assert job.state()["phase"] == "starting"
     t0 = time.time()
     job.scancel()

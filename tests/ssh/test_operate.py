@@ -74,7 +74,8 @@ def _deployment(tmp_path: Path, jobs_dir: str, **roles_over) -> Path:
 def test_submit_follow_status_logs_cancel(hs, tmp_path, dev_cluster):
     f = _deployment(tmp_path, hs.jobs_dir)
     # --check asks Slurm whether and where it would run, without submitting
-    check = hs("submit", str(f), "--check", "--out", hs.jobs_dir + "-check").stdout
+    check = hs("submit", str(f), "--check", "--out",
+               f"{hs.jobs_dir}-check-{time.time_ns()}").stdout
     assert "to start at" in check and "processors on node" in check, check
     out = hs("submit", str(f), "--follow").stdout
     job = out.split("submitted job ")[1].split(":")[0]
