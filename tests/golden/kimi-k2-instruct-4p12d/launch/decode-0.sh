@@ -22,6 +22,7 @@ export PYTHONUNBUFFERED=1
 export GLOO_SOCKET_IFNAME=ib0
 export NCCL_SOCKET_IFNAME=ib0
 export NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7
+export UCX_NET_DEVICES=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1
 export NCCL_IB_GID_INDEX=3
 export NCCL_CROSS_NIC=0
 export UCX_TLS=rc,ud,sm,cuda_copy,cuda_ipc,gdr_copy,tcp
