@@ -1,9 +1,9 @@
 """The demo: a real local Slurm cluster, simulated Kimi-K2 on SGLang behind the real sglang-router.
 
-`./scripts/demo` runs `python -m hpcserve.demo`: starts the dev cluster, renders and submits
-examples/demo.yaml with plain sbatch, waits until the job serves, sends a chat request through
-the router, prints the answer and the job's state, then cancels the job and stops the cluster
-(--keep leaves both running).
+`./scripts/demo` runs `python -m hpcserve.demo`: starts the dev cluster, does what
+`hpcserve submit examples/demo.yaml` does (render, plain sbatch), waits until the job serves,
+sends a chat request through the router, prints the answer and `hpcserve status`, then runs
+`hpcserve cancel` and stops the cluster (--keep leaves both running).
 """
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from . import config, plan
+from . import deployments, ops
 from .devcluster.cluster import DevCluster
 from .errors import HpcserveError
-from .render import render_files, write_job
-from .slurm.client import Slurm
 from .slurm.runner import LocalRunner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,35 +50,34 @@ def main(argv: list[str] | None = None) -> int:
         cluster = DevCluster(nodes=4)
         print("1. starting the local Slurm cluster (4 nodes, one network namespace each)")
         cluster.up()
-        slurm = Slurm(LocalRunner(cluster.client_env()))
-        p = plan.build(config.load(a.file))
-        job_dir = Path(p.jobs_dir) / f"{p.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        write_job(render_files(p, str(job_dir)), job_dir)
-        print(f"2. rendered {job_dir}\n   submitting with plain `sbatch job.sbatch`")
-        job_id = slurm.sbatch(str(job_dir / "job.sbatch"))
-        print(f"   job {job_id}")
+        runner = LocalRunner(cluster.client_env())
+        sub = ops.submit(a.file, (), runner=runner, remote=None, out=None, dry_run=False,
+                         check=False)
+        job_dir, job_id = Path(sub.job_dir), sub.job_id
+        print(f"2. rendered {job_dir} and submitted it with sbatch: job {job_id}")
         st = wait_phase(job_dir, {"serving", "failed", "cancelled", "done"}, 180)
         if st["phase"] != "serving":
             print(json.dumps(st, indent=1))
             raise HpcserveError(f"the demo job ended {st['phase']}: {st.get('reason')}")
         url = st["endpoint"]
         print(f"3. serving at {url} after {st.get('serving_after_s')} s; asking it something")
-        body = {"model": p.served_name, "max_tokens": 16,
+        body = {"model": "kimi-k2", "max_tokens": 16,
                 "messages": [{"role": "user", "content": "What is 15% of 240?"}]}
         req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
         resp = json.load(urllib.request.urlopen(req, timeout=60))
         print("   answer:", resp["choices"][0]["message"]["content"].strip())
         print("   usage: ", resp.get("usage"))
-        print("4. status:", slurm.squeue_states([job_id]).get(job_id), "phase", st["phase"])
+        entry = deployments.find(job_id)
+        print("4. hpcserve status:")
+        print("   " + ops.status_table(ops.status([entry], lambda _r: runner)).replace("\n", "\n   "))
         if a.keep:
-            print(f"kept running: job {job_id}, endpoint {url}; stop with `scancel {job_id}` "
-                  f"(SLURM_CONF={cluster.conf_path}) and `hpcserve dev-cluster down`")
+            print(f"kept running: job {job_id}, endpoint {url}; stop with `hpcserve cancel {job_id}`"
+                  f" (after `eval \"$(hpcserve dev-cluster env)\"`), then `hpcserve dev-cluster down`")
             return 0
-        print("5. cancelling the job (ordered teardown: router, then engines)")
-        slurm.scancel(job_id)
-        st = wait_phase(job_dir, {"cancelled", "failed", "done"}, 60)
-        print(f"   final phase: {st['phase']} ({st.get('reason')})")
+        print("5. hpcserve cancel: router first, then the engines")
+        ops.cancel(entry, runner, wait=True, echo=lambda m: print("   " + m))
+        print(f"   logs: {job_dir / 'logs'}")
         return 0
     except HpcserveError as e:
         print(f"demo: error: {e}", file=sys.stderr)
