@@ -19,6 +19,10 @@ class _Group(click.Group):
         except HpcserveError as e:
             click.echo(f"hpcserve: error: {e}", err=True)
             sys.exit(e.exit_code)
+        except OSError as e:  # a path we could not write or read: one line, not a traceback
+            where = f"{e.filename}: " if e.filename else ""
+            click.echo(f"hpcserve: error: {where}{e.strerror or e}", err=True)
+            sys.exit(2)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -137,7 +141,7 @@ def submit(file, sets, out, dry_run, check, follow, wait, remote, jump, identity
     from . import ops
     runner = _runner(remote, jump, identity, known_hosts)
     res = ops.submit(file, sets, runner=runner, remote=remote, out=out, dry_run=dry_run,
-                     check=check)
+                     check=check, warn=lambda w: click.echo(f"hpcserve: warning: {w}", err=True))
     if isinstance(res, str):
         click.echo(res)
         return
@@ -149,7 +153,7 @@ def submit(file, sets, out, dry_run, check, follow, wait, remote, jump, identity
                    f"(logs: hpcserve logs {res.job_id}{r})")
         return
     from . import deployments
-    sys.exit(ops.follow(deployments.find(res.job_id), runner, echo=click.echo, quiet=wait))
+    sys.exit(ops.follow(deployments.find(res.job_id, remote), runner, echo=click.echo, quiet=wait))
 
 
 @main.command()
@@ -184,7 +188,7 @@ def status(jobs, as_json, probe, follow, remote, jump, identity, known_hosts):
         click.echo(ops.status_table(views))
     else:
         click.echo("no deployments")
-    failed = [v for v in views if v.summary_phase == "failed"]
+    failed = [v for v in views if v.summary_phase == "failed" or v.summary_phase.startswith("ended")]
     sys.exit(1 if failed and jobs else 0)
 
 
@@ -220,8 +224,8 @@ def logs(job, role, instance, node, follow, lines, remote, jump, identity, known
     """Show a deployment's logs (logs/<role>-<instance>.node<rank>.<host>.log and others)."""
     import time
     from . import ops
-    runner = _runner(remote, jump, identity, known_hosts)
-    e = ops.resolve(job, remote, runner)
+    e = ops.resolve(job, remote, _runner(remote, jump, identity, known_hosts))
+    runner = _runner(e.remote, jump, identity, known_hosts)  # where the job was submitted
     files = ops.log_files(runner, e, role, instance, node)
     if not files:
         raise HpcserveError(f"no log of job {e.job_id} matches (logs are in {e.job_dir}/logs)")
@@ -248,8 +252,8 @@ def logs(job, role, instance, node, follow, lines, remote, jump, identity, known
 def cancel(job, wait, remote, jump, identity, known_hosts):
     """Stop a deployment through its own graceful path (router first, then engines)."""
     from . import ops
-    runner = _runner(remote, jump, identity, known_hosts)
-    e = ops.resolve(job, remote, runner)
+    e = ops.resolve(job, remote, _runner(remote, jump, identity, known_hosts))
+    runner = _runner(e.remote, jump, identity, known_hosts)  # where the job was submitted
     sys.exit(ops.cancel(e, runner, wait=wait, echo=click.echo))
 
 

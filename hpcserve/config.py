@@ -87,10 +87,12 @@ class Container:
 @dataclass(frozen=True)
 class Network:
     interface: str = field(default="auto", metadata=doc(
-        "the interface whose address engines bind and advertise; auto = default route's"))
+        "the interface whose address engines bind and advertise; auto = default route's",
+        pattern=r"[A-Za-z0-9_.:-]+", pattern_help="an interface name such as ib0 or auto"))
     ib_devices: list[str] | Literal["auto"] | None = field(default=None, metadata=doc(
         "HCAs for KV transfer and NCCL: a list, 'auto' (active ports found on the node), "
-        "or null for none (TCP)"))
+        "or null for none (TCP)", pattern=r"[A-Za-z0-9_.-]+(:\d+)?",
+        pattern_help="an HCA name such as mlx5_0 (optionally with :port)"))
     env: dict[str, EnvValue] = field(default_factory=dict, metadata=doc(
         "NCCL_/GLOO_/UCX_/NVSHMEM_/MC_ environment for every engine", key_pattern=ENV_NAME))
 

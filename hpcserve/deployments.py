@@ -52,12 +52,17 @@ def entries() -> list[Entry]:
     return list(out.values())
 
 
-def find(job_id: str) -> Entry | None:
+def find(job_id: str, remote: str | None = None) -> Entry | None:
+    """The entry of a job id; with `remote`, only on that cluster. The same id on two clusters
+    is ambiguous without --remote: job ids are per cluster."""
+    from .errors import HpcserveError
     job_id = job_id.split("+")[0]
-    for e in reversed(entries()):
-        if e.job_id == job_id:
-            return e
-    return None
+    found = {e.remote: e for e in entries() if e.job_id == job_id
+             and (remote is None or e.remote == remote)}
+    if len(found) > 1:
+        raise HpcserveError(f"job {job_id} exists on several clusters ("
+                            f"{', '.join(r or 'local' for r in found)}); say which with --remote")
+    return next(iter(found.values()), None)
 
 
 def new_entry(job_id: str, name: str, job_dir: str, remote: str | None) -> Entry:

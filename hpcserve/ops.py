@@ -44,16 +44,17 @@ class Submitted:
 
 
 def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out: str | None,
-           dry_run: bool, check: bool) -> Submitted | str:
+           dry_run: bool, check: bool, warn: Callable[[str], None] = lambda _w: None
+           ) -> Submitted | str:
     from . import config, plan as planner
     from .render import render_files, write_job
     p = planner.build(config.load(file, sets))
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    jobs_dir = runner.expand_path(p.jobs_dir)
-    job_dir = out or posixpath.join(jobs_dir, f"{p.name}-{stamp}")
-    if remote is None:
-        job_dir = str(Path(job_dir).expanduser().resolve())
+    job_dir = runner.expand_path(out) if out else posixpath.join(runner.expand_path(p.jobs_dir),
+                                                                 f"{p.name}-{stamp}")
     files = render_files(p, job_dir)
+    for w in p.warnings:
+        warn(w)
     if dry_run:
         if remote is None:
             write_job(files, job_dir)
@@ -61,6 +62,21 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
         tmp = tempfile.mkdtemp(prefix="hpcserve-render-")
         write_job(files, tmp)
         return tmp
+    if check:
+        # Slurm only reads the script: ask it without leaving a job directory behind.
+        with tempfile.TemporaryDirectory(prefix="hpcserve-check-") as tmp:
+            write_job(files, tmp)
+            target = tmp
+            if remote is not None:
+                target = runner.run(["mktemp", "-d"]).out.strip()
+                runner.run(["rmdir", target])
+                runner.put_tree(tmp, target)
+            try:
+                res = runner.run(["sbatch", "--test-only", posixpath.join(target, "job.sbatch")])
+            finally:
+                if remote is not None:
+                    runner.run(["rm", "-rf", "--", target], check=False)
+        return (res.err or res.out).strip()
     if remote is None:
         write_job(files, job_dir)
     else:
@@ -68,9 +84,6 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
             write_job(files, tmp)
             runner.put_tree(tmp, job_dir)
     script = posixpath.join(job_dir, "job.sbatch")
-    if check:
-        res = runner.run(["sbatch", "--test-only", script], check=True)
-        return (res.err or res.out).strip()
     res = runner.run(["sbatch", "--parsable", script])
     job_id = parse_job_id(res.out)
     deployments.record(deployments.new_entry(job_id, p.name, job_dir, remote))
@@ -174,7 +187,8 @@ def _from_accounting(runner, views: list[View]) -> None:
 
 def _probe(runner, endpoint: str) -> str:
     # From the login node (or over SSH) the endpoint is on the cluster network: probe it there.
-    res = runner.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5",
+    res = runner.run(["curl", "-s", "--noproxy", "*", "-o", "/dev/null", "-w", "%{http_code}",
+                      "--max-time", "5",
                       endpoint + "/health"], check=False)
     return "ok" if res.out.strip() == "200" else f"unhealthy ({res.out.strip() or res.rc})"
 
@@ -192,7 +206,8 @@ def describe(v: View) -> str:
     if ph in ("engines_ready", "router_ready"):
         return ph.replace("_", " ")
     if ph == "serving":
-        return f"serving at {v.endpoint}" + (f" ({v.health})" if v.health else "")
+        where = f"at {v.endpoint}" if v.endpoint else "(no router: see each instance's node 0)"
+        return f"serving {where}" + (f" ({v.health})" if v.health else "")
     if ph == "failed" and v.failure:
         f = v.failure
         where = " ".join(str(x) for x in (
@@ -219,7 +234,7 @@ def status_table(views: list[View]) -> str:
 # ------------------------------------------------------------------------------------- follow
 
 def follow(entry: deployments.Entry, runner, *, echo: Callable[[str], None], quiet: bool = False,
-           interval: float = 0.5, until_serving: bool = True) -> int:
+           interval: float = 1.0, until_serving: bool = True) -> int:
     """Print each phase change with the elapsed time; 0 once serving (or done), 1 on failure."""
     t0 = entry.submitted_at or time.time()
     last = None
@@ -294,11 +309,11 @@ def cancel(entry: deployments.Entry, runner, *, wait: bool, echo: Callable[[str]
         time.sleep(0.5)
     runner.run(["scancel", entry.job_id])
     echo(f"job {entry.job_id} did not finish its teardown in {grace + 30:.0f} s: scancel sent")
-    return 1
+    return 2
 
 
 def resolve(job: str, remote: str | None, runner) -> deployments.Entry:
-    e = deployments.find(job)
+    e = deployments.find(job, remote)
     if e is not None:
         return e
     # Not submitted by this hpcserve: find the job directory from Slurm's record of the job.
@@ -307,8 +322,9 @@ def resolve(job: str, remote: str | None, runner) -> deployments.Entry:
         raise HpcserveError(f"{job!r} is not a job id")
     res = runner.run(parsers.scontrol_argv(jid), check=False)
     if res.rc != 0:
+        why = " | ".join((res.err or res.out).strip().splitlines()[-2:])
         raise HpcserveError(f"job {jid} is not in hpcserve's list and Slurm does not know it "
-                            f"({(res.err or res.out).strip()})")
+                            f"({why})")
     recs = parsers.parse_scontrol_job(res.out)
     for r in recs:
         if "/logs/batch-" in r.stdout:

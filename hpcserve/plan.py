@@ -23,6 +23,21 @@ DIST_INIT_PORT = 5757
 NCCL_PORT = 31000
 
 
+# #SBATCH options the plan itself writes: an extra directive repeating one would silently win.
+OWNED_DIRECTIVES = {
+    "job-name": "name", "output": "the job directory's logs/", "error": "the job directory's logs/",
+    "signal": "site.slurm.signal_grace", "requeue": "requeue", "no-requeue": "requeue",
+    "time": "time_limit", "nodes": "roles.<role>.nodes and instances",
+    "ntasks": "one task per node", "ntasks-per-node": "one task per node",
+    "partition": "site.slurm.partition", "account": "site.slurm.account",
+    "qos": "site.slurm.qos", "constraint": "site.slurm.constraint",
+    "reservation": "site.slurm.reservation", "exclusive": "site.slurm.exclusive",
+    "gres": "site.slurm.gres", "gpus-per-node": "site.node.gpus and site.slurm.request_gpus",
+    "gpus": "site.node.gpus", "mem": "site.slurm.mem", "hetjob": "the roles",
+    "packjob": "the roles", "export": "(the job relies on the submitting environment)",
+}
+
+
 @dataclass(frozen=True)
 class Component:
     index: int
@@ -114,10 +129,10 @@ class PortRegistry:
     def __init__(self) -> None:
         self.taken: dict[tuple[int, int], set[int]] = {}
 
-    def take(self, component: int, nodes: range, preferred: int) -> int:
+    def take(self, component: int, nodes: range, preferred: int, stride: int = 1) -> int:
         port = preferred
         while any(port in self.taken.get((component, n), ()) for n in nodes):
-            port += 1
+            port += stride
         for n in nodes:
             self.taken.setdefault((component, n), set()).add(port)
         return port
@@ -144,13 +159,17 @@ def _directives(cfg: Resolved, name: str, nodes: int, first: bool, job_dir_out: 
     d += [("time", cfg.deployment.time_limit), ("nodes", str(nodes)), ("ntasks-per-node", "1")]
     if s.exclusive:
         d.append(("exclusive", None))
-    if s.gres:
+    if s.gres and name != "router":
         d.append(("gres", s.gres))
     elif s.request_gpus and name != "router":
         d.append(("gpus-per-node", str(cfg.site.node.gpus)))
     if s.mem is not None:
         d.append(("mem", s.mem))
     for k, v in s.extra_directives.items():
+        if k in OWNED_DIRECTIVES:
+            raise _err(cfg, ("site", "slurm", "extra_directives", k),
+                       f"--{k} is set by hpcserve ({OWNED_DIRECTIVES[k]}); it cannot be an extra "
+                       "directive")
         if v is False:
             continue
         d.append((k, None if v is True else str(v)))
@@ -174,12 +193,17 @@ def build(cfg: Resolved) -> Plan:
     if rel.note:
         warnings.append(rel.note)
     pd = "worker" not in dep.roles
+    if pd and not dep.router.enabled:
+        raise _err(cfg, ("router", "enabled"), "prefill/decode disaggregation needs the router: "
+                                               "it pairs each request's prefill and decode")
     role_order = ["prefill", "decode"] if pd else ["worker"]
     node_gpus = site.node.gpus
     ports = PortRegistry()
     components: list[Component] = []
     instances: list[Instance] = []
     router_cfg = dep.router
+    # One name everywhere: the engines', the router's, the smoke request's.
+    served_name = dep.model.served_name or prof.name
 
     # The router takes its user-given ports first so engines never land on them.
     router_comp = None
@@ -262,14 +286,16 @@ def build(cfg: Resolved) -> Plan:
             span = range(off, off + inst_nodes)
             shared = per_node > 1
             slot = i % per_node
-            port = ports.take(ci, span, r.port or ENGINE_PORT)
+            # SGLang derives more ports from --port (port + 233 and up, one per DP rank), so
+            # instances sharing a node get HTTP ports a wide stride apart.
+            port = ports.take(ci, span, r.port or ENGINE_PORT, stride=1000 if shared else 1)
             bport = ports.take(ci, span, r.bootstrap_port or BOOTSTRAP_PORT) if role == "prefill" \
                 else None
             dport = ports.take(ci, span, r.dist_init_port or DIST_INIT_PORT)
             nport = ports.take(ci, span, NCCL_PORT) if shared else None
             try:
                 sa = sglang.server_argv(
-                    rel, model_path=dep.model.path, served_name=dep.model.served_name,
+                    rel, model_path=dep.model.path, served_name=served_name,
                     mode=role if pd else None, port=port, bootstrap_port=bport,
                     ib_device=ib_word, nnodes=inst_nodes, dist_init_port=dport,
                     nccl_port=nport, settings=settings)
@@ -299,13 +325,17 @@ def build(cfg: Resolved) -> Plan:
             components.append(Component(len(components), "router", 1, ()))
         heads = {i.name: (f"http://", Var(f"{i.role.upper()}_{i.index}_IP"), f":{i.port}")
                  for i in instances}
-        argv = sglang.router_argv(
-            pd=pd,
-            prefill=[(heads[i.name], i.bootstrap_port) for i in instances if i.role == "prefill"],
-            decode=[heads[i.name] for i in instances if i.role == "decode"],
-            workers=[heads[i.name] for i in instances if i.role == "worker"],
-            port=router_cfg.port, prometheus_port=prom, policy=router_cfg.policy,
-            args=router_cfg.args)
+        try:
+            argv = sglang.router_argv(
+                pd=pd,
+                prefill=[(heads[i.name], i.bootstrap_port) for i in instances
+                         if i.role == "prefill"],
+                decode=[heads[i.name] for i in instances if i.role == "decode"],
+                workers=[heads[i.name] for i in instances if i.role == "worker"],
+                port=router_cfg.port, prometheus_port=prom, policy=router_cfg.policy,
+                args=router_cfg.args)
+        except sglang.FlagError as e:
+            raise _err(cfg, ("router",) + e.key, e.message) from None
         router = RouterPlan(component=router_comp, node_offset=0, port=router_cfg.port,
                             prometheus_port=prom, argv=tuple(argv),
                             env=tuple((k, _env_word(v)) for k, v in
@@ -340,7 +370,7 @@ def build(cfg: Resolved) -> Plan:
     return Plan(
         name=dep.name, engine=dep.engine.name, version=dep.engine.version,
         simulate=dep.engine.simulate, profile=prof.name, model_path=dep.model.path,
-        served_name=dep.model.served_name or prof.name, components=tuple(out),
+        served_name=served_name, components=tuple(out),
         instances=tuple(instances), router=router, time_limit=dep.time_limit,
         signal_grace=site.slurm.signal_grace, container=site.container, image=image,
         interface=interface, ib_devices=ib, site_python=site.paths.python,

@@ -137,7 +137,9 @@ SPELLINGS: list[tuple[str, list[Spelling]]] = [
     ("dp", [lambda v: ["--dp-size", _fmt(v)]]),
     ("ep", [lambda v: ["--ep-size", _fmt(v)]]),
     ("moe_a2a_backend", [lambda v: ["--moe-a2a-backend", v],
-                         lambda v: ["--enable-deepep-moe"] if v == "deepep" else ["--moe-a2a-backend", v]]),
+                         # before --moe-a2a-backend (<= 0.4.9): DeepEP was a switch, none the default
+                         lambda v: ["--enable-deepep-moe"] if v == "deepep" else
+                         [] if v == "none" else ["--moe-a2a-backend", v]]),
     ("deepep_mode", [lambda v: ["--deepep-mode", v]]),
     ("redundant_experts", [lambda v: ["--ep-num-redundant-experts", _fmt(v)]]),
     ("cuda_graph_max_bs", [lambda v: ["--cuda-graph-max-bs-decode", _fmt(v)],
@@ -268,6 +270,11 @@ def server_module() -> list[str]:
     return ["-m", "sglang.launch_server"]
 
 
+# sglang-router flags the plan writes; repeating one in router.args would silently win.
+ROUTER_OWNED = {"--host", "--port", "--pd-disaggregation", "--prefill", "--decode",
+                "--worker-urls", "--policy", "--prometheus-host", "--prometheus-port"}
+
+
 def router_argv(*, pd: bool, prefill: list[tuple[Word, int]], decode: list[Word],
                 workers: list[Word], port: int, prometheus_port: int, policy: str,
                 args: dict[str, Any]) -> list[Word]:
@@ -285,6 +292,9 @@ def router_argv(*, pd: bool, prefill: list[tuple[Word, int]], decode: list[Word]
     w += ["--host", "0.0.0.0", "--port", str(port), "--policy", policy,
           "--prometheus-host", "0.0.0.0", "--prometheus-port", str(prometheus_port)]
     for name, value in args.items():
+        if "--" + name in ROUTER_OWNED:
+            raise FlagError(("args", name), f"--{name} is set by hpcserve from the plan (router "
+                                            "port/policy, worker URLs); use the router's own keys")
         if value is None or value is False:
             continue
         w += ["--" + name] if value is True else ["--" + name, *map(_fmt, value)] if isinstance(

@@ -54,7 +54,8 @@ SACCT_FORMAT = ",".join(SACCT_FIELDS)
 
 def squeue_argv(job_ids: Sequence[str] | None = None) -> list[str]:
     """`squeue` for every job (finished ones too, while slurmctld remembers them: MinJobAge)."""
-    argv = ["squeue", "-h", "-t", "all", "-o", SQUEUE_FORMAT]
+    # --me: only this user's jobs, not the whole cluster's queue
+    argv = ["squeue", "--me", "-h", "-t", "all", "-o", SQUEUE_FORMAT]
     if job_ids:
         argv += ["-j", ",".join(job_ids)]
     return argv

@@ -193,6 +193,32 @@ site:
     Case("bad_set_on_named_site", BASE_HEAD + PD, "site.slurm.max_nodes",
          ["expected an integer or null, got the string 'zero'"],
          sets=["site.slurm.partition=gpu", "site.slurm.max_nodes=zero"], where="--set:2"),
+    Case("owned_extra_directive", """name: broken
+site:
+  base: local
+  slurm:
+    extra_directives:
+      nodes: 99  #<
+model:
+  profile: deepseek-v3
+  path: /models/dsv3
+""" + PD, "site.slurm.extra_directives.nodes", ["--nodes is set by hpcserve"]),
+    Case("owned_router_flag", BASE_HEAD + PD + """router:
+  args:
+    port: 9000  #<
+""", "router.args.port", ["--port is set by hpcserve"]),
+    Case("pd_without_router", BASE_HEAD + PD + """router:
+  enabled: false  #<
+""", "router.enabled", ["needs the router"]),
+    Case("interface_with_space", """name: broken
+site:
+  base: local
+  network:
+    interface: "eth 0"  #<
+model:
+  profile: deepseek-v3
+  path: /models/dsv3
+""" + PD, "site.network.interface", ["an interface name"]),
 ]
 
 

@@ -89,7 +89,7 @@ def test_hostile_directive_values_survive_sbatch_quoting(tmp_path):
     doc = small_pd()
     doc["site"]["slurm"].update(values)
     doc["site"]["slurm"]["extra_directives"] = {"comment": "it's a \"comment\" \\ # here",
-                                                 "requeue": True, "hold": False}
+                                                 "overcommit": True, "hold": False}
     f = write_yaml(tmp_path / "d.yaml", doc)
     comps = _components(render(f, "/jobs/x")["job.sbatch"][0])
     assert len(comps) == 2
@@ -97,7 +97,7 @@ def test_hostile_directive_values_survive_sbatch_quoting(tmp_path):
         for k, v in values.items():
             assert opts[k] == [v], k
         assert opts["comment"] == ["it's a \"comment\" \\ # here"]
-        assert opts["requeue"] == [None]  # true: a bare flag
+        assert opts["overcommit"] == [None]  # true: a bare flag
         assert "hold" not in opts          # false: left out
 
 
