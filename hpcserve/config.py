@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -26,8 +27,33 @@ ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 FLAG_NAME = r"[a-z0-9][a-z0-9-]*"
 TIME = r"(\d+-)?\d{1,3}:\d{2}:\d{2}"
 VERSION = r"\d+\.\d+\.\d+(\.?post\d+)?"
-EnvValue = Union[str, int, float, bool]
-ArgValue = Union[str, int, float, bool, list[Union[str, int, float]], None]
+
+
+@dataclass(frozen=True)
+class FromEnv:
+    """A value read at run time from the submitting environment (sbatch exports it to the job):
+    how secrets are given, by name, so that no file of the job directory ever holds them."""
+
+    from_env: str = field(metadata=doc("the environment variable's name", pattern=ENV_NAME))
+
+
+EnvValue = Union[str, int, float, bool, FromEnv]
+ArgValue = Union[str, int, float, bool, list[Union[str, int, float]], FromEnv, None]
+
+# Names whose values are secrets: a literal one in a config would end up in launch scripts and
+# plan.json, readable by everyone who can read the job directory.
+_SECRET_ENV = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|"
+                         r"SECRET_KEY)$|^HF_TOKEN$", re.IGNORECASE)
+_SECRET_ARG = re.compile(r"(^|-)(api-key|password|secret|token)$")
+
+
+def check_secrets(values: dict, where: str, *, args: bool) -> None:
+    for k, v in values.items():
+        secret = _SECRET_ARG.search(k) if args else _SECRET_ENV.search(k)
+        if secret and v is not None and not isinstance(v, (FromEnv, bool)):
+            raise FieldProblem((where, k), f"{k} looks like a secret: a value written here would "
+                                           "be copied into the job directory; write "
+                                           "{from_env: NAME} and export NAME before submitting")
 
 
 # ------------------------------------------------------------------------------------------ site
@@ -95,6 +121,9 @@ class Network:
         pattern_help="an HCA name such as mlx5_0 (optionally with :port)"))
     env: dict[str, EnvValue] = field(default_factory=dict, metadata=doc(
         "NCCL_/GLOO_/UCX_/NVSHMEM_/MC_ environment for every engine", key_pattern=ENV_NAME))
+
+    def validate(self) -> None:
+        check_secrets(self.env, "env", args=False)
 
 
 @dataclass(frozen=True)
@@ -164,6 +193,11 @@ class EngineSettings:
         "environment of the engine processes", key_pattern=ENV_NAME))
 
 
+    def validate(self) -> None:
+        check_secrets(self.args, "args", args=True)
+        check_secrets(self.env, "env", args=False)
+
+
 SETTING_NAMES = tuple(n for n in EngineSettings.__dataclass_fields__ if n not in ("args", "env"))
 
 
@@ -231,6 +265,10 @@ class Router:
         "more sglang-router flags", key_pattern=FLAG_NAME))
     env: dict[str, EnvValue] = field(default_factory=dict, metadata=doc("", key_pattern=ENV_NAME))
 
+    def validate(self) -> None:
+        check_secrets(self.args, "args", args=True)
+        check_secrets(self.env, "env", args=False)
+
 
 @dataclass(frozen=True)
 class Readiness:
@@ -267,6 +305,7 @@ class Deployment:
         "times", ge=0, le=100))
 
     def validate(self) -> None:
+        check_secrets(self.env, "env", args=False)
         keys = set(self.roles)
         if not keys:
             raise FieldProblem("roles", "no roles: give prefill and decode, or worker")

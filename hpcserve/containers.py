@@ -108,7 +108,8 @@ def mounts(plan: "Plan", job_dir: str) -> list[Mount]:
 
 
 def _env_names(plan: "Plan") -> list[str]:
-    names = list(plan.container.env)
+    # secrets given as {from_env: NAME} must come from the host whatever the image sets
+    names = list(dict.fromkeys(list(plan.container.env) + list(plan.secret_env)))
     for n in names:
         if not _ENV_NAME.match(n):
             raise ConfigError(f"{n!r} is not an environment variable name",

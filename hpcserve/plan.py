@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import Resolved, merged_settings
+from .config import FromEnv, Resolved, merged_settings
 from .engines import sglang
 from .errors import ConfigError
 from .words import Var, Word
@@ -106,6 +106,7 @@ class Plan:
     readiness: Any
     jobs_dir: str
     requeue: int
+    secret_env: tuple[str, ...] = ()
     sim: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
@@ -176,10 +177,25 @@ def _directives(cfg: Resolved, name: str, nodes: int, first: bool, job_dir_out: 
     return tuple(d)
 
 
-def _env_word(v: Any) -> str:
+def _env_word(v: Any) -> Word:
     if isinstance(v, bool):
         return "1" if v else "0"
+    if isinstance(v, FromEnv):  # a secret: expanded in the task, never written
+        return (Var(v.from_env),)
     return str(v)
+
+
+def _secret_names(obj: Any) -> list[str]:
+    """Every variable a FromEnv value names: they must reach the task's (container) environment."""
+    if isinstance(obj, FromEnv):
+        return [obj.from_env]
+    if isinstance(obj, dict):
+        return [n for v in obj.values() for n in _secret_names(v)]
+    if isinstance(obj, (list, tuple)):
+        return [n for v in obj for n in _secret_names(v)]
+    if hasattr(obj, "__dataclass_fields__"):
+        return [n for f in obj.__dataclass_fields__ for n in _secret_names(getattr(obj, f))]
+    return []
 
 
 def build(cfg: Resolved) -> Plan:
@@ -377,6 +393,8 @@ def build(cfg: Resolved) -> Plan:
         engine_python=dep.engine.python,
         router_python=router_cfg.python or dep.engine.python,
         readiness=dep.readiness, jobs_dir=jobs_dir, requeue=dep.requeue,
+        secret_env=tuple(dict.fromkeys(_secret_names(dep) + _secret_names(site)
+                                       + _secret_names(prof))),
         sim={"startup_delay": dep.engine.sim_startup_delay,
              "prefill_s_per_token": dep.engine.sim_prefill_s_per_token,
              "decode_s_per_token": dep.engine.sim_decode_s_per_token},

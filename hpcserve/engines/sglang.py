@@ -210,6 +210,8 @@ def raw_arg(rel: Release, name: str, value: Any) -> list[str]:
         return []
     if value is True:
         return [flag]
+    if hasattr(value, "from_env"):  # a secret: expanded in the task, never written
+        return [flag, (Var(value.from_env),)]
     if isinstance(value, list):
         return check_choices(rel, [flag, *map(_fmt, value)], key)
     return check_choices(rel, [flag, _fmt(value)], key)
@@ -258,7 +260,7 @@ def server_argv(rel: Release, *, model_path: str, served_name: str | None, mode:
         w += words
     for name, value in settings.get("args", {}).items():
         words = raw_arg(rel, name, value)
-        if words and words[0] in used:
+        if words and isinstance(words[0], str) and words[0] in used:
             raise FlagError(("args", name), f"{words[0]} is already set by {used[words[0]]}")
         if words and words[0] in rel.deprecated:
             warnings.append(f"{words[0]} is deprecated in SGLang {rel.version}")
@@ -296,6 +298,9 @@ def router_argv(*, pd: bool, prefill: list[tuple[Word, int]], decode: list[Word]
             raise FlagError(("args", name), f"--{name} is set by hpcserve from the plan (router "
                                             "port/policy, worker URLs); use the router's own keys")
         if value is None or value is False:
+            continue
+        if hasattr(value, "from_env"):  # a secret: expanded in the task, never written
+            w += ["--" + name, (Var(value.from_env),)]
             continue
         w += ["--" + name] if value is True else ["--" + name, *map(_fmt, value)] if isinstance(
             value, list) else ["--" + name, _fmt(value)]
