@@ -20,6 +20,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -147,15 +148,25 @@ class Stop(Exception):
         self.failure = failure
 
 
+# sbatch exports the submitter's environment, http_proxy/HTTP_PROXY included, and urlopen would
+# send /health, /readiness and the smoke request to that site proxy, which cannot reach (or must
+# not see) the allocation's nodes.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def http_json(url: str, body: dict | None = None, timeout: float = 2.0):
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
+    with _DIRECT.open(req, timeout=timeout) as r:
         raw = r.read()
         return r.status, (json.loads(raw) if raw.strip() else None)
 
 
 class Job:
+    DISCOVERY_TIMEOUT = 120.0  # s, for all components together
+    SMOKE_TIMEOUT = 120.0      # s, the whole smoke request
+    CLEANUP_TIMEOUT = 60.0     # s at most for removing leftover enroot containers
+
     def __init__(self, job_dir: str):
         self.dir = job_dir
         with open(os.path.join(job_dir, "plan.json")) as f:
@@ -164,8 +175,11 @@ class Job:
         if self.state.data.get("phase") == "requeued":
             self.state.data["history"].append({"phase": "pending", "at": round(now(), 3)})
         self.steps: dict[str, subprocess.Popen] = {}
+        self.log_offsets: dict[str, int] = {}  # step -> size of its srun log when it started
+        self.discovery: dict[int, subprocess.Popen] = {}
         self.nodes: dict[str, list[list[str]]] = {}   # instance -> [[rank, name, ip, iface, ib]]
         self.signal_reason: str | None = None
+        self.signal_seen: tuple[int, float] | None = None  # (signum, when), set by on_signal
         try:
             self.t0 = float(os.environ.get("HPCSERVE_BATCH_T0", ""))
         except ValueError:
@@ -175,22 +189,39 @@ class Job:
 
     def log(self, msg: str) -> None:
         line = f"[{time.strftime('%H:%M:%S')} +{now() - self.t0:7.2f}s] {msg}"
-        print(line, flush=True)
-        self.log_fh.write(line + "\n")
+        # Best-effort: a full disk or a closed stdout must not abort a teardown half-way.
+        for out in (sys.stdout, self.log_fh):
+            try:
+                out.write(line + "\n")
+                out.flush()
+            except (OSError, ValueError):
+                pass
 
     # -- signals
     def on_signal(self, signum, _frame) -> None:
-        if self.signal_reason:
-            return
+        # Only records the signal: the handler runs between two bytecodes of the main thread,
+        # which may be inside a write to the same buffered file (print/log would then raise
+        # "reentrant call"), and an squeue call here would stall whatever it interrupted.
+        # resolve_signal(), called from check() and run(), decides and logs.
+        if self.signal_seen is None:
+            self.signal_seen = (signum, now())
+
+    def resolve_signal(self) -> str | None:
+        """The stop reason of the first signal that arrived, or None; logs it once."""
+        if self.signal_reason or self.signal_seen is None:
+            return self.signal_reason
+        signum, at = self.signal_seen
         # USR1 comes from `hpcserve cancel` (scancel --batch --signal=USR1): a requested stop.
         # TERM comes from scancel or from --signal=B:TERM@grace before the time limit.
         if signum == signal.SIGUSR1:
-            self.signal_reason = "cancelled"
+            reason = "cancelled"
         else:
-            self.signal_reason = "time_limit" if self._near_time_limit() else "cancelled"
-        self.log(f"received {signal.Signals(signum).name}: {self.signal_reason}")
+            reason = "time_limit" if self._near_time_limit(at) else "cancelled"
+        self.signal_reason = reason
+        self.log(f"received {signal.Signals(signum).name}: {reason}")
+        return reason
 
-    def _near_time_limit(self) -> bool:
+    def _near_time_limit(self, at: float) -> bool:
         if not self.job_id:
             return False
         try:
@@ -199,16 +230,17 @@ class Job:
         except (OSError, subprocess.TimeoutExpired):
             return False
         left = _seconds(out[0]) if out else None
-        return left is not None and left <= self.plan["signal_grace"] + 90
+        # what was left when the signal arrived, not now
+        return left is not None and left + (now() - at) <= self.plan["signal_grace"] + 90
 
     def check(self) -> None:
-        if self.signal_reason:
+        if self.resolve_signal():
             raise Stop("cancelled", self.signal_reason)
         for name, p in self.steps.items():
             rc = p.poll()
             if rc is not None:
                 time.sleep(0.3)  # a scancel signals steps and us together: let our signal land
-                if self.signal_reason:
+                if self.resolve_signal():
                     raise Stop("cancelled", self.signal_reason)
                 raise Stop("failed", f"step {name} exited with code {rc}", self.failure_of(name, rc))
 
@@ -224,10 +256,9 @@ class Job:
         f = {"step": name, "role": role if name != "router" else "router",
              "instance": int(idx) if idx.isdigit() else None, "exit_code": rc}
         srun_log = os.path.join(self.dir, "logs", f"{name}.srun.log")
-        try:
-            text = open(srun_log, errors="replace").read()
-        except OSError:
-            text = ""
+        # After a requeue the file still holds the earlier tries' lines: read only this try's.
+        offset = self.log_offsets.get(name, 0)
+        text = _read_from(srun_log, offset)
         # srun reports each task's end. Tasks it reports before it starts terminating the step
         # (`--kill-on-bad-exit`) are the causes; the rest are its own kills. Among the causes a
         # signal death (OOM killer, segfault) ranks first, then an unusual exit code.
@@ -253,7 +284,8 @@ class Job:
             f["node"] = self.nodes[name][0][1]
             f["node_rank"] = 0
         f["log"] = self._log_file(name, f.get("node_rank"), f.get("node"))
-        f["log_tail"] = _tail(os.path.join(self.dir, f["log"]) if f["log"] else srun_log)
+        path = os.path.join(self.dir, f["log"]) if f["log"] else srun_log
+        f["log_tail"] = _tail(path, offset=offset if path == srun_log else 0)
         return f
 
     def _log_file(self, name: str, rank, node) -> str | None:
@@ -266,83 +298,154 @@ class Job:
     # -- steps
     def start_step(self, name: str, script: str, nodelist: list[str]) -> None:
         env = dict(os.environ, NODELIST=",".join(nodelist))
-        out = open(os.path.join(self.dir, "logs", f"{name}.srun.log"), "ab")
-        self.steps[name] = subprocess.Popen(["bash", os.path.join(self.dir, script)], env=env,
-                                            stdout=out, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL)
-        out.close()
+        # Appended to across requeues (logs/<step>.srun.log is read by that name elsewhere), so
+        # failure_of() starts reading at the size the file had now.
+        with open(os.path.join(self.dir, "logs", f"{name}.srun.log"), "ab") as out:
+            self.log_offsets[name] = os.fstat(out.fileno()).st_size
+            self.steps[name] = subprocess.Popen(["bash", os.path.join(self.dir, script)],
+                                                env=env, stdout=out, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL)
 
     def discover(self) -> dict[int, list[list[str]]]:
-        procs = {}
-        for c in self.plan["components"]:
-            procs[c["index"]] = subprocess.Popen(
-                ["bash", os.path.join(self.dir, "steps", f"discover-{c['index']}.sh")],
-                stdout=subprocess.PIPE, stderr=open(os.path.join(
-                    self.dir, "logs", f"discover-{c['index']}.log"), "ab"),
-                stdin=subprocess.DEVNULL, text=True)
-        found = {}
-        deadline = now() + 120
-        for c in self.plan["components"]:
-            p = procs[c["index"]]
-            while p.poll() is None:
+        comps = self.plan["components"]
+        outs = {}
+        for c in comps:
+            i = c["index"]
+            # A file, not a pipe: nobody reads a pipe until srun exits, and srun blocks once the
+            # pipe's 64 KiB are full (some 700 nodes' lines).
+            outs[i] = os.path.join(self.dir, "run", f"discover-{i}.out")
+            with open(outs[i], "wb") as out, \
+                    open(os.path.join(self.dir, "logs", f"discover-{i}.log"), "ab") as err:
+                self.discovery[i] = subprocess.Popen(
+                    ["bash", os.path.join(self.dir, "steps", f"discover-{i}.sh")],
+                    stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        deadline = now() + self.DISCOVERY_TIMEOUT
+        try:
+            while True:
+                # a component that failed ends discovery at once, whatever the others do
+                bad = [c for c in comps if self.discovery[c["index"]].poll() not in (None, 0)]
+                if bad:
+                    raise self._discovery_failed(bad[0], 0)
+                running = [i for i, p in self.discovery.items() if p.poll() is None]
+                if not running:
+                    break
                 if now() > deadline:
-                    p.kill()
-                    raise Stop("failed", f"address discovery on component {c['index']} timed out")
-                if self.signal_reason:
-                    p.kill()
-                    raise Stop("cancelled", self.signal_reason)
+                    raise Stop("failed", "address discovery on component(s) "
+                                         f"{', '.join(map(str, running))} timed out after "
+                                         f"{self.DISCOVERY_TIMEOUT:g} s")
+                self.check()
                 time.sleep(0.05)
-            rows = [ln.split()[1:] for ln in p.stdout.read().splitlines()
+        finally:
+            self.stop_discovery()
+        found = {}
+        for c in comps:
+            p = self.discovery[c["index"]]
+            rows = [ln.split()[1:] for ln in _read_from(outs[c["index"]]).splitlines()
                     if ln.startswith("HPCSERVE-NODE ") and len(ln.split()) == 6]
             if p.returncode != 0 or len(rows) != c["nodes"]:
-                raise Stop("failed", f"address discovery on component {c['index']} ({c['name']}) "
-                                     f"failed (exit {p.returncode}, {len(rows)}/{c['nodes']} "
-                                     f"nodes); see logs/discover-{c['index']}.log",
-                           {"step": f"discover-{c['index']}", "role": c["name"],
-                            "exit_code": p.returncode,
-                            "log_tail": _tail(os.path.join(self.dir, "logs",
-                                                           f"discover-{c['index']}.log"))})
+                raise self._discovery_failed(c, len(rows))
             rows.sort(key=lambda r: int(r[0]))
             found[c["index"]] = [r[1:] for r in rows]  # name, ip, iface, ib
             self.log(f"component {c['index']} ({c['name']}): " +
                      ", ".join(f"{r[0]}={r[1]}" for r in found[c["index"]]))
         return found
 
+    def _discovery_failed(self, c: dict, nrows: int) -> Stop:
+        p = self.discovery[c["index"]]
+        return Stop("failed", f"address discovery on component {c['index']} ({c['name']}) "
+                              f"failed (exit {p.returncode}, {nrows}/{c['nodes']} "
+                              f"nodes); see logs/discover-{c['index']}.log",
+                    {"step": f"discover-{c['index']}", "role": c["name"],
+                     "exit_code": p.returncode,
+                     "log_tail": _tail(os.path.join(self.dir, "logs",
+                                                    f"discover-{c['index']}.log"))})
+
+    def stop_discovery(self) -> None:
+        """TERM every discovery srun still running (srun then ends its step), KILL after 3 s."""
+        live = [p for p in self.discovery.values() if p.poll() is None]
+        if not live:
+            return
+        for p in live:
+            try:
+                p.terminate()
+            except OSError:
+                pass
+        end = now() + 3
+        while now() < end and any(p.poll() is None for p in live):
+            time.sleep(0.05)
+        for p in live:
+            if p.poll() is None:
+                try:
+                    p.kill()
+                    p.wait(timeout=2)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+
     def run(self) -> int:
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(s, self.on_signal)
-        self.state.update("starting", started_at=round(self.t0, 3), runtime_at=round(now(), 3),
-                          batch_host=os.uname().nodename, endpoint=None, failure=None)
         try:
+            # A requeued job's state.json still holds the last try's outcome.
+            self.state.update("starting", started_at=round(self.t0, 3), runtime_at=round(now(), 3),
+                              batch_host=os.uname().nodename, endpoint=None, failure=None,
+                              reason=None, finished_at=None, smoke_tokens=None,
+                              serving_after_s=None, engines_ready_count=0)
             self.serve()
             phase, reason, failure = "done", "finished", None  # not reached: serve() raises
         except Stop as s:
             phase, reason, failure = s.phase, s.reason, s.failure
-        except Exception as e:  # a bug here must still tear the job down
+        except BaseException as e:  # a bug here must still tear the job down
             phase, reason, failure = "failed", f"hpcserve runtime error: {e!r}", None
+        stop_at = now()
+        try:
+            self.resolve_signal()
+        except Exception as e:
+            self.log(f"could not resolve the signal: {e!r}")
         if self.signal_reason and phase == "failed":
             # A step that ended because scancel signalled it too is not a crash of its own.
             phase, reason, failure = "cancelled", self.signal_reason, None
         self.log(f"stopping: {reason}")
-        self.state.update("stopping", reason=reason, failure=failure)
-        self.teardown()
+        self.record("stopping", reason=reason, failure=failure)
+        try:
+            self.teardown()
+        except Exception as e:
+            self.log(f"teardown error: {e!r}")
+        try:
+            # before a requeue, which ends this allocation; within the grace where there is some
+            grace = float(self.plan["signal_grace"])
+            self.cleanup_containers(min(self.CLEANUP_TIMEOUT,
+                                        max(10.0, stop_at + grace - 5 - now())))
+        except Exception as e:
+            self.log(f"container cleanup error: {e!r}")
         final = "cancelled" if phase == "cancelled" else phase
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         if final == "failed" and restarts < int(self.plan.get("requeue") or 0) and self.job_id:
             # The deployment asked for another try: Slurm puts the whole job back in the queue
             # and runs this script again (SLURM_RESTART_COUNT counts the tries).
-            res = subprocess.run(["scontrol", "requeue", self.job_id], capture_output=True,
-                                 text=True, timeout=30)
-            if res.returncode == 0:
-                self.state.update("requeued", reason=reason, finished_at=round(now(), 3),
-                                  restarts=restarts + 1)
+            try:
+                res = subprocess.run(["scontrol", "requeue", self.job_id], capture_output=True,
+                                     text=True, timeout=30)
+                err = "" if res.returncode == 0 else (res.stderr or res.stdout).strip()
+            except (OSError, subprocess.TimeoutExpired) as e:
+                err = repr(e)
+            if not err:
+                self.record("requeued", reason=reason, finished_at=round(now(), 3),
+                            restarts=restarts + 1)
                 self.log(f"failed ({reason}); requeued, try {restarts + 2} of "
                          f"{int(self.plan['requeue']) + 1}")
                 return 0
-            self.log(f"scontrol requeue failed: {(res.stderr or res.stdout).strip()}")
-        self.state.update(final, reason=reason, finished_at=round(now(), 3), restarts=restarts)
+            self.log(f"scontrol requeue failed: {err}")
+        self.record(final, reason=reason, finished_at=round(now(), 3), restarts=restarts)
         self.log(f"final state: {final} ({reason})")
         return 0 if final in ("cancelled", "done") else 1
+
+    def record(self, phase: str | None = None, **fields) -> None:
+        """state.update for the stop path: a failed write is logged, never raised, so that it
+        cannot skip the teardown that follows."""
+        try:
+            self.state.update(phase, **fields)
+        except Exception as e:
+            self.log(f"could not write state.json ({phase}): {e!r}")
 
     def serve(self) -> None:
         plan = self.plan
@@ -393,6 +496,8 @@ class Job:
         while pending:
             self.check()
             for name, url in list(pending.items()):
+                # each poll may take its full 2 s: a signal must not wait for all instances' polls
+                self.check()
                 try:
                     code, _ = http_json(url, timeout=2)
                 except (OSError, ValueError, urllib.error.URLError):
@@ -434,8 +539,31 @@ class Job:
     def smoke(self, url: str, rd: dict) -> None:
         body = {"model": self.plan["served_name"], "max_tokens": rd["smoke_tokens"],
                 "messages": [{"role": "user", "content": "hpcserve smoke test: say hello"}]}
+        # In a thread, so that a signal or a dying step ends the wait at once, not after up to
+        # SMOKE_TIMEOUT s; the thread is a daemon and ends with the router's connection.
+        box: dict = {}
+
+        def call() -> None:
+            try:
+                box["result"] = http_json(url + "/v1/chat/completions", body,
+                                          timeout=self.SMOKE_TIMEOUT)
+            except BaseException as e:
+                box["error"] = e
+
+        t = threading.Thread(target=call, name="hpcserve-smoke", daemon=True)
+        deadline = now() + self.SMOKE_TIMEOUT
+        t.start()
+        while t.is_alive():
+            self.check()
+            if now() > deadline:  # urllib's timeout is per socket operation, not overall
+                raise Stop("failed", f"smoke request failed: no answer within "
+                                     f"{self.SMOKE_TIMEOUT:g} s",
+                           {"role": "router", "reason": "smoke request failed"})
+            t.join(0.1)
         try:
-            code, resp = http_json(url + "/v1/chat/completions", body, timeout=120)
+            if "error" in box:
+                raise box["error"]
+            code, resp = box["result"]
         except urllib.error.HTTPError as e:
             raise Stop("failed", f"smoke request failed: HTTP {e.code} "
                                  f"{e.read()[:300].decode(errors='replace')}",
@@ -479,8 +607,11 @@ class Job:
                    for sid in ids.get(n, "").split()]
         if targets:
             self.log(f"scancel --signal={sig} {' '.join(targets)}")
-            subprocess.run(["scancel", f"--signal={sig}", *targets], capture_output=True,
-                           timeout=10)
+            try:
+                subprocess.run(["scancel", f"--signal={sig}", *targets], capture_output=True,
+                               timeout=10)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                self.log(f"scancel failed: {e!r}")
         for n in names:  # a step Slurm does not list (yet): signal its srun client instead
             if self.steps[n].poll() is None and not ids.get(n):
                 self.log(f"step {n} not listed by squeue: {sig} to its srun client")
@@ -497,34 +628,101 @@ class Job:
         return all(self.steps[n].poll() is not None for n in names)
 
     def teardown(self) -> None:
+        self.stop_discovery()
         grace = float(self.plan["signal_grace"])
         end = now() + max(2.0, grace - 5)
         live = [n for n, p in self.steps.items() if p.poll() is None]
         if not live:
             return
-        ids = self.step_ids()
-        # Router first, so no new request reaches an engine that is going away.
-        tiers = [["router"], [n for n in self.steps if n != "router"]]
-        for tier in tiers:
-            tier = [n for n in tier if n in self.steps and self.steps[n].poll() is None]
-            if not tier:
-                continue
-            self.log(f"SIGTERM to {', '.join(tier)}")
-            # SGLang's rank 0 drains on TERM and shuts its peers down; ranks >= 1 ignore TERM.
-            self.signal_steps(tier, "TERM", ids)
-            self.wait_steps(tier, min(end, now() + max(1.0, (end - now()) / 2)))
-        left = [n for n, p in self.steps.items() if p.poll() is None]
-        if left:
-            self.wait_steps(left, end)
+        ids: dict[str, str] = {}
+        try:
+            ids = self.step_ids()
+            # Router first, so no new request reaches an engine that is going away.
+            tiers = [["router"], [n for n in self.steps if n != "router"]]
+            for tier in tiers:
+                tier = [n for n in tier if n in self.steps and self.steps[n].poll() is None]
+                if not tier:
+                    continue
+                self.log(f"SIGTERM to {', '.join(tier)}")
+                # All engine steps get TERM at once, and Slurm delivers it to every task of a
+                # step. SGLang's rank 0 drains and broadcasts the shutdown to its peers; ranks
+                # >= 1 ignore TERM and wait for that broadcast, so rank 0 ends first in effect.
+                self.signal_steps(tier, "TERM", ids)
+                self.wait_steps(tier, min(end, now() + max(1.0, (end - now()) / 2)))
+        finally:
+            # Whatever went wrong above, nothing may outlive the grace period.
             left = [n for n, p in self.steps.items() if p.poll() is None]
-        if left:
-            self.log(f"SIGKILL to {', '.join(left)} after the grace period")
-            self.signal_steps(left, "KILL", self.step_ids() or ids)
-            if not self.wait_steps(left, now() + 5):
-                for n in left:
-                    if self.steps[n].poll() is None:
-                        self.steps[n].kill()
-                self.wait_steps(left, now() + 2)
+            if left:
+                self.wait_steps(left, end)
+                left = [n for n, p in self.steps.items() if p.poll() is None]
+            if left:
+                self.log(f"SIGKILL to {', '.join(left)} after the grace period")
+                try:
+                    ids = self.step_ids() or ids
+                except Exception as e:  # never expected: step_ids catches what squeue raises
+                    self.log(f"listing steps failed: {e!r}")
+                self.signal_steps(left, "KILL", ids)
+                if not self.wait_steps(left, now() + 5):
+                    for n in left:
+                        if self.steps[n].poll() is None:
+                            try:
+                                self.steps[n].kill()
+                            except OSError:
+                                pass
+                    self.wait_steps(left, now() + 2)
+
+    def cleanup_containers(self, timeout: float) -> None:
+        """enroot: remove the containers of tasks that were SIGKILLed (srun's --kill-on-bad-exit,
+        or the KILL tier above) before their container-task.sh could remove them. Best-effort."""
+        if (self.plan.get("container") or {}).get("runtime") != "enroot":
+            return
+        made = os.path.join(self.dir, "run", "containers")  # one file per container not removed
+        try:
+            left = sorted(os.listdir(made))
+        except OSError:
+            return
+        if not left:
+            return
+        self.log(f"containers left behind: {', '.join(left)}; removing them")
+        task = os.path.join(os.path.abspath(self.dir), "launch", "container-task.sh")
+        comps = self.plan["components"]
+        procs = []
+        with open(os.path.join(self.dir, "logs", "container-cleanup.log"), "ab") as out:
+            # One step per component on all its nodes: --cleanup removes only the leftovers of
+            # the node it runs on, so every node must run it.
+            for c in comps:
+                cmd = ["srun", *([f"--het-group={c['index']}"] if len(comps) > 1 else []),
+                       f"--nodes={c['nodes']}", f"--ntasks={c['nodes']}", "--ntasks-per-node=1",
+                       "--overlap", "--job-name=container-cleanup", "--kill-on-bad-exit=0",
+                       "bash", task, "--cleanup"]
+                try:
+                    procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                                  stdin=subprocess.DEVNULL))
+                except OSError as e:
+                    self.log(f"container cleanup on component {c['index']}: {e!r}")
+        end = now() + timeout
+        while now() < end and any(p.poll() is None for p in procs):
+            time.sleep(0.1)
+        for p in procs:
+            if p.poll() is None:
+                self.log(f"container cleanup still running after {timeout:.0f} s: stopping it")
+                try:
+                    p.terminate()
+                    p.wait(timeout=3)
+                except subprocess.TimeoutExpired:
+                    try:
+                        p.kill()
+                        p.wait(timeout=2)
+                    except (OSError, subprocess.TimeoutExpired):
+                        pass
+                except OSError:
+                    pass
+        try:
+            left = sorted(os.listdir(made))
+        except OSError:
+            left = []
+        self.log("container cleanup: " + (f"still left: {', '.join(left)} (see "
+                                          "logs/container-cleanup.log)" if left else "none left"))
 
 
 _SIGNALS = {"Killed": 9, "Terminated": 15, "Segmentation fault": 11, "Aborted": 6, "Bus error": 7}
@@ -538,12 +736,17 @@ def _seconds(s: str) -> int | None:
     return ((d * 24 + h) * 60 + mi) * 60 + se
 
 
-def _tail(path: str, n: int = 20) -> list[str]:
+def _read_from(path: str, offset: int = 0) -> str:
     try:
-        with open(path, errors="replace") as f:
-            return f.read().splitlines()[-n:]
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
     except OSError:
-        return []
+        return ""
+
+
+def _tail(path: str, n: int = 20, offset: int = 0) -> list[str]:
+    return _read_from(path, offset).splitlines()[-n:]
 
 
 def main(argv: list[str] | None = None) -> int:

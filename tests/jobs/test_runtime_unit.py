@@ -1,0 +1,363 @@
+"""hpcserve_job.py's own logic without a cluster: discovery output through a file, signal
+handling outside the handler, per-try srun logs, best-effort teardown, direct HTTP, a smoke request
+that a signal cuts short, and the removal of leftover enroot containers (with the stand-ins)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from hpcserve import config, plan, render
+from hpcserve.runtime import job as jobmod
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKES = ROOT / "tests" / "fakes"
+
+
+def _plan(components: list[dict], **extra) -> dict:
+    return {"components": components, "instances": [], "router": None, "signal_grace": 4,
+            "requeue": 0, "served_name": "kimi-k2", "container": {"runtime": "none"},
+            "readiness": {"engine_timeout": 5, "router_timeout": 5, "poll_interval": 0.1,
+                          "smoke_tokens": 4}, **extra}
+
+
+@pytest.fixture
+def make_job(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)  # no squeue/scancel calls
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    made = []
+
+    def _make(components: list[dict], steps: dict[str, str] | None = None, **extra) -> jobmod.Job:
+        d = tmp_path / "job"
+        for sub in ("logs", "run", "steps"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        (d / "plan.json").write_text(json.dumps(_plan(components, **extra)))
+        for name, text in (steps or {}).items():
+            (d / "steps" / name).write_text("#!/bin/bash\n" + text + "\n")
+        j = jobmod.Job(str(d))
+        made.append(j)
+        return j
+
+    yield _make
+    for j in made:
+        for p in [*j.steps.values(), *j.discovery.values()]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        j.log_fh.close()
+
+
+@pytest.fixture
+def restore_signals():
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+# -------------------------------------------------------------------------------------- discovery
+
+def test_discovery_output_beyond_a_pipe_buffer_is_read_in_full(make_job):
+    # 2000 nodes' lines, some 140 KiB: through a pipe read only after exit, srun would block
+    # at 64 KiB and discovery would time out.
+    n = 2000
+    line = "HPCSERVE-NODE $i node$i 10.0.$((i / 250)).$((i % 250)) ib0 " + ",".join(
+        f"mlx5_{k}" for k in range(8))
+    job = make_job([{"index": 0, "name": "decode", "nodes": n}],
+                   {"discover-0.sh": f"for i in $(seq {n - 1} -1 0); do echo \"{line}\"; done"})
+    t0 = time.time()
+    found = job.discover()
+    assert time.time() - t0 < 20
+    assert os.path.getsize(Path(job.dir) / "run" / "discover-0.out") > 64 * 1024
+    assert len(found[0]) == n
+    assert found[0][0][:2] == ["node0", "10.0.0.0"] and found[0][-1][0] == f"node{n - 1}"
+
+
+IGNORE_TERM = (f"exec {sys.executable} -c 'import signal, time; "
+               "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'")
+
+
+def test_a_failed_component_stops_every_other_discovery(make_job):
+    job = make_job([{"index": 0, "name": "prefill", "nodes": 1},
+                    {"index": 1, "name": "decode", "nodes": 1},
+                    {"index": 2, "name": "decode", "nodes": 1}],
+                   {"discover-0.sh": "exec sleep 60", "discover-1.sh": IGNORE_TERM,
+                    "discover-2.sh": "sleep 0.3; echo 'no such interface' >&2; exit 3"})
+    t0 = time.time()
+    with pytest.raises(jobmod.Stop) as e:
+        job.discover()
+    assert e.value.phase == "failed" and "component 2" in e.value.reason, e.value.reason
+    assert e.value.failure["log_tail"] == ["no such interface"]
+    assert time.time() - t0 < 8  # TERM, then KILL for the one that ignores TERM
+    assert all(p.poll() is not None for p in job.discovery.values())
+    assert job.discovery[0].returncode == -signal.SIGTERM
+    assert job.discovery[1].returncode == -signal.SIGKILL
+
+
+def test_a_signal_during_discovery_stops_all_of_it(make_job):
+    job = make_job([{"index": 0, "name": "prefill", "nodes": 1},
+                    {"index": 1, "name": "decode", "nodes": 1}],
+                   {"discover-0.sh": "exec sleep 60", "discover-1.sh": "exec sleep 60"})
+    threading.Timer(0.3, job.on_signal, (signal.SIGUSR1, None)).start()
+    with pytest.raises(jobmod.Stop) as e:
+        job.discover()
+    assert (e.value.phase, e.value.reason) == ("cancelled", "cancelled")
+    assert [p.returncode for p in job.discovery.values()] == [-signal.SIGTERM] * 2
+
+
+def test_discovery_times_out(make_job, monkeypatch):
+    monkeypatch.setattr(jobmod.Job, "DISCOVERY_TIMEOUT", 0.5)
+    job = make_job([{"index": 0, "name": "prefill", "nodes": 1}],
+                   {"discover-0.sh": "exec sleep 60"})
+    with pytest.raises(jobmod.Stop) as e:
+        job.discover()
+    assert "timed out" in e.value.reason and job.discovery[0].returncode is not None
+
+
+# ---------------------------------------------------------------------------------------- signals
+
+def test_the_handler_only_records_and_check_resolves(make_job, monkeypatch):
+    job = make_job([])
+
+    def boom(*a, **k):
+        raise AssertionError("I/O in the signal handler")
+
+    monkeypatch.setattr(job, "log", boom)
+    monkeypatch.setattr(jobmod.subprocess, "run", boom)
+    job.job_id = "123"
+    job.on_signal(signal.SIGTERM, None)
+    job.on_signal(signal.SIGUSR1, None)  # the first signal counts
+    monkeypatch.undo()
+    assert job.signal_reason is None and job.signal_seen[0] == signal.SIGTERM
+
+    class Out:
+        stdout = "0:40\n"
+
+    monkeypatch.setattr(jobmod.subprocess, "run", lambda *a, **k: Out())
+    with pytest.raises(jobmod.Stop) as e:
+        job.check()
+    # 40 s left is within signal_grace + 90: the time limit's TERM
+    assert (e.value.phase, e.value.reason) == ("cancelled", "time_limit")
+    log = (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
+    assert log.count("received SIGTERM: time_limit") == 1
+
+
+def test_a_real_usr1_is_a_cancel_and_term_far_from_the_limit_too(make_job, restore_signals,
+                                                                monkeypatch):
+    job = make_job([])
+    signal.signal(signal.SIGUSR1, job.on_signal)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    time.sleep(0.05)
+    with pytest.raises(jobmod.Stop) as e:
+        job.check()
+    assert e.value.reason == "cancelled"
+
+    job2 = make_job([])
+    job2.job_id = "123"
+
+    class Out:
+        stdout = "2:00:00\n"
+
+    monkeypatch.setattr(jobmod.subprocess, "run", lambda *a, **k: Out())
+    job2.on_signal(signal.SIGTERM, None)
+    assert job2.resolve_signal() == "cancelled"
+
+
+# ------------------------------------------------------------------------------- requeued srun log
+
+def test_a_retry_is_not_blamed_on_the_previous_tries_srun_lines(make_job):
+    job = make_job([], {"decode-0.sh": "echo 'srun: error: nodeY: task 0: Exited with exit "
+                                       "code 7'; exit 7"})
+    log = Path(job.dir) / "logs" / "decode-0.srun.log"
+    log.write_text("srun: error: nodeX: task 1: Killed\n"
+                   "srun: launch/slurm: _step_signal: Terminating StepId=9.2\n")
+    job.nodes["decode-0"] = [["0", "nodeY", "10.0.0.2", "ib0", "-"],
+                             ["1", "nodeX", "10.0.0.3", "ib0", "-"]]
+    job.start_step("decode-0", "steps/decode-0.sh", ["nodeY", "nodeX"])
+    assert job.steps["decode-0"].wait(10) == 7
+    f = job.failure_of("decode-0", 7)
+    assert [t["node"] for t in f["tasks"]] == ["nodeY"]
+    assert (f["node"], f["node_rank"], f["exit_code"]) == ("nodeY", 0, 7)
+    assert "nodeX" in log.read_text()  # the file itself keeps every try
+
+
+# --------------------------------------------------------------------------------------- teardown
+
+def test_run_tears_down_although_state_json_cannot_be_written(make_job, restore_signals,
+                                                              monkeypatch):
+    job = make_job([], {"engine.sh": "exec sleep 60"})
+    (Path(job.dir) / "state.json").write_text(json.dumps({
+        "phase": "requeued", "history": [], "smoke_tokens": 4, "serving_after_s": 3.0,
+        "finished_at": 1.0, "reason": "old", "failure": {"step": "decode-0"},
+        "endpoint": "http://old:8000", "engines_ready_count": 2}))
+    job = make_job([], {"engine.sh": "exec sleep 60"})  # reads that state.json
+    seen = {}
+    real_update = job.state.update
+
+    def update(phase=None, **fields):
+        if phase != "starting":
+            raise OSError(28, "No space left on device")
+        real_update(phase, **fields)
+
+    def serve():
+        seen.update(job.state.data)
+        job.start_step("engine-0", "steps/engine.sh", ["n1"])
+        raise jobmod.Stop("failed", "step engine-0 failed")
+
+    monkeypatch.setattr(job.state, "update", update)
+    monkeypatch.setattr(job, "serve", serve)
+    t0 = time.time()
+    assert job.run() == 1
+    assert time.time() - t0 < 6
+    assert job.steps["engine-0"].poll() is not None
+    for k in ("smoke_tokens", "serving_after_s", "finished_at", "reason", "failure", "endpoint"):
+        assert seen[k] is None, k
+    assert seen["engines_ready_count"] == 0
+    log = (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
+    assert "could not write state.json (stopping)" in log and "SIGTERM to engine-0" in log
+    assert "final state: failed" in log
+
+
+def test_the_kill_tier_runs_even_when_the_term_tier_fails(make_job, monkeypatch):
+    job = make_job([], {"engine.sh": IGNORE_TERM})
+    job.start_step("engine-0", "steps/engine.sh", ["n1"])
+
+    def broken(*a, **k):
+        raise RuntimeError("squeue exploded")
+
+    monkeypatch.setattr(job, "step_ids", broken)
+    with pytest.raises(RuntimeError):
+        job.teardown()
+    assert job.steps["engine-0"].poll() is not None
+
+
+# ------------------------------------------------------------------------------------------- HTTP
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    delay = 0.0
+
+    def _send(self, body: dict) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_GET(self):
+        self._send({"ok": True})
+
+    def do_POST(self):
+        time.sleep(self.delay)
+        self._send({"usage": {"completion_tokens": 4}})
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def server():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_runtime_http_ignores_the_submitters_proxy(server, monkeypatch):
+    for k in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(k, "http://127.0.0.1:9")  # nothing listens there
+    for k in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(OSError):  # what plain urllib does with that environment
+        urllib.request.build_opener().open(server + "/health", timeout=2)
+    assert jobmod.http_json(server + "/health") == (200, {"ok": True})
+
+
+def test_a_signal_cuts_a_slow_smoke_request_short(server, make_job, monkeypatch):
+    monkeypatch.setattr(_Handler, "delay", 20.0)
+    job = make_job([])
+    threading.Timer(0.3, job.on_signal, (signal.SIGUSR1, None)).start()
+    t0 = time.time()
+    with pytest.raises(jobmod.Stop) as e:
+        job.smoke(server, job.plan["readiness"])
+    assert e.value.reason == "cancelled" and time.time() - t0 < 3
+
+
+def test_a_smoke_request_still_counts_its_tokens(server, make_job):
+    job = make_job([])
+    job.smoke(server, job.plan["readiness"])
+    assert job.state.data["smoke_tokens"] == 4
+
+
+# ----------------------------------------------------------------------------- enroot leftovers
+
+def test_leftover_enroot_containers_are_removed_on_every_component(tmp_path, monkeypatch):
+    model = tmp_path / "model"
+    model.mkdir()
+    jd = tmp_path / "job"
+    p = plan.build(config.load(ROOT / "examples" / "demo.yaml", [
+        "site.container.runtime=enroot", "site.container.image=/images/sglang.sqsh",
+        f"model.path={model}"]))
+    render.write_job(render.render_files(p, str(jd)), jd)
+    data = tmp_path / "enroot-data"
+    fake_log = tmp_path / "calls.jsonl"
+    for k in [k for k in os.environ if k.startswith(("SLURM", "ENROOT_"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(FAKES / "bin"), os.environ["PATH"]]))
+    monkeypatch.setenv("HPCSERVE_FAKE_PYTHON", sys.executable)
+    monkeypatch.setenv("HPCSERVE_FAKE_LOG", str(fake_log))
+    monkeypatch.setenv("HPCSERVE_FAKE_NODES", "nodeA,nodeB")
+    monkeypatch.setenv("HPCSERVE_FAKE_HET_SIZE", "2")
+    monkeypatch.setenv("ENROOT_DATA_PATH", str(data))
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    # What SIGKILLed tasks leave: a container and its record (decode's node B), and a record
+    # whose container was never created (prefill's node A).
+    made = jd / "run" / "containers"
+    made.mkdir()
+    (data / "hpcserve-4242.3-decode-0-nodeB" / "etc").mkdir(parents=True)
+    (made / "hpcserve-4242.3-decode-0-nodeB").touch()
+    (made / "hpcserve-4242.2-prefill-0-nodeA").touch()
+    (data / "someone-elses").mkdir()
+
+    job = jobmod.Job(str(jd))
+    try:
+        assert job.plan["container"]["runtime"] == "enroot"
+        job.cleanup_containers(30)
+    finally:
+        job.log_fh.close()
+    assert sorted(os.listdir(made)) == []
+    assert sorted(os.listdir(data)) == ["someone-elses"]
+    calls = [json.loads(ln) for ln in fake_log.read_text().splitlines()]
+    sruns = sorted((c for c in calls if c["tool"] == "srun"), key=lambda c: c["argv"][0])
+    assert len(sruns) == 2, sruns
+    for comp, c in enumerate(sruns):
+        assert f"--het-group={comp}" in c["argv"] and "--overlap" in c["argv"]
+        assert c["command"] == ["bash", f"{jd}/launch/container-task.sh", "--cleanup"]
+    assert [c["nodes"] for c in sruns] == [["nodeA"], ["nodeA", "nodeB"]]
+    assert "none left" in (jd / "logs" / "hpcserve-job.log").read_text()
+
+
+def test_no_cleanup_step_without_leftovers_or_for_other_runtimes(make_job, monkeypatch):
+    def no_srun(*a, **k):
+        raise AssertionError("no srun expected")
+
+    monkeypatch.setattr(jobmod.subprocess, "Popen", no_srun)
+    job = make_job([{"index": 0, "name": "p", "nodes": 1}])
+    (Path(job.dir) / "run" / "containers").mkdir()
+    (Path(job.dir) / "run" / "containers" / "hpcserve-1.2-p-0-n").touch()
+    job.cleanup_containers(5)  # runtime none
+    job.plan["container"]["runtime"] = "enroot"
+    (Path(job.dir) / "run" / "containers" / "hpcserve-1.2-p-0-n").unlink()
+    job.cleanup_containers(5)  # nothing left
