@@ -80,6 +80,7 @@ class RouterPlan:
     argv: tuple[Word, ...]
     env: tuple[tuple[str, Word], ...]
     pd: bool
+    api_key_env: str | None = None
 
 
 @dataclass(frozen=True)
@@ -356,7 +357,8 @@ def build(cfg: Resolved) -> Plan:
                             prometheus_port=prom, argv=tuple(argv),
                             env=tuple((k, _env_word(v)) for k, v in
                                       {"PYTHONUNBUFFERED": "1", **router_cfg.env}.items()),
-                            pd=pd)
+                            pd=pd, api_key_env=getattr(router_cfg.args.get("api-key"),
+                                                       "from_env", None))
         total = sum(c.nodes for c in components)
     max_nodes = site.slurm.max_nodes
     if max_nodes is not None and total > max_nodes:

@@ -154,9 +154,11 @@ class Stop(Exception):
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def http_json(url: str, body: dict | None = None, timeout: float = 2.0):
+def http_json(url: str, body: dict | None = None, timeout: float = 2.0,
+              headers: dict | None = None):
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     with _DIRECT.open(req, timeout=timeout) as r:
         raw = r.read()
         return r.status, (json.loads(raw) if raw.strip() else None)
@@ -537,6 +539,10 @@ class Job:
             self.sleep(rd["poll_interval"])
 
     def smoke(self, url: str, rd: dict) -> None:
+        # A router started with --api-key {from_env: NAME} wants it: read NAME from the job's
+        # environment (sbatch exported it), never from a file.
+        key_env = (self.plan.get("router") or {}).get("api_key_env")
+        auth = ({"Authorization": f"Bearer {os.environ.get(key_env, '')}"} if key_env else {})
         body = {"model": self.plan["served_name"], "max_tokens": rd["smoke_tokens"],
                 "messages": [{"role": "user", "content": "hpcserve smoke test: say hello"}]}
         # In a thread, so that a signal or a dying step ends the wait at once, not after up to
@@ -545,7 +551,7 @@ class Job:
 
         def call() -> None:
             try:
-                box["result"] = http_json(url + "/v1/chat/completions", body,
+                box["result"] = http_json(url + "/v1/chat/completions", body, headers=auth,
                                           timeout=self.SMOKE_TIMEOUT)
             except BaseException as e:
                 box["error"] = e

@@ -33,7 +33,9 @@ def submit(dev_cluster: Any, tmp_path: Path) -> Callable[..., Job]:
         write_job(render_files(p, str(job_dir)), job_dir)
         if edit:
             edit(job_dir)
-        out = subprocess.run(["sbatch", "--parsable", str(job_dir / "job.sbatch")], env=env,
+        # the environment of this moment: sbatch exports it to the job (secrets given by name)
+        job_env = {**dev_cluster.client_env(), "PATH": env["PATH"]}
+        out = subprocess.run(["sbatch", "--parsable", str(job_dir / "job.sbatch")], env=job_env,
                              capture_output=True, text=True, check=True).stdout.strip()
         job = Job(dev_cluster, job_dir, out.split(";")[0], env)
         jobs.append(job)

@@ -49,3 +49,27 @@ def test_pd_deployment_serves_and_answers(submit, dev_cluster, p_nodes, d_nodes)
     assert st["phase"] == "cancelled" and st["reason"] == "cancelled"
     gone = wait_no_job_processes(dev_cluster, 10 + 2)  # the local site's grace is 10 s
     assert time.time() - t0 < 12 + 2, gone
+
+
+def test_router_api_key_given_by_name_guards_the_endpoint(submit, dev_cluster, monkeypatch):
+    # The key reaches the router from the job's environment only ({from_env}); the job's own
+    # smoke request must present it, and a client without it is turned away.
+    import json
+    import urllib.error
+    import urllib.request
+    monkeypatch.setenv("HS_TEST_ROUTER_KEY", "k-123-not-in-any-file")
+    dep = deployment(1, 1, name="t-apikey")
+    dep["router"]["args"] = {"api-key": {"from_env": "HS_TEST_ROUTER_KEY"}}
+    job = submit(dep)
+    st = job.wait({"serving", "failed", "cancelled"}, 60)
+    assert st["phase"] == "serving" and st["smoke_tokens"] > 0, job.logs()
+    for p in job.dir.rglob("*"):
+        if p.is_file() and p.suffix in (".sh", ".json", ".sbatch"):
+            assert "k-123-not-in-any-file" not in p.read_text(errors="replace"), p
+    body = json.dumps({"model": "kimi-k2", "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    req = urllib.request.Request(st["endpoint"] + "/v1/chat/completions", body,
+                                 {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 401
