@@ -633,10 +633,27 @@ class Job:
             time.sleep(0.05)
         return all(self.steps[n].poll() is not None for n in names)
 
+    def kill_wait(self) -> float | None:
+        """Slurm's KillWait: after a plain scancel, Slurm SIGKILLs every process of the job (this
+        one too) that long after its TERM, so the teardown must be over by then."""
+        try:
+            out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                                 timeout=5).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        m = re.search(r"^KillWait\s*=\s*(\d+)", out, re.M)
+        return float(m.group(1)) if m else None
+
     def teardown(self) -> None:
         self.stop_discovery()
         grace = float(self.plan["signal_grace"])
-        end = now() + max(2.0, grace - 5)
+        budget = max(2.0, grace - 5)
+        if self.signal_seen and self.signal_seen[0] == signal.SIGTERM:
+            # TERM may be a plain scancel: Slurm's own SIGKILL follows after KillWait.
+            kw = self.kill_wait()
+            if kw is not None:
+                budget = max(1.0, min(budget, kw - 2.5 - (now() - self.signal_seen[1])))
+        end = now() + budget
         live = [n for n, p in self.steps.items() if p.poll() is None]
         if not live:
             return
@@ -668,7 +685,7 @@ class Job:
                 except Exception as e:  # never expected: step_ids catches what squeue raises
                     self.log(f"listing steps failed: {e!r}")
                 self.signal_steps(left, "KILL", ids)
-                if not self.wait_steps(left, now() + 5):
+                if not self.wait_steps(left, now() + min(5.0, budget)):
                     for n in left:
                         if self.steps[n].poll() is None:
                             try:

@@ -24,7 +24,8 @@ def test_recording_script_used_the_exported_formats():
 
 def test_squeue_argv_uses_the_format_and_all_states():
     argv = squeue_argv(["3", "10"])
-    assert argv[:4] == ["squeue", "-h", "-t", "all"]
+    # --me: this user's jobs only, not the whole cluster's queue
+    assert argv[:5] == ["squeue", "--me", "-h", "-t", "all"]
     assert argv[argv.index("-o") + 1] == SQUEUE_FORMAT
     assert argv[-2:] == ["-j", "3,10"]
     assert SQUEUE_FORMAT.endswith("%j"), "the free-text name must be the last field"
