@@ -648,11 +648,14 @@ class Job:
         self.stop_discovery()
         grace = float(self.plan["signal_grace"])
         budget = max(2.0, grace - 5)
+        hard_end = float("inf")  # when Slurm's own SIGKILL may end this process
         if self.signal_seen and self.signal_seen[0] == signal.SIGTERM:
-            # TERM may be a plain scancel: Slurm's own SIGKILL follows after KillWait.
+            # TERM may be a plain scancel: Slurm's own SIGKILL follows after KillWait, and the
+            # final state must be written before it. Slurm kills what is left anyway.
             kw = self.kill_wait()
             if kw is not None:
-                budget = max(1.0, min(budget, kw - 2.5 - (now() - self.signal_seen[1])))
+                hard_end = self.signal_seen[1] + kw - 0.7
+                budget = max(0.5, min(budget, (hard_end - now()) / 2))
         end = now() + budget
         live = [n for n, p in self.steps.items() if p.poll() is None]
         if not live:
@@ -685,14 +688,14 @@ class Job:
                 except Exception as e:  # never expected: step_ids catches what squeue raises
                     self.log(f"listing steps failed: {e!r}")
                 self.signal_steps(left, "KILL", ids)
-                if not self.wait_steps(left, now() + min(5.0, budget)):
+                if not self.wait_steps(left, min(now() + 5.0, hard_end)):
                     for n in left:
                         if self.steps[n].poll() is None:
                             try:
                                 self.steps[n].kill()
                             except OSError:
                                 pass
-                    self.wait_steps(left, now() + 2)
+                    self.wait_steps(left, min(now() + 2, hard_end))
 
     def cleanup_containers(self, timeout: float) -> None:
         """enroot: remove the containers of tasks that were SIGKILLed (srun's --kill-on-bad-exit,

@@ -50,3 +50,26 @@ def test_time_limit_tears_down_through_the_term_trap(submit, dev_cluster):
     out = subprocess.run(["squeue", "-h", "-t", "all", "-j", job.id, "-o", "%T"], env=job.env,
                          capture_output=True, text=True).stdout.split()
     assert out and "TIMEOUT" not in out, out
+
+
+def test_engines_ignoring_term_are_killed_and_the_state_still_written(submit, dev_cluster):
+    # Hung engines ignore SIGTERM. After a plain scancel Slurm SIGKILLs the whole job KillWait
+    # (5 s here) later, the orchestrator included: its KILL tier and final state must come first.
+    dep = deployment(1, 2, name="t-hung")
+    dep["roles"]["decode"]["sim_fault"] = {"kind": "hang", "after": 0}
+    job = submit(dep)
+    job.wait({"starting"}, 30)
+    end = time.time() + 20
+    while time.time() < end and sum(1 for ps in node_processes(dev_cluster).values() for p in ps
+                                    if "hpcserve_sim.py" in cmdline(p)
+                                    and not cmdline(p).startswith("bash")) < 3:
+        time.sleep(0.1)
+    time.sleep(1.0)  # the hang fault is in force
+    t0 = time.time()
+    job.scancel()
+    st = job.wait({"cancelled", "failed", "done"}, 10)
+    assert st["phase"] == "cancelled", st
+    assert st["finished_at"] - t0 < 5, "final state after Slurm's KillWait"
+    log = (job.dir / "logs" / "hpcserve-job.log").read_text()
+    assert "SIGKILL to decode-0" in log, log
+    wait_no_job_processes(dev_cluster, GRACE + 2)
