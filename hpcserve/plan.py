@@ -414,10 +414,11 @@ def _instance_env(cfg: Resolved, role_env: dict, interface: str, ib: Any, pd: bo
             env[k] = iface
     if ib and "NCCL_IB_HCA" not in site_env:
         env["NCCL_IB_HCA"] = (Var("IB_DEVICES"),) if ib == "auto" else ",".join(ib)
-    if ib and ib != "auto" and "UCX_NET_DEVICES" not in site_env:
+    if ib and "UCX_NET_DEVICES" not in site_env:
         # NIXL/UCX take device:port; an empty UCX_NET_DEVICES would fall back to every HCA,
         # inactive ones included (a failure srt-slurm users hit).
-        env["UCX_NET_DEVICES"] = ",".join(d if ":" in d else f"{d}:1" for d in ib)
+        env["UCX_NET_DEVICES"] = (Var("IB_PORTS"),) if ib == "auto" else ",".join(
+            d if ":" in d else f"{d}:1" for d in ib)
     if not ib and pd:
         # No HCAs: Mooncake must use TCP (what SGLang's mooncake_tcp backend sets, in every release).
         env["MC_FORCE_TCP"] = "1"
