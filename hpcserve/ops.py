@@ -12,7 +12,6 @@ import posixpath
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 from . import deployments

@@ -340,7 +340,7 @@ def build(cfg: Resolved) -> Plan:
     if router_cfg.enabled:
         if router_cfg.placement == "own":
             components.append(Component(len(components), "router", 1, ()))
-        heads = {i.name: (f"http://", Var(f"{i.role.upper()}_{i.index}_IP"), f":{i.port}")
+        heads = {i.name: ("http://", Var(f"{i.role.upper()}_{i.index}_IP"), f":{i.port}")
                  for i in instances}
         try:
             argv = sglang.router_argv(

@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from . import __version__
 from .containers import container_files, wrap_task
 from .plan import Instance, Plan
-from .words import Var, Word, quote, to_json
+from .words import Var, Word, quote
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "sbatch_templates"
 RUNTIME = Path(__file__).resolve().parent / "runtime" / "job.py"
@@ -47,21 +46,6 @@ def _sbatch_quote(value: str) -> str:
     if "\\" not in value:
         return shlex.quote(value)
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _jsonify(obj: Any) -> Any:
-    if is_dataclass(obj):
-        return {k: _jsonify(v) for k, v in asdict(obj).items()}
-    if isinstance(obj, tuple) and obj and all(isinstance(p, (str, Var)) for p in obj) and any(
-            isinstance(p, Var) for p in obj):
-        return to_json(obj)
-    if isinstance(obj, (list, tuple)):
-        return [_jsonify(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: _jsonify(v) for k, v in obj.items()}
-    if isinstance(obj, Var):
-        return {"var": obj.name}
-    return obj
 
 
 def _title(plan: Plan, inst: Instance) -> str:
@@ -216,10 +200,9 @@ def _argv_lines(cmd: list[Word], argv: tuple[Word, ...]) -> list[str]:
 
 
 def plan_json(plan: Plan, job_dir: str) -> dict:
-    d = _jsonify(plan)
+    d = asdict(plan)  # nested dataclasses too: the container, Var words as {"name": ...}
     d["hpcserve_version"] = __version__
     d["job_dir"] = job_dir
-    d["container"] = _jsonify(plan.container)
     for inst, j in zip(plan.instances, d["instances"]):
         j["name"] = inst.name
     return d

@@ -35,12 +35,6 @@ def quote_all(words: list[Word]) -> str:
     return " ".join(quote(w) for w in words)
 
 
-def to_json(word: Word) -> str | dict:
-    if isinstance(word, str):
-        return word
-    return {"parts": [{"var": p.name} if isinstance(p, Var) else p for p in word]}
-
-
 def show(word: Word, values: dict[str, str] | None = None) -> str:
     """A word for humans (`hpcserve plan`): variables as $NAME or their known value."""
     if isinstance(word, str):

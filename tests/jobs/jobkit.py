@@ -4,20 +4,12 @@ sbatch, read state.json, list and find the job's processes per node (by PID, per
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable
-
-import pytest
-import yaml
-
-from hpcserve import config, plan
-from hpcserve.render import render_files, write_job
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {"cancelled", "failed", "done"}

@@ -8,7 +8,6 @@ import http.server
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
