@@ -80,8 +80,8 @@ def plan_cmd(file: str, sets: tuple[str, ...], as_json: bool) -> None:
     p = _plan(file, sets)
     if as_json:
         import json
-        from .render import plan_json
-        click.echo(json.dumps(plan_json(p, "<job-dir>"), indent=1))
+        from .runtime.spec import job_spec
+        click.echo(json.dumps(job_spec(p, "<job-dir>"), indent=1))
         return
     from .table import plan_table
     click.echo(plan_table(p))

@@ -8,52 +8,29 @@ The result is an immutable, fully validated `Resolved` that the planner consumes
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
-import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
+from . import engines
+from .engines.base import setting_names
 from .errors import ConfigError
-from .schema import FieldProblem, Validator, doc, json_schema
+from .schema import FieldProblem, Validator, doc, json_schema, schema_ref
+from .values import (ENV_NAME, FLAG_NAME, NAME, ArgValue, EnvValue, FromEnv,  # noqa: F401
+                     check_secrets)
 from .yamlsrc import Origin, Positions, check_string, format_path, load_file, load_text
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_SITES = ROOT / "site_configs"
 BUNDLED_PROFILES = Path(__file__).resolve().parent / "models"
 
-NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}"
-ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
-FLAG_NAME = r"[a-z0-9][a-z0-9-]*"
 TIME = r"(\d+-)?\d{1,3}:\d{2}:\d{2}"
-VERSION = r"\d+\.\d+\.\d+(\.?post\d+)?"
-
-
-@dataclass(frozen=True)
-class FromEnv:
-    """A value read at run time from the submitting environment (sbatch exports it to the job):
-    how secrets are given, by name, so that no file of the job directory ever holds them."""
-
-    from_env: str = field(metadata=doc("the environment variable's name", pattern=ENV_NAME))
-
-
-EnvValue = Union[str, int, float, bool, FromEnv]
-ArgValue = Union[str, int, float, bool, list[Union[str, int, float]], FromEnv, None]
-
-# Names whose values are secrets: a literal one in a config would end up in launch scripts and
-# plan.json, readable by everyone who can read the job directory.
-_SECRET_ENV = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|"
-                         r"SECRET_KEY)$|^HF_TOKEN$", re.IGNORECASE)
-_SECRET_ARG = re.compile(r"(^|-)(api-key|password|secret|token)$")
-
-
-def check_secrets(values: dict, where: str, *, args: bool) -> None:
-    for k, v in values.items():
-        secret = _SECRET_ARG.search(k) if args else _SECRET_ENV.search(k)
-        if secret and v is not None and not isinstance(v, (FromEnv, bool)):
-            raise FieldProblem((where, k), f"{k} looks like a secret: a value written here would "
-                                           "be copied into the job directory; write "
-                                           "{from_env: NAME} and export NAME before submitting")
+VERSION = r"\d+\.\d+\.\d+(\.\d+)?(\.?post\d+)?"
+# Literal[...] of the engines hpcserve has adapters for; the annotation below is evaluated here.
+EngineName = Literal[engines.names()]
 
 
 # ------------------------------------------------------------------------------------------ site
@@ -147,60 +124,6 @@ class Site:
     paths: Paths = field(default_factory=Paths)
 
 
-# ------------------------------------------------------------------------------- engine settings
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """Engine settings that a model profile defaults and a deployment role overrides.
-
-    The named settings are spelled per engine version by hpcserve (for example attn_dp becomes
-    `--attn-dp-size N` on SGLang >= 0.5.22 and `--dp-size N --enable-dp-attention` before);
-    `args` are passed as they are, after checking that the configured version has each flag.
-    """
-
-    tp: int | None = field(default=None, metadata=doc(
-        "tensor-parallel size; default: all GPUs of the instance", ge=1))
-    pp: int | None = field(default=None, metadata=doc("pipeline-parallel size", ge=1))
-    attn_dp: int | None = field(default=None, metadata=doc(
-        "data-parallel attention groups inside the TP group (DP attention)", ge=1))
-    dp_attention: bool | None = field(default=None, metadata=doc(
-        "DP attention across the whole TP group: attn_dp defaults to tp"))
-    dp: int | None = field(default=None, metadata=doc("data-parallel model replicas", ge=1))
-    ep: int | None = field(default=None, metadata=doc(
-        "expert-parallel size (forced to tp with DeepEP)", ge=1))
-    moe_a2a_backend: str | None = field(default=None, metadata=doc(
-        "MoE all-to-all backend, e.g. deepep"))
-    deepep_mode: Literal["auto", "normal", "low_latency"] | None = None
-    redundant_experts: int | None = field(default=None, metadata=doc(
-        "EPLB redundant experts (--ep-num-redundant-experts)", ge=0))
-    cuda_graph_max_bs: int | None = field(default=None, metadata=doc(
-        "largest decode batch captured in a CUDA graph", ge=1))
-    cuda_graph_bs: list[int] | None = field(default=None, metadata=doc(
-        "explicit decode batch sizes captured in CUDA graphs"))
-    disable_cuda_graph: bool | None = None
-    mem_fraction_static: float | None = field(default=None, metadata=doc(
-        "fraction of GPU memory for weights and KV cache", ge=0.05, le=0.99))
-    max_running_requests: int | None = field(default=None, metadata=doc("", ge=1))
-    context_length: int | None = field(default=None, metadata=doc("", ge=1))
-    chunked_prefill_size: int | None = None
-    tool_call_parser: str | None = None
-    reasoning_parser: str | None = None
-    trust_remote_code: bool | None = None
-    args: dict[str, ArgValue] = field(default_factory=dict, metadata=doc(
-        "more engine flags, name without dashes -> value (true = bare flag, null = remove a "
-        "default, a list = several values)", key_pattern=FLAG_NAME))
-    env: dict[str, EnvValue] = field(default_factory=dict, metadata=doc(
-        "environment of the engine processes", key_pattern=ENV_NAME))
-
-
-    def validate(self) -> None:
-        check_secrets(self.args, "args", args=True)
-        check_secrets(self.env, "env", args=False)
-
-
-SETTING_NAMES = tuple(n for n in EngineSettings.__dataclass_fields__ if n not in ("args", "env"))
-
-
 # ----------------------------------------------------------------------------------- deployment
 
 @dataclass(frozen=True)
@@ -214,19 +137,27 @@ class SimFault:
     ranks: list[int] | None = field(default=None, metadata=doc("node ranks hit (default all)"))
 
 
-@dataclass(frozen=True)
-class Role(EngineSettings):
-    instances: int = field(default=1, metadata=doc("engine instances of this role", ge=1))
-    nodes: int = field(default=1, metadata=doc("nodes per instance", ge=1))
-    gpus: int | None = field(default=None, metadata=doc(
-        "GPUs per instance when several instances share a node (must divide node.gpus)", ge=1))
-    port: int | None = field(default=None, metadata=doc(
-        "first HTTP port (instances sharing a node count up from it)", ge=1024, le=65535))
-    bootstrap_port: int | None = field(default=None, metadata=doc(
-        "first PD bootstrap port (prefill)", ge=1024, le=65535))
-    dist_init_port: int | None = field(default=None, metadata=doc(
-        "first torch.distributed init port", ge=1024, le=65535))
-    sim_fault: SimFault | None = None
+# The keys every role has whatever its engine; role_type() adds the engine's settings and ports.
+ROLE_FIELDS = (
+    ("instances", int, field(default=1, metadata=doc("engine instances of this role", ge=1))),
+    ("nodes", int, field(default=1, metadata=doc("nodes per instance", ge=1))),
+    ("gpus", int | None, field(default=None, metadata=doc(
+        "GPUs per instance when several instances share a node (must divide node.gpus)", ge=1))),
+    ("port", int | None, field(default=None, metadata=doc(
+        "first HTTP port (instances sharing a node count up from it)", ge=1024, le=65535))),
+)
+
+
+@lru_cache(maxsize=None)
+def role_type(engine: str) -> type:
+    """A role of a deployment of `engine`: its topology keys, its ports and the engine's
+    settings vocabulary, so an unknown key lists exactly what this engine takes."""
+    a = engines.get(engine)
+    ports = [(name, int | None, field(default=None, metadata=doc(text, ge=1024, le=65535)))
+             for name, text in a.port_fields.items()]
+    sim = [("sim_fault", SimFault | None, field(default=None))]
+    return dataclasses.make_dataclass(f"{a.title}Role", [*ROLE_FIELDS, *ports, *sim],
+                                      bases=(a.settings,), frozen=True)
 
 
 @dataclass(frozen=True)
@@ -238,10 +169,11 @@ class ModelRef:
 
 @dataclass(frozen=True)
 class Engine:
-    name: Literal["sglang"] = "sglang"
-    version: str = field(default="0.5.23", metadata=doc(
-        "the engine release in the image; flags are spelled for it", pattern=VERSION,
-        pattern_help="a release such as 0.5.23 or 0.4.9.post6"))
+    name: EngineName = field(default=engines.DEFAULT, metadata=doc("the inference engine"))
+    version: str | None = field(default=None, metadata=doc(
+        "the engine release in the image; flags are spelled for it (default: the newest "
+        "release hpcserve knows)", pattern=VERSION,
+        pattern_help="a release such as 0.5.23, 0.10.1.1 or 0.4.9.post6"))
     image: str | None = field(default=None, metadata=doc("overrides site.container.image"))
     simulate: bool = field(default=False, metadata=doc(
         "run hpcserve's stand-in engine with the same plan and argv (no GPU needed)"))
@@ -260,9 +192,9 @@ class Router:
     prometheus_port: int = field(default=29000, metadata=doc("", ge=1024, le=65535))
     policy: str = "round_robin"
     python: str | None = field(default=None, metadata=doc(
-        "python that has sglang_router; default: the engine's python in its container"))
+        "python that has the engine's router; default: the engine's python in its container"))
     args: dict[str, ArgValue] = field(default_factory=dict, metadata=doc(
-        "more sglang-router flags", key_pattern=FLAG_NAME))
+        "more router flags", key_pattern=FLAG_NAME))
     env: dict[str, EnvValue] = field(default_factory=dict, metadata=doc("", key_pattern=ENV_NAME))
 
     def validate(self) -> None:
@@ -291,8 +223,9 @@ class Deployment:
         "a site name from site_configs/, a path to a site file, or a mapping: the site inline, "
         "or `base: <name>` plus overrides"))
     engine: Engine = field(default_factory=Engine)
-    roles: dict[str, Role] = field(default_factory=dict, metadata=doc(
-        "prefill + decode (PD disaggregation) or worker (plain)"))
+    roles: dict[str, dict] = field(default_factory=dict, metadata=doc(
+        "prefill + decode (PD disaggregation) or worker (plain); the keys of a role are the "
+        "engine's (validated once the engine is known)"))
     router: Router = field(default_factory=Router)
     time_limit: str = field(default="04:00:00", metadata=doc(
         "Slurm time limit", pattern=TIME, pattern_help="a time such as 04:00:00 or 1-00:00:00"))
@@ -348,23 +281,30 @@ class Architecture:
         return self.parameters_b * 1e9 * per
 
 
-@dataclass(frozen=True)
-class EngineDefaults:
-    common: EngineSettings = field(default_factory=EngineSettings)
-    prefill: EngineSettings = field(default_factory=EngineSettings)
-    decode: EngineSettings = field(default_factory=EngineSettings)
-    worker: EngineSettings = field(default_factory=EngineSettings)
+@lru_cache(maxsize=None)
+def defaults_type(engine: str) -> type:
+    """A profile's section for `engine`: settings for every role, then per role."""
+    a = engines.get(engine)
+    return dataclasses.make_dataclass(
+        f"{a.title}Defaults", [(r, a.settings, field(default_factory=a.settings))
+                               for r in ("common", "prefill", "decode", "worker")], frozen=True)
 
 
 @dataclass(frozen=True)
-class Profile:
+class ProfileBase:
     """A model profile: architecture facts and engine defaults ("the model drives the deployment")."""
 
     name: str = field(metadata=doc("", pattern=NAME))
     hf_id: str = ""
     description: str = ""
     architecture: Architecture | None = None
-    sglang: EngineDefaults = field(default_factory=EngineDefaults)
+
+
+# One section per engine (named like the engine) with its defaults.
+Profile = dataclasses.make_dataclass(
+    "Profile", [(n, defaults_type(n), field(default_factory=defaults_type(n)))
+                for n in engines.names()], bases=(ProfileBase,), frozen=True)
+Profile.__doc__ = ProfileBase.__doc__
 
 
 # ------------------------------------------------------------------------------------ resolution
@@ -532,6 +472,10 @@ def load(deploy_file: str | Path, sets: list[str] | tuple[str, ...] = ()) -> Res
     # Positions of site fields are kept under ("site", ...) for the planner's error messages.
     pos.update_under(("site",), spos)
     dep = Validator(pos).build(Deployment, raw, ())
+    # The engine is known now: its roles are validated against its own vocabulary.
+    rt = role_type(dep.engine.name)
+    dep = dataclasses.replace(dep, roles={
+        name: Validator(pos).build(rt, r, ("roles", name)) for name, r in dep.roles.items()})
     profile, profile_file = load_profile(dep.model.profile, pos.lookup(("model", "profile")),
                                          dpath.parent)
     return Resolved(deployment=dep, site=site, profile=profile, deploy_file=str(dpath),
@@ -539,18 +483,38 @@ def load(deploy_file: str | Path, sets: list[str] | tuple[str, ...] = ()) -> Res
 
 
 def schemas() -> dict[str, dict]:
-    return {"deployment": json_schema(Deployment, "hpcserve deployment"),
+    return {"deployment": _deployment_schema(),
             "site": json_schema(Site, "hpcserve site"),
             "profile": json_schema(Profile, "hpcserve model profile")}
 
 
-def merged_settings(*layers: EngineSettings) -> dict[str, Any]:
-    """Later layers win; args/env merge key by key, and an args value of None removes the key."""
-    out: dict[str, Any] = {n: None for n in SETTING_NAMES}
+def _deployment_schema() -> dict:
+    """The deployment's schema, whose roles take the keys of the engine engine.name names."""
+    out = json_schema(Deployment, "hpcserve deployment")
+    defs = out["$defs"]
+    rules = []
+    for n in engines.names():
+        roles = {"properties": {"roles": {"additionalProperties": schema_ref(role_type(n), defs)}}}
+        named = {"required": ["engine"], "properties": {"engine": {
+            "required": ["name"], "properties": {"name": {"const": n}}}}}
+        if n == engines.DEFAULT:  # also when engine.name is not given
+            other = {"required": ["engine"], "properties": {"engine": {
+                "required": ["name"], "properties": {"name": {"not": {"const": n}}}}}}
+            named = {"not": other}
+        rules.append({"if": named, "then": roles})
+    defs["Deployment"]["allOf"] = rules
+    return out
+
+
+def merged_settings(settings_cls: type, *layers: Any) -> dict[str, Any]:
+    """The named settings of `settings_cls` over `layers` (profile sections, then the role):
+    later layers win; args/env merge key by key, and an args value of None removes the key."""
+    names = setting_names(settings_cls)
+    out: dict[str, Any] = {n: None for n in names}
     args: dict[str, Any] = {}
     env: dict[str, Any] = {}
     for layer in layers:
-        for n in SETTING_NAMES:
+        for n in names:
             v = getattr(layer, n)
             if v is not None:
                 out[n] = copy.copy(v)

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import ConfigError
+from .templates import jinja
 from .words import Word
 
 if TYPE_CHECKING:
@@ -193,8 +194,6 @@ def container_files(plan: "Plan", job_dir: str) -> dict[str, tuple[str, int]]:
     c = plan.container
     if c.runtime == "none":
         return {}
-    from .render import _jinja  # render imports this module
-
     ms = mounts(plan, job_dir)
     names = _env_names(plan)
     ctx: dict = {"runtime": c.runtime, "job_dir": job_dir, "workdir": c.workdir or job_dir,
@@ -213,5 +212,5 @@ def container_files(plan: "Plan", job_dir: str) -> dict[str, tuple[str, int]]:
         ctx.update(image=apptainer_image(plan), mounts=[m.apptainer() for m in ms])
     else:
         ctx["mounts"] = [m.pyxis() for m in ms]
-    files[TASK_SCRIPT] = (_jinja().get_template("container_task.sh.j2").render(**ctx), 0o755)
+    files[TASK_SCRIPT] = (jinja().get_template("container_task.sh.j2").render(**ctx), 0o755)
     return files

@@ -2,7 +2,9 @@
 
 Pure: takes a validated `Resolved` config, returns an immutable `Plan`. Every number the job
 needs (node counts, ranks per instance, ports, parallel sizes) is computed here in Python, so the
-templates only loop over the plan and the batch shell does no arithmetic.
+templates only loop over the plan and the batch shell does no arithmetic. What is specific to
+the engine (its parallel layout, ports, argv, environment, router) comes from its adapter
+(hpcserve/engines/); this module names none.
 """
 
 from __future__ import annotations
@@ -11,17 +13,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import engines
 from .config import FromEnv, Resolved, merged_settings
-from .engines import sglang
+from .engines.base import EngineAdapter, Layout, Net, RoleContext
+from .engines.flags import FlagError, Release
 from .errors import ConfigError
 from .words import Var, Word
 from .yamlsrc import format_path
-
-ENGINE_PORT = 30000
-BOOTSTRAP_PORT = 8998
-DIST_INIT_PORT = 5757
-NCCL_PORT = 31000
-
 
 # #SBATCH options the plan itself writes: an extra directive repeating one would silently win.
 OWNED_DIRECTIVES = {
@@ -55,20 +53,30 @@ class Instance:
     nodes: int
     gpus_per_node: int    # GPUs the instance uses on each of its nodes
     gpu_ids: str | None   # CUDA_VISIBLE_DEVICES when instances share a node
-    port: int
-    bootstrap_port: int | None
-    dist_init_port: int
-    nccl_port: int | None
-    tp: int
-    attn_dp: int | None
-    ep: int | None
-    argv: tuple[Word, ...]
+    ports: tuple[tuple[str, int], ...]         # kind -> first port, e.g. ("http", 30000)
+    port_labels: tuple[tuple[str, int], ...]   # the ones people see in the topology comment
+    parallel: tuple[tuple[str, int], ...]      # e.g. ("tp", 16), ("attn_dp", 16), ("ep", 16)
+    argv: tuple[Word, ...]                     # every node's
+    rank_argv: tuple[tuple[Word, ...], ...]    # what each node rank adds (empty: nothing)
     env: tuple[tuple[str, Word], ...]
+    tasks_per_node: int = 1
+    mpi: str | None = None
     fault: Any = None
 
     @property
     def name(self) -> str:
         return f"{self.role}-{self.index}"
+
+    @property
+    def port(self) -> int:
+        """The HTTP port of the instance's leader (node rank 0)."""
+        return self.port_of("http")
+
+    def port_of(self, kind: str) -> int | None:
+        return dict(self.ports).get(kind)
+
+    def size(self, name: str) -> int | None:
+        return dict(self.parallel).get(name)
 
 
 @dataclass(frozen=True)
@@ -77,9 +85,13 @@ class RouterPlan:
     node_offset: int
     port: int
     prometheus_port: int
+    command: tuple[Word, ...]
     argv: tuple[Word, ...]
     env: tuple[tuple[str, Word], ...]
     pd: bool
+    name: str                      # the router program, for people
+    readiness_path: str            # GET answers 200 once it routes to every worker: the sum
+    readiness_count: tuple[str, ...]  # of these (dotted) JSON fields reaches their number
     api_key_env: str | None = None
 
 
@@ -87,6 +99,7 @@ class RouterPlan:
 class Plan:
     name: str
     engine: str
+    engine_title: str
     version: str
     simulate: bool
     profile: str
@@ -103,7 +116,9 @@ class Plan:
     ib_devices: Any
     site_python: str
     engine_python: str
-    router_python: str
+    engine_command: tuple[Word, ...]   # the real engine's program (simulate: the stand-in's)
+    health_path: str
+    stop_signal: str
     readiness: Any
     jobs_dir: str
     requeue: int
@@ -131,12 +146,14 @@ class PortRegistry:
     def __init__(self) -> None:
         self.taken: dict[tuple[int, int], set[int]] = {}
 
-    def take(self, component: int, nodes: range, preferred: int, stride: int = 1) -> int:
+    def take(self, component: int, nodes: range, preferred: int, stride: int = 1,
+             width: int = 1) -> int:
         port = preferred
-        while any(port in self.taken.get((component, n), ()) for n in nodes):
+        while any(p in self.taken.get((component, n), ()) for n in nodes
+                  for p in range(port, port + width)):
             port += stride
         for n in nodes:
-            self.taken.setdefault((component, n), set()).add(port)
+            self.taken.setdefault((component, n), set()).update(range(port, port + width))
         return port
 
 
@@ -199,178 +216,215 @@ def _secret_names(obj: Any) -> list[str]:
     return []
 
 
+# ------------------------------------------------------------------------------------- the steps
+
+@dataclass
+class _Draft:
+    """What the steps of `build` fill in, in order."""
+
+    cfg: Resolved
+    adapter: EngineAdapter
+    rel: Release
+    pd: bool
+    roles: list[str]
+    served_name: str
+    net: Net
+    ports: PortRegistry = field(default_factory=PortRegistry)
+    components: list[Component] = field(default_factory=list)
+    instances: list[Instance] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    router_component: int | None = None
+    prometheus_port: int | None = None
+
+
 def build(cfg: Resolved) -> Plan:
-    dep, site, prof = cfg.deployment, cfg.site, cfg.profile
-    warnings: list[str] = []
-    notes: list[str] = []
+    d = _start(cfg)
+    _reserve_router_ports(d)
+    for ci, role in enumerate(d.roles):
+        _plan_role(d, ci, role)
+    router = _plan_router(d)
+    _check_node_limit(d)
+    return _finish(d, router)
+
+
+def _start(cfg: Resolved) -> _Draft:
+    """The engine, its release and the roles: prefill + decode (PD) or worker (plain)."""
+    dep, site = cfg.deployment, cfg.site
+    adapter = engines.get(dep.engine.name)
+    version = dep.engine.version or adapter.matrix.known_versions()[-1]
     try:
-        rel = sglang.release(dep.engine.version)
-    except sglang.FlagError as e:
+        rel = adapter.release(version)
+    except FlagError as e:
         raise _err(cfg, e.key, e.message) from None
-    if rel.note:
-        warnings.append(rel.note)
     pd = "worker" not in dep.roles
     if pd and not dep.router.enabled:
         raise _err(cfg, ("router", "enabled"), "prefill/decode disaggregation needs the router: "
                                                "it pairs each request's prefill and decode")
-    role_order = ["prefill", "decode"] if pd else ["worker"]
-    node_gpus = site.node.gpus
-    ports = PortRegistry()
-    components: list[Component] = []
-    instances: list[Instance] = []
-    router_cfg = dep.router
-    # One name everywhere: the engines', the router's, the smoke request's.
-    served_name = dep.model.served_name or prof.name
-
-    # The router takes its user-given ports first so engines never land on them.
-    router_comp = None
-    if router_cfg.enabled:
-        router_comp = 0 if router_cfg.placement == "prefill" else len(role_order)
-        ports.take(router_comp, range(1), router_cfg.port)
-        prom = ports.take(router_comp, range(1), router_cfg.prometheus_port)
-
-    interface = site.network.interface
     ib = site.network.ib_devices
-    ib_word: Word | None
-    if ib == "auto":
-        ib_word = (Var("IB_DEVICES"),)
-    elif ib:
-        ib_word = ",".join(ib)
+    ib_word: Word | None = ((Var("IB_DEVICES"),) if ib == "auto" else ",".join(ib) if ib
+                            else None)
+    d = _Draft(cfg=cfg, adapter=adapter, rel=rel, pd=pd,
+               roles=["prefill", "decode"] if pd else ["worker"],
+               # One name everywhere: the engines', the router's, the smoke request's.
+               served_name=dep.model.served_name or cfg.profile.name,
+               net=Net(ib_word=ib_word, has_ib=bool(ib)))
+    if rel.note:
+        d.warnings.append(rel.note)
+    if not dep.engine.version:
+        d.notes.append(f"engine.version is not set: flags are spelled for {adapter.title} "
+                       f"{version}, the newest release hpcserve knows")
+    return d
+
+
+def _reserve_router_ports(d: _Draft) -> None:
+    """The router takes its user-given ports first so engines never land on them."""
+    r = d.cfg.deployment.router
+    if r.enabled:
+        d.router_component = 0 if r.placement == "prefill" else len(d.roles)
+        d.ports.take(d.router_component, range(1), r.port)
+        d.prometheus_port = d.ports.take(d.router_component, range(1), r.prometheus_port)
+
+
+def _role_context(d: _Draft, role: str) -> tuple[RoleContext, int, int]:
+    """The adapter's view of a role, plus (instances per node, nodes of its component)."""
+    cfg, r = d.cfg, d.cfg.deployment.roles[role]
+    node_gpus = cfg.site.node.gpus
+    rp = ("roles", role)
+    if r.gpus is not None:
+        if r.nodes != 1:
+            raise _err(cfg, rp + ("gpus",), "gpus (a share of one node) cannot be combined "
+                                            f"with nodes: {r.nodes}")
+        if node_gpus % r.gpus:
+            raise _err(cfg, rp + ("gpus",), f"{r.gpus} GPUs per instance do not divide the "
+                                            f"{node_gpus} GPUs of a node")
+        per_node = node_gpus // r.gpus
+        gpus_inst, inst_nodes = r.gpus, 1
+        comp_nodes = -(-r.instances // per_node)
     else:
-        ib_word = None
+        per_node = 1
+        gpus_inst, inst_nodes = node_gpus * r.nodes, r.nodes
+        comp_nodes = r.instances * r.nodes
+    section = getattr(cfg.profile, d.adapter.name)
+    settings = merged_settings(d.adapter.settings, section.common, getattr(section, role), r)
+    own = frozenset(n for n in settings if n not in ("args", "env") and getattr(r, n) is not None)
+    ctx = RoleContext(role=role, pd=d.pd, settings=settings, own=own, gpus=gpus_inst,
+                      nodes=inst_nodes, shared=per_node > 1,
+                      architecture=cfg.profile.architecture)
+    return ctx, per_node, comp_nodes
 
-    for ci, role in enumerate(role_order):
-        r = dep.roles[role]
-        rp = ("roles", role)
-        layers = [prof.sglang.common, getattr(prof.sglang, role), r]
-        st = merged_settings(*layers)
-        # topology
-        if r.gpus is not None:
-            if r.nodes != 1:
-                raise _err(cfg, rp + ("gpus",), "gpus (a share of one node) cannot be combined "
-                                                f"with nodes: {r.nodes}")
-            if node_gpus % r.gpus:
-                raise _err(cfg, rp + ("gpus",), f"{r.gpus} GPUs per instance do not divide the "
-                                                f"{node_gpus} GPUs of a node")
-            per_node = node_gpus // r.gpus
-            gpus_inst, inst_nodes = r.gpus, 1
-            comp_nodes = -(-r.instances // per_node)
-        else:
-            per_node = 1
-            gpus_inst, inst_nodes = node_gpus * r.nodes, r.nodes
-            comp_nodes = r.instances * r.nodes
-        pp = st["pp"] or 1
-        tp = st["tp"] or gpus_inst // pp
-        if tp * pp != gpus_inst:
-            raise _err(cfg, rp + (("tp",) if r.tp else ()),
-                       f"TP {tp} x PP {pp} must use exactly the {gpus_inst} GPUs of a {role} "
-                       f"instance ({inst_nodes} node(s) x {gpus_inst // inst_nodes} GPUs)")
-        attn_dp = st["attn_dp"]
-        if attn_dp is None and st["dp_attention"]:
-            attn_dp = tp
-        if attn_dp is not None and tp % attn_dp:
-            raise _err(cfg, rp + ("attn_dp",), f"attn_dp {attn_dp} must divide tp {tp}")
-        ep = st["ep"]
-        deepep = st["moe_a2a_backend"] not in (None, "none")
-        if deepep and ep is not None and ep != tp:
-            raise _err(cfg, rp + ("ep",), f"with moe_a2a_backend {st['moe_a2a_backend']} SGLang "
-                                          f"forces ep to tp ({tp}); ep {ep} cannot be honoured")
-        arch = prof.architecture
-        ep_eff = tp if deepep else ep
-        if arch and arch.experts and ep_eff:
-            physical = arch.experts + (st["redundant_experts"] or 0)
-            if physical % ep_eff:
-                raise _err(cfg, rp + (("redundant_experts",) if st["redundant_experts"] else ()),
-                           f"{arch.experts} experts + {st['redundant_experts'] or 0} redundant "
-                           f"= {physical} do not divide over EP {ep_eff}")
-        if arch:
-            have = gpus_inst * site.node.gpu_memory_gb * 1e9
-            if arch.weight_bytes > have:
-                raise _err(cfg, rp + (("nodes",) if r.gpus is None else ("gpus",)),
-                           f"{prof.name} weights ({arch.weight_bytes / 1e9:.0f} GB "
-                           f"{arch.weight_dtype}) do not fit in one {role} instance's "
-                           f"{gpus_inst} x {site.node.gpu_memory_gb:g} GB of GPU memory")
-        settings = dict(st)
-        settings["tp"] = tp if tp > 1 or st["tp"] else None
-        settings["pp"] = st["pp"]
-        settings["attn_dp"] = attn_dp
-        settings.pop("dp_attention")
 
-        comp = Component(ci, role, comp_nodes, ())
-        components.append(comp)
-        for i in range(r.instances):
-            off = i // per_node if r.gpus else i * inst_nodes
-            span = range(off, off + inst_nodes)
-            shared = per_node > 1
-            slot = i % per_node
-            # SGLang derives more ports from --port (port + 233 and up, one per DP rank), so
-            # instances sharing a node get HTTP ports a wide stride apart.
-            port = ports.take(ci, span, r.port or ENGINE_PORT, stride=1000 if shared else 1)
-            bport = ports.take(ci, span, r.bootstrap_port or BOOTSTRAP_PORT) if role == "prefill" \
-                else None
-            dport = ports.take(ci, span, r.dist_init_port or DIST_INIT_PORT)
-            nport = ports.take(ci, span, NCCL_PORT) if shared else None
-            try:
-                sa = sglang.server_argv(
-                    rel, model_path=dep.model.path, served_name=served_name,
-                    mode=role if pd else None, port=port, bootstrap_port=bport,
-                    ib_device=ib_word, nnodes=inst_nodes, dist_init_port=dport,
-                    nccl_port=nport, settings=settings)
-            except sglang.FlagError as e:
-                raise _err(cfg, rp + e.key, e.message) from None
-            if i == 0:
-                warnings += [f"{role}: {w}" for w in sa.warnings]
-            gpu_ids = (",".join(str(g) for g in range(slot * gpus_inst, (slot + 1) * gpus_inst))
-                       if shared else None)
-            env = _instance_env(cfg, settings["env"], interface, ib, pd, gpu_ids)
-            fault = r.sim_fault if (r.sim_fault and (r.sim_fault.instances is None
-                                                     or i in r.sim_fault.instances)) else None
-            instances.append(Instance(
-                role=role, index=i, component=ci, node_offset=off, nodes=inst_nodes,
-                gpus_per_node=gpus_inst // inst_nodes, gpu_ids=gpu_ids,
-                port=port, bootstrap_port=bport, dist_init_port=dport, nccl_port=nport,
-                tp=tp, attn_dp=attn_dp, ep=ep_eff, argv=tuple(sa.words), env=tuple(env),
-                fault=fault))
-        if comp_nodes * node_gpus != r.instances * gpus_inst:
-            notes.append(f"{role}: {comp_nodes * node_gpus - r.instances * gpus_inst} GPU(s) of "
-                         f"its {comp_nodes} node(s) stay idle")
+def _check_model_fits(d: _Draft, ctx: RoleContext, layout: Layout) -> None:
+    """Experts divide over expert parallelism; the weights fit in one instance's GPU memory."""
+    cfg, rp = d.cfg, ("roles", ctx.role)
+    arch = ctx.architecture
+    redundant = ctx.settings.get("redundant_experts")
+    if arch and arch.experts and layout.ep:
+        physical = arch.experts + (redundant or 0)
+        if physical % layout.ep:
+            raise _err(cfg, rp + (("redundant_experts",) if redundant else ()),
+                       f"{arch.experts} experts + {redundant or 0} redundant "
+                       f"= {physical} do not divide over EP {layout.ep}")
+    if arch:
+        site = cfg.site
+        have = ctx.gpus * site.node.gpu_memory_gb * 1e9
+        if arch.weight_bytes > have:
+            r = cfg.deployment.roles[ctx.role]
+            raise _err(cfg, rp + (("nodes",) if r.gpus is None else ("gpus",)),
+                       f"{cfg.profile.name} weights ({arch.weight_bytes / 1e9:.0f} GB "
+                       f"{arch.weight_dtype}) do not fit in one {ctx.role} instance's "
+                       f"{ctx.gpus} x {site.node.gpu_memory_gb:g} GB of GPU memory")
 
-    total = sum(c.nodes for c in components)
-    router = None
-    if router_cfg.enabled:
-        if router_cfg.placement == "own":
-            components.append(Component(len(components), "router", 1, ()))
-        heads = {i.name: ("http://", Var(f"{i.role.upper()}_{i.index}_IP"), f":{i.port}")
-                 for i in instances}
+
+def _plan_role(d: _Draft, ci: int, role: str) -> None:
+    """One het-job component for the role, and its instances."""
+    cfg, a = d.cfg, d.adapter
+    rp = ("roles", role)
+    r = cfg.deployment.roles[role]
+    ctx, per_node, comp_nodes = _role_context(d, role)
+    try:
+        layout = a.layout(d.rel, ctx)
+    except FlagError as e:
+        raise _err(cfg, rp + e.key, e.message) from None
+    _check_model_fits(d, ctx, layout)
+    d.components.append(Component(ci, role, comp_nodes, ()))
+    for i in range(r.instances):
+        off = i // per_node if r.gpus else i * ctx.nodes
+        span = range(off, off + ctx.nodes)
+        ports, labels = {}, []
+        for req in a.ports(ctx, layout):
+            first = (getattr(r, req.field) if req.field else None) or req.preferred
+            ports[req.kind] = d.ports.take(ci, span, first, stride=req.stride, width=req.width)
+            if req.label:
+                labels.append((req.label, ports[req.kind]))
         try:
-            argv = sglang.router_argv(
-                pd=pd,
-                prefill=[(heads[i.name], i.bootstrap_port) for i in instances
-                         if i.role == "prefill"],
-                decode=[heads[i.name] for i in instances if i.role == "decode"],
-                workers=[heads[i.name] for i in instances if i.role == "worker"],
-                port=router_cfg.port, prometheus_port=prom, policy=router_cfg.policy,
-                args=router_cfg.args)
-        except sglang.FlagError as e:
-            raise _err(cfg, ("router",) + e.key, e.message) from None
-        router = RouterPlan(component=router_comp, node_offset=0, port=router_cfg.port,
-                            prometheus_port=prom, argv=tuple(argv),
-                            env=tuple((k, _env_word(v)) for k, v in
-                                      {"PYTHONUNBUFFERED": "1", **router_cfg.env}.items()),
-                            pd=pd, api_key_env=getattr(router_cfg.args.get("api-key"),
-                                                       "from_env", None))
-        total = sum(c.nodes for c in components)
-    max_nodes = site.slurm.max_nodes
-    if max_nodes is not None and total > max_nodes:
-        parts = " + ".join(f"{c.nodes} {c.name}" for c in components)
-        raise _err(cfg, ("roles",), f"the deployment needs {total} nodes ({parts}) but the "
-                                    f"site's partition allows {max_nodes} (site.slurm.max_nodes)")
+            ln = a.launch(d.rel, ctx, layout, ports, model_path=cfg.deployment.model.path,
+                          served_name=d.served_name, net=d.net)
+        except FlagError as e:
+            raise _err(cfg, rp + e.key, e.message) from None
+        if i == 0:
+            d.warnings += [f"{role}: {w}" for w in ln.warnings]
+        slot = i % per_node
+        gpu_ids = (",".join(str(g) for g in range(slot * ctx.gpus, (slot + 1) * ctx.gpus))
+                   if ctx.shared else None)
+        fault = r.sim_fault if (r.sim_fault and (r.sim_fault.instances is None
+                                                 or i in r.sim_fault.instances)) else None
+        d.instances.append(Instance(
+            role=role, index=i, component=ci, node_offset=off, nodes=ctx.nodes,
+            gpus_per_node=ctx.gpus // ctx.nodes, gpu_ids=gpu_ids, ports=tuple(ports.items()),
+            port_labels=tuple(labels), parallel=layout.parallel, argv=ln.argv,
+            rank_argv=ln.rank_argv, env=tuple(_instance_env(cfg, ctx, ln, gpu_ids)),
+            tasks_per_node=layout.tasks_per_node, mpi=layout.mpi, fault=fault))
+    node_gpus = cfg.site.node.gpus
+    if comp_nodes * node_gpus != r.instances * ctx.gpus:
+        d.notes.append(f"{role}: {comp_nodes * node_gpus - r.instances * ctx.gpus} GPU(s) of "
+                       f"its {comp_nodes} node(s) stay idle")
 
-    jobs_dir = dep.jobs_dir or site.paths.jobs_dir
-    out = []
-    for c in components:
-        out.append(Component(c.index, c.name, c.nodes,
-                             _directives(cfg, c.name, c.nodes, c.index == 0, "@OUTPUT@")))
+
+def _plan_router(d: _Draft) -> RouterPlan | None:
+    """The engine's router in front of every instance's leader (node rank 0)."""
+    rc = d.cfg.deployment.router
+    if not rc.enabled:
+        return None
+    if rc.placement == "own":
+        d.components.append(Component(len(d.components), "router", 1, ()))
+    heads = {i.name: ("http://", Var(f"{i.role.upper()}_{i.index}_IP"), f":{i.port}")
+             for i in d.instances}
+    router = d.adapter.router
+    try:
+        argv = router.argv(
+            pd=d.pd,
+            prefill=[(heads[i.name], i.port_of("bootstrap")) for i in d.instances
+                     if i.role == "prefill"],
+            decode=[heads[i.name] for i in d.instances if i.role == "decode"],
+            workers=[heads[i.name] for i in d.instances if i.role == "worker"],
+            port=rc.port, prometheus_port=d.prometheus_port, policy=rc.policy, args=rc.args)
+    except FlagError as e:
+        raise _err(d.cfg, ("router",) + e.key, e.message) from None
+    python = rc.python or d.cfg.deployment.engine.python
+    return RouterPlan(component=d.router_component, node_offset=0, port=rc.port,
+                      prometheus_port=d.prometheus_port, command=tuple(router.command(python)),
+                      argv=tuple(argv),
+                      env=tuple((k, _env_word(v)) for k, v in
+                                {"PYTHONUNBUFFERED": "1", **rc.env}.items()),
+                      pd=d.pd, name=router.name, readiness_path=router.readiness(d.pd).path,
+                      readiness_count=router.readiness(d.pd).count,
+                      api_key_env=getattr(rc.args.get("api-key"), "from_env", None))
+
+
+def _check_node_limit(d: _Draft) -> None:
+    total = sum(c.nodes for c in d.components)
+    max_nodes = d.cfg.site.slurm.max_nodes
+    if max_nodes is not None and total > max_nodes:
+        parts = " + ".join(f"{c.nodes} {c.name}" for c in d.components)
+        raise _err(d.cfg, ("roles",), f"the deployment needs {total} nodes ({parts}) but the "
+                                      f"site's partition allows {max_nodes} "
+                                      "(site.slurm.max_nodes)")
+
+
+def _image(cfg: Resolved) -> str | None:
+    """The engine image, and a model path the container runtime can mount."""
+    dep, site = cfg.deployment, cfg.site
     image = dep.engine.image or site.container.image
     if site.container.runtime != "none" and not image:
         raise _err(cfg, ("engine", "image"), f"container runtime {site.container.runtime} needs "
@@ -385,27 +439,38 @@ def build(cfg: Resolved) -> Plan:
             raise _err(cfg, ("model", "path"), f"the model path is mounted into the "
                                                f"{site.container.runtime} container: it must be "
                                                "absolute, without commas, colons or whitespace")
+    return image
+
+
+def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
+    cfg, a = d.cfg, d.adapter
+    dep, site, prof = cfg.deployment, cfg.site, cfg.profile
+    components = tuple(Component(c.index, c.name, c.nodes,
+                                 _directives(cfg, c.name, c.nodes, c.index == 0, "@OUTPUT@"))
+                       for c in d.components)
+    image = _image(cfg)
     return Plan(
-        name=dep.name, engine=dep.engine.name, version=dep.engine.version,
+        name=dep.name, engine=a.name, engine_title=a.title, version=d.rel.version,
         simulate=dep.engine.simulate, profile=prof.name, model_path=dep.model.path,
-        served_name=served_name, components=tuple(out),
-        instances=tuple(instances), router=router, time_limit=dep.time_limit,
+        served_name=d.served_name, components=components,
+        instances=tuple(d.instances), router=router, time_limit=dep.time_limit,
         signal_grace=site.slurm.signal_grace, container=site.container, image=image,
-        interface=interface, ib_devices=ib, site_python=site.paths.python,
-        engine_python=dep.engine.python,
-        router_python=router_cfg.python or dep.engine.python,
-        readiness=dep.readiness, jobs_dir=jobs_dir, requeue=dep.requeue,
+        interface=site.network.interface, ib_devices=site.network.ib_devices,
+        site_python=site.paths.python, engine_python=dep.engine.python,
+        engine_command=tuple(a.command(dep.engine.python)), health_path=a.health_path,
+        stop_signal=a.stop_signal, readiness=dep.readiness,
+        jobs_dir=dep.jobs_dir or site.paths.jobs_dir, requeue=dep.requeue,
         secret_env=tuple(dict.fromkeys(_secret_names(dep) + _secret_names(site)
                                        + _secret_names(prof))),
         sim={"startup_delay": dep.engine.sim_startup_delay,
              "prefill_s_per_token": dep.engine.sim_prefill_s_per_token,
              "decode_s_per_token": dep.engine.sim_decode_s_per_token},
-        warnings=tuple(warnings), notes=tuple(notes))
+        warnings=tuple(d.warnings), notes=tuple(d.notes))
 
 
-def _instance_env(cfg: Resolved, role_env: dict, interface: str, ib: Any, pd: bool,
-                  gpu_ids: str | None) -> list[tuple[str, Word]]:
-    """Site network environment, derived fabric settings, then profile/deployment/role env."""
+def _instance_env(cfg: Resolved, ctx: RoleContext, launch, gpu_ids: str | None) -> list:
+    """Derived fabric settings, the engine's defaults, then site/deployment/role env."""
+    interface, ib = cfg.site.network.interface, cfg.site.network.ib_devices
     env: dict[str, Word] = {"PYTHONUNBUFFERED": "1"}
     site_env = {k: _env_word(v) for k, v in cfg.site.network.env.items()}
     iface: Word = (Var("NODE_IFACE"),) if interface == "auto" else interface
@@ -419,16 +484,14 @@ def _instance_env(cfg: Resolved, role_env: dict, interface: str, ib: Any, pd: bo
         # inactive ones included (a failure srt-slurm users hit).
         env["UCX_NET_DEVICES"] = (Var("IB_PORTS"),) if ib == "auto" else ",".join(
             d if ":" in d else f"{d}:1" for d in ib)
-    if not ib and pd:
-        # No HCAs: Mooncake must use TCP (what SGLang's mooncake_tcp backend sets, in every release).
-        env["MC_FORCE_TCP"] = "1"
+    env.update(launch.env)
     env.update(site_env)
     for k, v in cfg.deployment.env.items():
         env[k] = _env_word(v)
-    for k, v in role_env.items():
+    for k, v in ctx.settings["env"].items():
         env[k] = _env_word(v)
-    # SGLang advertises this address to peers; on multi-homed nodes it must be the fabric IP.
-    env.setdefault("SGLANG_HOST_IP", (Var("NODE_IP"),))
+    for k, v in launch.late_env:
+        env.setdefault(k, v)
     if gpu_ids:
         env["CUDA_VISIBLE_DEVICES"] = gpu_ids
     return list(env.items())

@@ -10,30 +10,17 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from dataclasses import asdict
 from pathlib import Path
 
-from . import __version__
+from . import __version__, engines
 from .containers import container_files, wrap_task
 from .plan import Instance, Plan
+from .runtime.spec import job_spec
+from .templates import jinja
 from .words import Var, Word, quote
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "sbatch_templates"
 RUNTIME = Path(__file__).resolve().parent / "runtime" / "job.py"
-SIM = Path(__file__).resolve().parent / "sim" / "engine.py"
-
-_env = None
-
-
-def _jinja():
-    global _env
-    if _env is None:
-        import jinja2
-        _env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
-            trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
-        _env.filters["q"] = lambda v: quote(v) if isinstance(v, (str, tuple)) else shlex.quote(str(v))
-    return _env
+SIM_CORE = Path(__file__).resolve().parent / "sim" / "hpcserve_simcore.py"  # every stand-in's
 
 
 def _directive(key: str, value: str | None) -> str:
@@ -49,14 +36,16 @@ def _sbatch_quote(value: str) -> str:
 
 
 def _title(plan: Plan, inst: Instance) -> str:
-    par = f"TP {inst.tp}" + (f", DP-attention {inst.attn_dp}" if inst.attn_dp else "") + (
-        f", EP {inst.ep}" if inst.ep else "")
+    par = engines.get(plan.engine).describe(inst.parallel)
     where = f"component {inst.component} nodes {inst.node_offset}" + (
         f"-{inst.node_offset + inst.nodes - 1}" if inst.nodes > 1 else "") + (
         f", GPUs {inst.gpu_ids}" if inst.gpu_ids else "")
     mode = {"prefill": "prefill", "decode": "decode", "worker": "plain"}[inst.role]
-    sim = "simulated " if plan.simulate else ""
-    return f"{sim}SGLang {plan.version} {mode} instance {inst.index}, {par} ({where})"
+    return f"{_engine_title(plan)} {mode} instance {inst.index}, {par} ({where})"
+
+
+def _engine_title(plan: Plan) -> str:
+    return f"{'simulated ' if plan.simulate else ''}{plan.engine_title} {plan.version}"
 
 
 def topology(plan: Plan) -> list[str]:
@@ -64,23 +53,24 @@ def topology(plan: Plan) -> list[str]:
     for c in plan.components:
         lines.append(f"component {c.index} ({c.name}), {c.nodes} node(s):")
         for i in plan.instances_of(c.index):
-            ports = f"http {i.port}" + (f", bootstrap {i.bootstrap_port}" if i.bootstrap_port
-                                        else "") + (f", dist-init {i.dist_init_port}"
-                                                    if i.nodes > 1 else "")
+            ports = ", ".join(f"{label} {port}" for label, port in i.port_labels)
             lines.append(f"  {i.name}: {_title(plan, i)}; ports {ports}")
         if plan.router and plan.router.component == c.index:
-            lines.append(f"  router: sglang-router on node {plan.router.node_offset}, port "
+            lines.append(f"  router: {plan.router.name} on node {plan.router.node_offset}, port "
                          f"{plan.router.port} (metrics {plan.router.prometheus_port})")
     return lines
 
 
 def _srun(plan: Plan, component: int, nodes: int | None, name: str, *, nodelist: bool,
-          overlap: bool) -> list[Word]:
+          overlap: bool, tasks_per_node: int = 1, mpi: str | None = None) -> list[Word]:
     w: list[Word] = []
     if len(plan.components) > 1:
         w.append(f"--het-group={component}")
     if nodes is not None:
-        w += [f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1"]
+        w += [f"--nodes={nodes}", f"--ntasks={nodes * tasks_per_node}",
+              f"--ntasks-per-node={tasks_per_node}"]
+    if mpi:
+        w.append(f"--mpi={mpi}")
     if nodelist:
         w.append(("--nodelist=", Var("NODELIST")))
     if overlap:
@@ -91,7 +81,7 @@ def _srun(plan: Plan, component: int, nodes: int | None, name: str, *, nodelist:
 
 def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
     """Every file of the job directory as (text, mode), for a directory at `job_dir` on the cluster."""
-    env = _jinja()
+    env = jinja()
     files: dict[str, tuple[str, int]] = {}
     jd = job_dir.rstrip("/") or "/"
     comps = []
@@ -102,7 +92,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
                       "directives": [_directive(k, v) for k, v in ds]})
     files["job.sbatch"] = (env.get_template("job.sbatch.j2").render(
         components=comps, plan=plan, version=__version__, topology=topology(plan),
-        engine_title=f"{'simulated ' if plan.simulate else ''}SGLang {plan.version}",
+        engine_title=_engine_title(plan),
         job_dir=jd, site_python=plan.site_python), 0o755)
 
     step = env.get_template("step.sh.j2")
@@ -125,12 +115,12 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
         files[f"steps/{inst.name}.sh"] = (step.render(
             title=f"{inst.name}: {_title(plan, inst)}", needs_nodelist=True,
             srun=[quote(w) for w in _srun(plan, inst.component, inst.nodes, inst.name,
-                                          nodelist=True, overlap=True) + srun_extra],
+                                          nodelist=True, overlap=True,
+                                          tasks_per_node=inst.tasks_per_node, mpi=inst.mpi)
+                  + srun_extra],
             command=[quote(w) for w in prefix + ["bash", f"{jd}/launch/{inst.name}.sh"]]), 0o755)
-        if plan.simulate:
-            cmd: list[Word] = [plan.engine_python, f"{jd}/hpcserve_sim.py"]
-        else:
-            cmd = [plan.engine_python, "-m", "sglang.launch_server"]
+        cmd = ([plan.engine_python, f"{jd}/hpcserve_sim.py"] if plan.simulate
+               else list(plan.engine_command))
         envs = list(inst.env)
         if plan.simulate:
             envs += _sim_env(plan, inst)
@@ -138,13 +128,14 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
             inst=inst, title=_title(plan, inst), job_dir=jd,
             in_container=plan.container.runtime != "none",
             env=[(k, quote(v)) for k, v in envs],
+            rank_args=[" ".join(quote(w) for w in r) for r in inst.rank_argv],
             command=_argv_lines(cmd, inst.argv)), 0o755)
 
     if plan.router:
         r = plan.router
         srun_extra, prefix = wrap_task(plan, jd, "router")
         files["steps/router.sh"] = (step.render(
-            title=f"router: sglang-router on node {r.node_offset} of component {r.component}",
+            title=f"router: {r.name} on node {r.node_offset} of component {r.component}",
             needs_nodelist=True,
             srun=[quote(w) for w in _srun(plan, r.component, 1, "router", nodelist=True,
                                           overlap=True) + srun_extra],
@@ -155,16 +146,17 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
         workers = (f"{n_p} prefill and {n_d} decode instance(s)" if r.pd
                    else f"{n_w} instance(s)")
         files["launch/router.sh"] = (env.get_template("launch_router.sh.j2").render(
-            mode="PD" if r.pd else "plain", workers=workers, job_dir=jd,
+            router=r.name, mode="PD" if r.pd else "plain", workers=workers, job_dir=jd,
             env=[(k, quote(v)) for k, v in r.env],
-            command=_argv_lines([plan.router_python, "-m", "sglang_router.launch_router"],
-                                r.argv)), 0o755)
+            command=_argv_lines(list(r.command), r.argv)), 0o755)
 
     files.update(container_files(plan, jd))
-    files["plan.json"] = (json.dumps(plan_json(plan, jd), indent=1, sort_keys=False) + "\n", 0o644)
+    files["plan.json"] = (json.dumps(job_spec(plan, jd), indent=1) + "\n", 0o644)
     files["hpcserve_job.py"] = (RUNTIME.read_text(encoding="utf-8"), 0o755)
     if plan.simulate:
-        files["hpcserve_sim.py"] = (SIM.read_text(encoding="utf-8"), 0o755)
+        sim = engines.get(plan.engine).sim_source()
+        files["hpcserve_sim.py"] = (sim.read_text(encoding="utf-8"), 0o755)
+        files[SIM_CORE.name] = (SIM_CORE.read_text(encoding="utf-8"), 0o755)
     return files
 
 
@@ -197,15 +189,6 @@ def _argv_lines(cmd: list[Word], argv: tuple[Word, ...]) -> list[str]:
     if cur:
         lines.append(" ".join(cur))
     return lines
-
-
-def plan_json(plan: Plan, job_dir: str) -> dict:
-    d = asdict(plan)  # nested dataclasses too: the container, Var words as {"name": ...}
-    d["hpcserve_version"] = __version__
-    d["job_dir"] = job_dir
-    for inst, j in zip(plan.instances, d["instances"]):
-        j["name"] = inst.name
-    return d
 
 
 def write_job(files: dict[str, tuple[str, int]], out_dir: str | Path) -> Path:

@@ -223,6 +223,11 @@ def json_schema(root: type, title: str) -> dict:
             "$defs": defs}
 
 
+def schema_ref(tp: Any, defs: dict) -> dict:
+    """The schema of `tp` (a $ref for a dataclass), adding what it needs to `defs`."""
+    return _schema_of(tp, defs, {})
+
+
 def _schema_of(tp: Any, defs: dict, meta: dict) -> dict:
     out: dict[str, Any] = {}
     if "doc" in meta:

@@ -7,7 +7,7 @@ from .words import show
 
 
 def plan_table(p: Plan) -> str:
-    out = [f"deployment {p.name}: {'simulated ' if p.simulate else ''}SGLang {p.version}, "
+    out = [f"deployment {p.name}: {'simulated ' if p.simulate else ''}{p.engine_title} {p.version}, "
            f"profile {p.profile}, {p.total_nodes} nodes, time limit {p.time_limit}"]
     rows = [("comp", "node", "role", "instance", "rank", "ports", "command")]
     for c in p.components:
@@ -21,15 +21,16 @@ def plan_table(p: Plan) -> str:
                 vals = {"NODE_RANK": str(rank), "NODE_IP": f"<{c.name}{n}>",
                         "LEADER_IP": f"<{c.name}{i.node_offset}>",
                         "IB_DEVICES": "<ib>", "NODE_IFACE": "<iface>"}
-                ports = f"{i.port}" + (f",bs={i.bootstrap_port}" if i.bootstrap_port else "")
-                cmd = " ".join(show(w, vals) for w in i.argv)
+                ports = ",".join([str(i.port)] + [f"{k}={v}" for k, v in i.port_labels if k != "http"])
+                cmd = " ".join(show(w, vals) for w in i.argv + (i.rank_argv[rank]
+                                                                if i.rank_argv else ()))
                 rows.append((str(c.index), str(n), i.role, str(i.index), str(rank),
                              ports if rank == 0 else "-", cmd))
             if p.router and p.router.component == c.index and n == p.router.node_offset:
                 vals = {f"{i.role.upper()}_{i.index}_IP": f"<{i.role}{i.node_offset}>"
                         for i in p.instances}
                 rows.append((str(c.index), str(n), "router", "-", "-", str(p.router.port),
-                             "sglang_router " + " ".join(show(w, vals) for w in p.router.argv)))
+                             p.router.name + " " + " ".join(show(w, vals) for w in p.router.argv)))
     widths = [max(len(r[k]) for r in rows) for k in range(6)]
     for r in rows:
         out.append("  ".join(r[k].ljust(widths[k]) for k in range(6)) + "  " + r[6])

@@ -1,1 +1,17 @@
+"""The engine adapters hpcserve knows, by `engine.name`; the rest of hpcserve asks here."""
 
+from __future__ import annotations
+
+from .base import EngineAdapter
+from .sglang import ADAPTER as _SGLANG
+
+ADAPTERS: dict[str, EngineAdapter] = {a.name: a for a in (_SGLANG,)}
+DEFAULT = _SGLANG.name  # engine.name when a deployment names none
+
+
+def names() -> tuple[str, ...]:
+    return tuple(ADAPTERS)
+
+
+def get(name: str) -> EngineAdapter:
+    return ADAPTERS[name]

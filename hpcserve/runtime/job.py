@@ -25,6 +25,10 @@ import time
 import urllib.error
 import urllib.request
 
+# The plan.json contract this runtime understands (hpcserve/runtime/spec.py declares it).
+SPEC = "hpcserve-job"
+SPEC_VERSION = 2
+
 PHASES = ("pending", "starting", "engines_ready", "router_ready", "serving", "stopping", "requeued",
           "done", "cancelled", "failed")
 
@@ -164,6 +168,38 @@ def http_json(url: str, body: dict | None = None, timeout: float = 2.0,
         return r.status, (json.loads(raw) if raw.strip() else None)
 
 
+class SpecError(Exception):
+    """plan.json is not a spec this runtime understands: nothing may start."""
+
+
+def load_spec(job_dir: str) -> dict:
+    path = os.path.join(job_dir, "plan.json")
+    try:
+        with open(path) as f:
+            plan = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SpecError(f"cannot read {path}: {e}") from None
+    got = (plan.get("spec"), plan.get("spec_version")) if isinstance(plan, dict) else (None, None)
+    if got != (SPEC, SPEC_VERSION):
+        made_by = plan.get("hpcserve_version", "an older hpcserve") if isinstance(plan, dict) \
+            else "?"
+        raise SpecError(f"{path} is run-time spec {got[1]!r} (rendered by hpcserve {made_by}); "
+                        f"this hpcserve_job.py understands spec {SPEC_VERSION} only: render the "
+                        "job directory again with one hpcserve version")
+    return plan
+
+
+def refuse(job_dir: str, why: str) -> int:
+    """An incompatible job directory: say so in state.json and the log, start nothing."""
+    sys.stderr.write(f"hpcserve_job.py: {why}\n")
+    try:
+        State(job_dir).update("failed", reason=why, finished_at=round(now(), 3),
+                              failure={"reason": "incompatible job directory"})
+    except OSError:
+        pass
+    return 2
+
+
 class Job:
     DISCOVERY_TIMEOUT = 120.0  # s, for all components together
     SMOKE_TIMEOUT = 120.0      # s, the whole smoke request
@@ -171,8 +207,7 @@ class Job:
 
     def __init__(self, job_dir: str):
         self.dir = job_dir
-        with open(os.path.join(job_dir, "plan.json")) as f:
-            self.plan = json.load(f)
+        self.plan = load_spec(job_dir)
         self.state = State(job_dir)
         if self.state.data.get("phase") == "requeued":
             self.state.data["history"].append({"phase": "pending", "at": round(now(), 3)})
@@ -480,7 +515,7 @@ class Job:
         rnode = found[router["component"]][router["node_offset"]]
         self.start_step("router", "steps/router.sh", [rnode[0]])
         url = f"http://{rnode[1]}:{router['port']}"
-        self.wait_router(url, len(plan["instances"]), rd)
+        self.wait_router(url, router["readiness"], rd)
         self.state.update("router_ready", endpoint=url)
         if rd["smoke_tokens"]:
             self.smoke(url, rd)
@@ -490,7 +525,7 @@ class Job:
             self.sleep(0.5)
 
     def wait_engines(self, heads: dict, rd: dict) -> None:
-        pending = {i["name"]: f"http://{heads[i['name']]}:{i['port']}/health"
+        pending = {i["name"]: f"http://{heads[i['name']]}:{i['port']}{i['health_path']}"
                    for i in self.plan["instances"]}
         total = len(pending)
         deadline = now() + rd["engine_timeout"]
@@ -517,15 +552,20 @@ class Job:
                                 "reason": "readiness timeout"})
                 self.sleep(rd["poll_interval"])
 
-    def wait_router(self, url: str, expected: int, rd: dict) -> None:
+    def wait_router(self, url: str, ready: dict, rd: dict) -> None:
+        """The router's readiness answers 200 and counts every instance as a healthy worker
+        (the sum of the fields the router adapter named; none present: the 200 suffices)."""
         deadline = now() + rd["router_timeout"]
+        expected = ready["workers"]
         seen = None
         while True:
             self.check()
             try:
-                code, body = http_json(url + "/readiness", timeout=2)
+                code, body = http_json(url + ready["path"], timeout=2)
                 seen = body
-                if code == 200 and (body or {}).get("healthy_workers", expected) >= expected:
+                counts = [_dotted(body, f) for f in ready["count"]]
+                counts = [c for c in counts if isinstance(c, int)]
+                if code == 200 and (not counts or sum(counts) >= expected):
                     self.log(f"router ready with {expected} worker(s) at {url}")
                     return
             except urllib.error.HTTPError as e:
@@ -622,9 +662,15 @@ class Job:
             if self.steps[n].poll() is None and not ids.get(n):
                 self.log(f"step {n} not listed by squeue: {sig} to its srun client")
                 try:
-                    self.steps[n].send_signal(signal.SIGTERM if sig == "TERM" else signal.SIGKILL)
+                    self.steps[n].send_signal(signal.SIGKILL if sig == "KILL" else signal.SIGTERM)
                 except OSError:
                     pass
+
+    def stop_signal(self, step: str) -> str:
+        if step == "router":
+            return (self.plan.get("router") or {}).get("stop_signal", "TERM")
+        inst = next((i for i in self.plan["instances"] if i["name"] == step), {})
+        return inst.get("stop_signal", "TERM")
 
     def wait_steps(self, names: list[str], until: float) -> bool:
         while now() < until:
@@ -669,11 +715,14 @@ class Job:
                 tier = [n for n in tier if n in self.steps and self.steps[n].poll() is None]
                 if not tier:
                     continue
-                self.log(f"SIGTERM to {', '.join(tier)}")
-                # All engine steps get TERM at once, and Slurm delivers it to every task of a
-                # step. SGLang's rank 0 drains and broadcasts the shutdown to its peers; ranks
-                # >= 1 ignore TERM and wait for that broadcast, so rank 0 ends first in effect.
-                self.signal_steps(tier, "TERM", ids)
+                # All engine steps get their stop signal at once (the spec's stop_signal, TERM
+                # for every engine so far), and Slurm delivers it to every task of a step. An
+                # engine whose ranks >= 1 ignore it (SGLang's wait for the rank-0 shutdown
+                # broadcast) still ends rank 0 first in effect.
+                for sig in dict.fromkeys(self.stop_signal(n) for n in tier):
+                    names = [n for n in tier if self.stop_signal(n) == sig]
+                    self.log(f"SIG{sig} to {', '.join(names)}")
+                    self.signal_steps(names, sig, ids)
                 self.wait_steps(tier, min(end, now() + max(1.0, (end - now()) / 2)))
         finally:
             # Whatever went wrong above, nothing may outlive the grace period.
@@ -754,6 +803,12 @@ class Job:
 _SIGNALS = {"Killed": 9, "Terminated": 15, "Segmentation fault": 11, "Aborted": 6, "Bus error": 7}
 
 
+def _dotted(obj, path: str):
+    for part in path.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
+
+
 def _seconds(s: str) -> int | None:
     m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", s.strip())
     if not m:
@@ -786,7 +841,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "discover":
         return cmd_discover(a)
-    return Job(a.job_dir).run()
+    try:
+        job = Job(a.job_dir)
+    except SpecError as e:
+        return refuse(a.job_dir, str(e))
+    return job.run()
 
 
 if __name__ == "__main__":

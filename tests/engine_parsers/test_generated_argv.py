@@ -38,16 +38,16 @@ def test_every_rank_parses_with_sglangs_own_parser(sglang_parser, example):
         assert not res.get("warnings"), (name, res["warnings"])  # no deprecated spelling
         v = res["values"]
         inst = next(i for i in p.instances if i.name == name)
-        assert v["tp_size"] == inst.tp
+        assert v["tp_size"] == inst.size("tp")
         assert v["host"] == vals["NODE_IP"]
         assert v["port"] == inst.port
         if inst.nodes > 1:
             assert (v["nnodes"], v["node_rank"]) == (inst.nodes, rank)
-            assert v["dist_init_addr"] == f"{vals['LEADER_IP']}:{inst.dist_init_port}"
+            assert v["dist_init_addr"] == f"{vals['LEADER_IP']}:{inst.port_of('dist_init')}"
         if inst.role in ("prefill", "decode"):
             assert v["disaggregation_mode"] == inst.role
-        if inst.attn_dp:
-            assert v["attn_dp_size"] == inst.attn_dp
+        if inst.size("attn_dp"):
+            assert v["attn_dp_size"] == inst.size("attn_dp")
 
 
 def test_kimi_4p12d_values_match_the_seed(sglang_parser):
@@ -71,7 +71,7 @@ def test_router_command_parses_with_sglang_routers_own_parser(example):
         prefill = [i for i in p.instances if i.role == "prefill"]
         assert args.pd_disaggregation
         assert [tuple(x) for x in args.prefill_urls] == [
-            (f"http://{vals['PREFILL_%d_IP' % i.index]}:{i.port}", i.bootstrap_port) for i in prefill]
+            (f"http://{vals['PREFILL_%d_IP' % i.index]}:{i.port}", i.port_of("bootstrap")) for i in prefill]
         assert args.decode_urls == [f"http://{vals['DECODE_%d_IP' % i.index]}:{i.port}"
                                     for i in p.instances if i.role == "decode"]
     else:

@@ -24,7 +24,8 @@ FAKES = ROOT / "tests" / "fakes"
 
 
 def _plan(components: list[dict], **extra) -> dict:
-    return {"components": components, "instances": [], "router": None, "signal_grace": 4,
+    return {"spec": "hpcserve-job", "spec_version": jobmod.SPEC_VERSION,
+            "components": components, "instances": [], "router": None, "signal_grace": 4,
             "requeue": 0, "served_name": "kimi-k2", "container": {"runtime": "none"},
             "readiness": {"engine_timeout": 5, "router_timeout": 5, "poll_interval": 0.1,
                           "smoke_tokens": 4}, **extra}

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-ENGINE = REPO / "hpcserve" / "sim" / "engine.py"
+ENGINE = REPO / "hpcserve" / "sim" / "sglang.py"
 # -I -S: no site-packages, so a third-party import in the engine fails every test. The engine runs
 # on cluster nodes' own python3, so HPCSERVE_SIM_TEST_PYTHON can point the tests at an old one.
 ENGINE_PY = os.environ.get("HPCSERVE_SIM_TEST_PYTHON") or sys.executable
@@ -84,7 +84,7 @@ class Procs:
         return p
 
     def engine(self, *argv, name="engine", module=False, **env):
-        cmd = ([ENGINE_PY, "-m", "hpcserve.sim.engine"] if module else ENGINE_CMD)
+        cmd = ([ENGINE_PY, "-m", "hpcserve.sim.sglang"] if module else ENGINE_CMD)
         return self.start(cmd + [str(a) for a in argv], name, clean_env(**env),
                           cwd=REPO if module else None)
 

@@ -16,7 +16,7 @@ import unitkit  # noqa: E402
 def flag_matrix() -> dict:
     """The per-release SGLang flag matrix hpcserve spells flags from."""
     from hpcserve.engines import sglang
-    return sglang._matrix()
+    return sglang.ADAPTER.matrix.versions()
 
 
 @pytest.fixture

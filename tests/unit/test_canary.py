@@ -302,8 +302,8 @@ def test_switches_change_the_job_directory(tmp_path, path):
 
 
 def test_canary_base_uses_every_role_setting_name():
-    """The role settings of the canary deployment cover EngineSettings completely (a new setting
-    must be spelled for SGLang and get a canary)."""
-    from hpcserve.config import SETTING_NAMES
-    from hpcserve.engines.sglang import SETTING_ORDER
-    assert set(SETTING_NAMES) - {"dp_attention"} == set(SETTING_ORDER)
+    """The role settings of the canary deployment cover SGLang's settings completely (a new
+    setting must be spelled for SGLang and get a canary)."""
+    from hpcserve.engines.base import setting_names
+    from hpcserve.engines.sglang import SPELLINGS, SGLangSettings
+    assert set(setting_names(SGLangSettings)) - {"dp_attention"} == {n for n, _ in SPELLINGS}

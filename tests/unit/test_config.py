@@ -221,7 +221,8 @@ def test_profile_defaults_merge_under_role_settings(tmp_path):
     doc["roles"]["decode"]["deepep_mode"] = "auto"
     cfg = config.load(write_yaml(tmp_path / "d.yaml", doc))
     prof = cfg.profile.sglang
-    st = config.merged_settings(prof.common, prof.decode, cfg.deployment.roles["decode"])
+    st = config.merged_settings(type(prof.common), prof.common, prof.decode,
+                                cfg.deployment.roles["decode"])
     assert st["deepep_mode"] == "auto"              # role wins over the profile's low_latency
     assert st["moe_a2a_backend"] == "deepep"        # profile default kept
     assert st["trust_remote_code"] is True          # common layer

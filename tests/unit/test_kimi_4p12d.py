@@ -145,7 +145,7 @@ def test_launch_script_carries_every_seed_setting_in_0_5_23_spelling(job, inst, 
         assert not [w for w in words if re.search(re.escape(ph) + r"(?![A-Za-z0-9_])", w)], ph
     # Every flag is one SGLang 0.5.23 has and does not deprecate.
     from hpcserve.engines import sglang
-    rel = sglang.release("0.5.23")
+    rel = sglang.ADAPTER.release("0.5.23")
     assert [f for f in flags if not rel.fresh(f)] == []
     # Each flag once: a repeated flag would silently override the first.
     assert len(flags) == len(set(flags))

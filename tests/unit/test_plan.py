@@ -20,10 +20,8 @@ def _ports_by_node(plan) -> dict[tuple[int, int], list[tuple[str, int]]]:
     out: dict[tuple[int, int], list[tuple[str, int]]] = {}
     for i in plan.instances:
         for n in range(i.node_offset, i.node_offset + i.nodes):
-            for kind in ("port", "bootstrap_port", "dist_init_port", "nccl_port"):
-                p = getattr(i, kind)
-                if p is not None:
-                    out.setdefault((i.component, n), []).append((f"{i.name}.{kind}", p))
+            for kind, p in i.ports:
+                out.setdefault((i.component, n), []).append((f"{i.name}.{kind}", p))
     if plan.router:
         r = plan.router
         out.setdefault((r.component, r.node_offset), []).extend(
@@ -59,19 +57,19 @@ def test_instances_sharing_a_node_get_distinct_ports_and_gpus(tmp_path):
     for role in ("prefill", "decode"):
         a, b = [i for i in plan.instances if i.role == role]
         assert a.component == b.component and a.node_offset == b.node_offset == 0
-        for kind in ("port", "dist_init_port", "nccl_port") + (("bootstrap_port",)
-                                                               if role == "prefill" else ()):
-            assert getattr(a, kind) is not None and getattr(a, kind) != getattr(b, kind), kind
+        for kind in ("http", "dist_init", "nccl") + (("bootstrap",) if role == "prefill" else ()):
+            assert a.port_of(kind) is not None and a.port_of(kind) != b.port_of(kind), kind
         ga, gb = set(a.gpu_ids.split(",")), set(b.gpu_ids.split(","))
         assert len(ga) == len(gb) == 4 and not ga & gb and ga | gb == {str(g) for g in range(8)}
         for inst in (a, b):
             env = dict(inst.env)
             assert env["CUDA_VISIBLE_DEVICES"] == inst.gpu_ids
             assert _opt(inst.argv, "--port") == str(inst.port)
-            assert _opt(inst.argv, "--nccl-port") == str(inst.nccl_port)
+            assert _opt(inst.argv, "--nccl-port") == str(inst.port_of("nccl"))
             assert _opt(inst.argv, "--tp-size") == "4"
             if role == "prefill":
-                assert _opt(inst.argv, "--disaggregation-bootstrap-port") == str(inst.bootstrap_port)
+                assert (_opt(inst.argv, "--disaggregation-bootstrap-port")
+                        == str(inst.port_of("bootstrap")))
             assert "--dist-init-addr" not in inst.argv  # one node: no multi-node init
     _assert_no_collision(plan)
 
@@ -82,13 +80,13 @@ def test_router_on_the_prefill_head_node_never_collides(tmp_path):
     assert (plan.router.component, plan.router.node_offset) == (0, 0)
     assert (plan.router.port, plan.router.prometheus_port) == (30000, 8998)
     prefill = [i for i in plan.instances if i.role == "prefill"]
-    assert all(i.port != 30000 and i.bootstrap_port != 8998 for i in prefill)
+    assert all(i.port != 30000 and i.port_of("bootstrap") != 8998 for i in prefill)
     _assert_no_collision(plan)
     # the router's URLs carry the ports the prefill instances really got
     words = [show(w, {}) for w in plan.router.argv]
     for i in prefill:
         k = words.index(f"http://${i.role.upper()}_{i.index}_IP:{i.port}")
-        assert words[k - 1] == "--prefill" and words[k + 1] == str(i.bootstrap_port)
+        assert words[k - 1] == "--prefill" and words[k + 1] == str(i.port_of("bootstrap"))
 
 
 def test_user_ports_are_honoured_and_counted_up_on_shared_nodes(tmp_path):
@@ -99,9 +97,9 @@ def test_user_ports_are_honoured_and_counted_up_on_shared_nodes(tmp_path):
                     "decode": {"instances": 1, "nodes": 2, "port": 40000, "dist_init_port": 42000}}
     plan = plan_of(tmp_path, doc)
     p0, p1, d0 = plan.instances
-    assert (p0.port, p0.bootstrap_port, p0.dist_init_port) == (40000, 41000, 42000)
-    assert p1.port > 40000 and p1.bootstrap_port > 41000 and p1.dist_init_port > 42000
-    assert (d0.port, d0.dist_init_port) == (40000, 42000)  # another component: its own nodes
+    assert (p0.port, p0.port_of("bootstrap"), p0.port_of("dist_init")) == (40000, 41000, 42000)
+    assert p1.port > 40000 and p1.port_of("bootstrap") > 41000 and p1.port_of("dist_init") > 42000
+    assert (d0.port, d0.port_of("dist_init")) == (40000, 42000)  # another component: its own nodes
     assert show(d0.argv[d0.argv.index("--dist-init-addr") + 1], {"LEADER_IP": "L"}) == "L:42000"
     _assert_no_collision(plan)
 
@@ -206,7 +204,7 @@ def test_same_deployment_spelled_per_version(version, prefill_has, decode_has, a
         assert not set(absent) & set(words), f"{version} {role}: {set(absent) & set(words)}"
         # every flag exists in that release
         from hpcserve.engines import sglang
-        rel = sglang.release(version)
+        rel = sglang.ADAPTER.release(version)
         assert [w for w in words if w.startswith("--") and not rel.has(w)] == []
     assert f"SGLang {version}" in render(KIMI_4P12D, "/j", (f"engine.version={version}",))[
         "launch/prefill-0.sh"][0]
@@ -241,7 +239,7 @@ def test_leader_and_rank_are_task_variables(tmp_path):
     argv = list(d.argv)
     assert argv[argv.index("--node-rank") + 1] == (Var("NODE_RANK"),)
     assert argv[argv.index("--host") + 1] == (Var("NODE_IP"),)
-    assert argv[argv.index("--dist-init-addr") + 1] == (Var("LEADER_IP"), f":{d.dist_init_port}")
+    assert argv[argv.index("--dist-init-addr") + 1] == (Var("LEADER_IP"), f":{d.port_of('dist_init')}")
 
 
 def test_no_ib_means_tcp_for_mooncake(tmp_path):

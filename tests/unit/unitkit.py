@@ -301,13 +301,18 @@ def _members(tp: Any) -> tuple:
 def leaf_fields(cls: type, prefix: tuple = (), roles: tuple = ("prefill", "decode")) -> Iterator[Leaf]:
     """Every non-dataclass field below `cls` (Deployment.site walks Site, roles walks Role per
     role name, optional dataclasses are walked)."""
-    from hpcserve.config import Deployment, Site
+    from hpcserve import engines
+    from hpcserve.config import Deployment, Site, role_type
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         path = prefix + (f.name,)
         if cls is Deployment and f.name == "site":
             yield from leaf_fields(Site, path, roles)
+            continue
+        if cls is Deployment and f.name == "roles":  # the default engine's roles
+            for r in roles:
+                yield from leaf_fields(role_type(engines.DEFAULT), path + (r,), roles)
             continue
         mem = _members(tp)
         if len(mem) == 1 and dataclasses.is_dataclass(mem[0]):

@@ -1,0 +1,169 @@
+"""The engine seam: what every engine adapter provides, and what the planner hands it.
+
+config, plan, render and the in-job runtime call these interfaces and never name an engine; an
+engine is one module here (its adapter) plus its simulated stand-in under hpcserve/sim/.
+
+An adapter owns, for its engine:
+- its settings vocabulary (a dataclass of named settings; a model profile's section of the same
+  name holds its defaults) and its flag matrix per release (engines/flags.py);
+- topology validation: from an instance's GPUs and nodes and the merged settings, the parallel
+  layout (`layout`), or a FlagError naming the setting that cannot work;
+- the ports each role needs (`ports`), handed out by the planner's one registry;
+- the launch: tasks per node (one per node, or one per GPU under `srun --mpi=pmix`), the argv
+  common to every node and the per-node-rank differences (`--headless`, DP start ranks), all
+  computed here, rendered as they are, never computed in shell;
+- its environment, the readiness probe, how it stops, and its router (`RouterAdapter`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..values import check_secrets
+from ..words import Word
+from .flags import FlagMatrix, Release, Vocabulary
+
+SIM_DIR = Path(__file__).resolve().parent.parent / "sim"
+
+
+class SettingsBase:
+    """Mixin of every engine's settings dataclass: secrets only by name, in args and env."""
+
+    def validate(self) -> None:
+        check_secrets(getattr(self, "args"), "args", args=True)
+        check_secrets(getattr(self, "env"), "env", args=False)
+
+
+def setting_names(settings_cls: type) -> tuple[str, ...]:
+    """The named settings of a vocabulary (everything but the raw `args` and `env`)."""
+    return tuple(n for n in settings_cls.__dataclass_fields__ if n not in ("args", "env"))
+
+
+@dataclass(frozen=True)
+class PortRequest:
+    """A port an instance needs on each of its nodes, from the plan's one registry.
+
+    `width` consecutive ports are reserved when the engine derives more from the one it is given
+    (a side channel per local rank); `field` names the role setting that moves the preferred port;
+    `label` shows it in the job script's topology comment (None: not shown)."""
+
+    kind: str
+    preferred: int
+    field: str | None = None
+    stride: int = 1
+    width: int = 1
+    label: str | None = None
+
+
+@dataclass(frozen=True)
+class RoleContext:
+    """One role of the deployment as the adapter sees it: the planner's topology facts and the
+    settings merged from the profile's section and the role."""
+
+    role: str                     # prefill, decode or worker
+    pd: bool                      # prefill/decode disaggregation
+    settings: dict[str, Any]      # named settings (None when unset), args, env
+    own: frozenset                # the names the role itself set (errors point there)
+    gpus: int                     # GPUs per instance
+    nodes: int                    # nodes per instance
+    shared: bool                  # several instances share a node
+    architecture: Any = None      # the model profile's architecture, if any
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The parallel layout the adapter chose for every instance of a role."""
+
+    parallel: tuple[tuple[str, int], ...]   # e.g. (("tp", 16), ("attn_dp", 16), ("ep", 16))
+    ep: int | None = None                   # effective expert-parallel size (experts check)
+    settings: Mapping[str, Any] = field(default_factory=dict)  # settings as they are spelled
+    tasks_per_node: int = 1                 # >1: one task per GPU
+    mpi: str | None = None                  # "pmix": srun --mpi=pmix
+
+    def size(self, name: str) -> int | None:
+        return dict(self.parallel).get(name)
+
+
+@dataclass(frozen=True)
+class Net:
+    """What the launch needs of the site's network: the IB device word for the engine's own
+    flag (a Var when discovered on the node), whether there are HCAs at all."""
+
+    ib_word: Word | None
+    has_ib: bool
+
+
+@dataclass(frozen=True)
+class Launch:
+    argv: tuple[Word, ...]                      # the same on every node of the instance
+    rank_argv: tuple[tuple[Word, ...], ...] = ()  # per node rank: what that rank adds
+    env: tuple[tuple[str, Word], ...] = ()      # engine defaults the user's env may override
+    late_env: tuple[tuple[str, Word], ...] = ()  # set last unless the user set them
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RouterReadiness:
+    """How the orchestrator knows the router routes to every worker: GET `path` answers 200 and
+    the JSON numbers at the dotted paths `count` add up to at least the expected workers."""
+
+    path: str
+    count: tuple[str, ...]
+
+
+class RouterAdapter:
+    name: str               # as shown to people: "sglang-router"
+    owned: frozenset        # flags the plan writes; router.args may not repeat them
+
+    def readiness(self, pd: bool) -> RouterReadiness:
+        raise NotImplementedError
+
+    def command(self, python: str) -> list[Word]:
+        raise NotImplementedError
+
+    def argv(self, *, pd: bool, prefill: list[tuple[Word, int | None]], decode: list[Word],
+             workers: list[Word], port: int, prometheus_port: int, policy: str,
+             args: dict[str, Any]) -> list[Word]:
+        raise NotImplementedError
+
+
+class EngineAdapter:
+    name: str                # engine.name in a deployment, and the profile section
+    title: str               # "SGLang"
+    settings: type           # the settings vocabulary (a frozen dataclass, SettingsBase)
+    matrix: FlagMatrix
+    vocabulary: Vocabulary
+    router: RouterAdapter
+    sim_file: str            # the stand-in under hpcserve/sim/, copied as hpcserve_sim.py
+    port_fields: dict[str, str] = {}  # role keys that move a port's first value -> their doc
+    health_path: str = "/health"
+    stop_signal: str = "TERM"
+
+    def release(self, version: str) -> Release:
+        return self.matrix.release(version)
+
+    def layout(self, rel: Release, ctx: RoleContext) -> Layout:
+        raise NotImplementedError
+
+    def ports(self, ctx: RoleContext, layout: Layout) -> list[PortRequest]:
+        raise NotImplementedError
+
+    def launch(self, rel: Release, ctx: RoleContext, layout: Layout, ports: dict[str, int], *,
+               model_path: str, served_name: str, net: Net) -> Launch:
+        raise NotImplementedError
+
+    def command(self, python: str) -> list[Word]:
+        """The real engine's program; its argv (Launch.argv) follows."""
+        raise NotImplementedError
+
+    def describe(self, parallel: tuple[tuple[str, int], ...]) -> str:
+        """The parallel layout for people: "TP 16, DP-attention 16, EP 16"."""
+        raise NotImplementedError
+
+    def sim_source(self) -> Path:
+        return SIM_DIR / self.sim_file
+
+    def settings_argv(self, rel: Release, settings: dict[str, Any]) -> tuple[list, list[str]]:
+        return self.vocabulary.settings_argv(rel, self.matrix, settings)

@@ -1,0 +1,210 @@
+"""An engine's flag matrix: which flags each release accepts, and the words of named settings.
+
+Every engine adapter keeps the flag sets of the releases it knows as data (engines/data/<engine>_
+flags.json, extracted from the release wheels by a script in tools/). This module is what the
+adapters share: picking the release for a configured version, spelling a named setting with the
+first spelling whose flags the release has (and has not deprecated), and checking raw `args`
+(refused when the release lacks the flag, naming the releases that have it and the setting that
+replaces it).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ..words import Var, Word
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+class FlagError(Exception):
+    """A setting the configured release cannot express; `key` names the offending setting,
+    relative to the role (or to `engine`, `router`) it belongs to."""
+
+    def __init__(self, key: tuple, message: str):
+        self.key = key
+        self.message = message
+        super().__init__(message)
+
+
+def vkey(v: str) -> tuple:
+    out = []
+    for part in v.replace("post", ".post.").split("."):
+        if part == "post" or not part:
+            continue
+        out.append(int(part))
+    # 0.5.2 < 0.5.2.post1: pad so a post release sorts after its base
+    return tuple(out[:3]) + ((out[3],) if len(out) > 3 else (-1,))
+
+
+@lru_cache(maxsize=None)
+def _load(filename: str) -> dict:
+    with open(DATA / filename, encoding="utf-8") as f:
+        return json.load(f)["versions"]
+
+
+@dataclass(frozen=True)
+class Release:
+    engine: str           # the engine's title, for messages ("SGLang")
+    version: str          # as configured
+    data_version: str     # the release whose flag set is used
+    flags: frozenset
+    deprecated: frozenset
+    choices: dict
+    note: str | None = None
+
+    def has(self, *flags: str) -> bool:
+        return all(f in self.flags for f in flags)
+
+    def fresh(self, *flags: str) -> bool:
+        return self.has(*flags) and not any(f in self.deprecated for f in flags)
+
+    def at_least(self, version: str) -> bool:
+        return vkey(self.data_version) >= vkey(version)
+
+
+@dataclass(frozen=True)
+class FlagMatrix:
+    title: str      # "SGLang"
+    filename: str   # under engines/data/
+
+    def versions(self) -> dict:
+        return _load(self.filename)
+
+    def known_versions(self) -> list[str]:
+        return sorted(self.versions(), key=vkey)
+
+    def versions_having(self, flag: str) -> list[str]:
+        return [v for v in self.known_versions() if flag in self.versions()[v]["flags"]]
+
+    def release(self, version: str) -> Release:
+        m = self.versions()
+        note = None
+        use = version
+        if version not in m:
+            older = [v for v in self.known_versions() if vkey(v) <= vkey(version)]
+            if not older:
+                raise FlagError(("engine", "version"),
+                                f"{self.title} {version} is older than every release hpcserve "
+                                f"knows ({', '.join(self.known_versions())})")
+            use = older[-1]
+            note = (f"{self.title} {version} is not in hpcserve's flag matrix; flags are checked "
+                    f"against {use}, the closest older release it knows")
+        d = m[use]
+        return Release(self.title, version, use, frozenset(d["flags"]),
+                       frozenset(d.get("deprecated", [])), d.get("choices", {}), note)
+
+
+def fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def flags_of(words: list[Word]) -> list[str]:
+    return [w for w in words if isinstance(w, str) and w.startswith("--")]
+
+
+# A named setting's spellings, newest first: each maps the value to argv words.
+Spelling = Callable[[Any], list]
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """How an engine spells its named settings (in argv order) and guards its raw `args`."""
+
+    spellings: tuple[tuple[str, tuple[Spelling, ...]], ...]
+    owned: Mapping[str, str]    # flag -> the setting that sets it (hpcserve derives it)
+    legacy: Mapping[str, str]   # old flag -> what to write instead ("(...)" = explanation only)
+
+    def spell(self, rel: Release, setting: str, value: Any) -> list:
+        """The argv words for one named setting in this release."""
+        candidates = [s(value) for s in dict(self.spellings)[setting]]
+        for words in candidates:
+            if rel.fresh(*flags_of(words)):
+                return check_choices(rel, words, (setting,))
+        for words in candidates:
+            if rel.has(*flags_of(words)):
+                return check_choices(rel, words, (setting,))
+        wanted = " or ".join(" ".join(flags_of(w)) for w in candidates if flags_of(w))
+        raise FlagError((setting,), f"{rel.engine} {rel.version} has no flag for {setting} "
+                                    f"(looked for {wanted})")
+
+    def raw_arg(self, rel: Release, matrix: FlagMatrix, name: str, value: Any) -> list:
+        """Words for one entry of `args`, refusing flags the release lacks or hpcserve owns."""
+        flag = "--" + name
+        key = ("args", name)
+        if flag in self.owned:
+            raise FlagError(key, f"{flag} is set by hpcserve from the plan; use "
+                                 f"{self.owned[flag]} instead")
+        if flag not in rel.flags:
+            have = matrix.versions_having(flag)
+            msg = f"{rel.engine} {rel.version} has no {flag}"
+            if have:
+                msg += f" (it exists in {have[0]}..{have[-1]} of the releases hpcserve knows)"
+            if flag in self.legacy:
+                msg += f"; write {self.legacy[flag]} and hpcserve spells it for {rel.version}"
+            raise FlagError(key, msg)
+        if flag in self.legacy and not self.legacy[flag].startswith("("):
+            raise FlagError(key, f"write {self.legacy[flag]} instead of args.{name}: hpcserve "
+                                 f"spells it for each {rel.engine} release")
+        return arg_words(flag, value, lambda words: check_choices(rel, words, key))
+
+    def settings_argv(self, rel: Release, matrix: FlagMatrix,
+                      settings: dict[str, Any]) -> tuple[list, list[str]]:
+        """(words, warnings) of every named setting that has a value, then of `args`."""
+        w: list = []
+        used: dict[str, str] = {}
+        warnings: list[str] = []
+        for name, _ in self.spellings:
+            v = settings.get(name)
+            if v is None:
+                continue
+            words = self.spell(rel, name, v)
+            for f in flags_of(words):
+                if f in used:
+                    raise FlagError((name,), f"in {rel.engine} {rel.version}, {name} and "
+                                             f"{used[f]} both need {f}; set only one")
+                used[f] = name
+                if f in rel.deprecated:
+                    warnings.append(f"{f} ({name}) is deprecated in {rel.engine} {rel.version}")
+            w += words
+        for name, value in settings.get("args", {}).items():
+            words = self.raw_arg(rel, matrix, name, value)
+            if words and isinstance(words[0], str) and words[0] in used:
+                raise FlagError(("args", name), f"{words[0]} is already set by "
+                                                f"{used[words[0]]}")
+            if words and words[0] in rel.deprecated:
+                warnings.append(f"{words[0]} is deprecated in {rel.engine} {rel.version}")
+            w += words
+        return w, warnings
+
+
+def check_choices(rel: Release, words: list, key: tuple) -> list:
+    for i, w in enumerate(words[:-1]):
+        ch = rel.choices.get(w) if isinstance(w, str) else None
+        nxt = words[i + 1]
+        if ch and isinstance(nxt, str) and not nxt.startswith("--") and nxt not in ch:
+            raise FlagError(key, f"{nxt!r} is not a valid {w} in {rel.engine} {rel.version}; "
+                                 f"choices: {', '.join(ch)}")
+    return words
+
+
+def arg_words(flag: str, value: Any, check: Callable[[list], list] = lambda w: w) -> list:
+    """A raw flag with its value: true = bare flag, false/None = absent, a list = several values,
+    {from_env: NAME} = a secret expanded in the task, never written."""
+    if value is None or value is False:
+        return []
+    if value is True:
+        return [flag]
+    if hasattr(value, "from_env"):
+        return [flag, (Var(value.from_env),)]
+    if isinstance(value, list):
+        return check([flag, *map(fmt, value)])
+    return check([flag, fmt(value)])

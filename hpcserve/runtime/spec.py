@@ -1,0 +1,143 @@
+"""plan.json: the declared, versioned contract between the renderer and the in-job runtime.
+
+hpcserve_job.py (runtime/job.py, copied into the job directory) reads only plan.json, never
+hpcserve itself, and refuses a spec version it does not know before it starts anything. Every key
+the runtime reads is listed in SCHEMA (tests validate every rendered plan.json against it); keys
+marked "for people" (argv, env, parallel sizes) describe the plan and are not read by the runtime.
+
+A word (argv, env values) is a string, or a list of parts: strings and {"var": NAME}, a variable
+known only in the task (the node's address, its rank), as the launch scripts expand it.
+
+Versions: 1 was hpcserve 0.1.0's undeclared dump of the plan; 2 is this one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import __version__
+from ..words import Var, Word
+
+SPEC = "hpcserve-job"
+SPEC_VERSION = 2
+
+
+def word(w: Word) -> Any:
+    if isinstance(w, str):
+        return w
+    return [{"var": p.name} if isinstance(p, Var) else p for p in w]
+
+
+def words(ws) -> list:
+    return [word(w) for w in ws]
+
+
+def job_spec(plan, job_dir: str) -> dict:
+    """plan.json of a plan rendered for `job_dir`."""
+    return {
+        "spec": SPEC, "spec_version": SPEC_VERSION, "hpcserve_version": __version__,
+        "name": plan.name, "job_dir": job_dir,
+        "engine": {"name": plan.engine, "title": plan.engine_title, "version": plan.version,
+                   "simulate": plan.simulate},
+        "profile": plan.profile, "model_path": plan.model_path, "served_name": plan.served_name,
+        "time_limit": plan.time_limit, "signal_grace": plan.signal_grace,
+        "requeue": plan.requeue, "jobs_dir": plan.jobs_dir,
+        "readiness": {k: getattr(plan.readiness, k) for k in
+                      ("engine_timeout", "router_timeout", "poll_interval", "smoke_tokens")},
+        "container": {"runtime": plan.container.runtime, "image": plan.image},
+        "network": {"interface": plan.interface, "ib_devices": plan.ib_devices},
+        "components": [{"index": c.index, "name": c.name, "nodes": c.nodes,
+                        "directives": [list(d) for d in c.directives]}
+                       for c in plan.components],
+        "instances": [_instance(plan, i) for i in plan.instances],
+        "router": _router(plan),
+        "secret_env": list(plan.secret_env),
+        "warnings": list(plan.warnings), "notes": list(plan.notes),
+    }
+
+
+def _instance(plan, i) -> dict:
+    return {
+        "name": i.name, "role": i.role, "index": i.index, "component": i.component,
+        "node_offset": i.node_offset, "nodes": i.nodes, "tasks_per_node": i.tasks_per_node,
+        "mpi": i.mpi, "gpus_per_node": i.gpus_per_node, "gpu_ids": i.gpu_ids,
+        "port": i.port, "ports": dict(i.ports), "health_path": plan.health_path,
+        "stop_signal": plan.stop_signal,
+        "parallel": dict(i.parallel), "argv": words(i.argv),
+        "rank_argv": [words(r) for r in i.rank_argv],
+        "env": [[k, word(v)] for k, v in i.env],
+    }
+
+
+def _router(plan) -> dict | None:
+    r = plan.router
+    if r is None:
+        return None
+    return {
+        "name": r.name, "component": r.component, "node_offset": r.node_offset, "port": r.port,
+        "prometheus_port": r.prometheus_port, "pd": r.pd,
+        "readiness": {"path": r.readiness_path, "count": list(r.readiness_count),
+                      "workers": len(plan.instances)},
+        "api_key_env": r.api_key_env, "stop_signal": "TERM",
+        "command": words(r.command), "argv": words(r.argv),
+        "env": [[k, word(v)] for k, v in r.env],
+    }
+
+
+_WORD = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"anyOf": [
+    {"type": "string"},
+    {"type": "object", "properties": {"var": {"type": "string"}}, "required": ["var"],
+     "additionalProperties": False}]}}]}
+_INT = {"type": "integer"}
+_STR = {"type": "string"}
+_OPT_STR = {"type": ["string", "null"]}
+_SIGNAL = {"enum": ["TERM", "INT", "KILL"]}
+
+
+def _obj(props: dict, required: list | None = None) -> dict:
+    return {"type": "object", "properties": props, "required": required or list(props),
+            "additionalProperties": False}
+
+
+SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": f"hpcserve job spec {SPEC_VERSION} (plan.json)",
+    **_obj({
+        "spec": {"const": SPEC}, "spec_version": {"const": SPEC_VERSION},
+        "hpcserve_version": _STR, "name": _STR, "job_dir": _STR,
+        "engine": _obj({"name": _STR, "title": _STR, "version": _STR,
+                        "simulate": {"type": "boolean"}}),
+        "profile": _STR, "model_path": _STR, "served_name": _STR, "time_limit": _STR,
+        "signal_grace": _INT, "requeue": _INT, "jobs_dir": _STR,
+        "readiness": _obj({"engine_timeout": _INT, "router_timeout": _INT,
+                           "poll_interval": {"type": "number"}, "smoke_tokens": _INT}),
+        "container": _obj({"runtime": {"enum": ["pyxis", "enroot", "apptainer", "none"]},
+                           "image": _OPT_STR}),
+        "network": _obj({"interface": _STR, "ib_devices": {}}),
+        "components": {"type": "array", "items": _obj({
+            "index": _INT, "name": _STR, "nodes": _INT,
+            "directives": {"type": "array", "items": {"type": "array"}}})},
+        "instances": {"type": "array", "items": _obj({
+            "name": _STR, "role": {"enum": ["prefill", "decode", "worker"]}, "index": _INT,
+            "component": _INT, "node_offset": _INT, "nodes": _INT, "tasks_per_node": _INT,
+            "mpi": _OPT_STR, "gpus_per_node": _INT, "gpu_ids": _OPT_STR,
+            "port": _INT, "ports": {"type": "object", "additionalProperties": _INT},
+            "health_path": _STR, "stop_signal": _SIGNAL,
+            "parallel": {"type": "object", "additionalProperties": _INT},
+            "argv": {"type": "array", "items": _WORD},
+            "rank_argv": {"type": "array", "items": {"type": "array", "items": _WORD}},
+            "env": {"type": "array", "items": {"type": "array", "prefixItems": [_STR, _WORD]}}})},
+        "router": {"anyOf": [{"type": "null"}, _obj({
+            "name": _STR, "component": _INT, "node_offset": _INT, "port": _INT,
+            "prometheus_port": _INT, "pd": {"type": "boolean"},
+            "readiness": _obj({"path": _STR, "count": {"type": "array", "items": _STR},
+                               "workers": _INT}),
+            "api_key_env": _OPT_STR, "stop_signal": _SIGNAL,
+            "command": {"type": "array", "items": _WORD},
+            "argv": {"type": "array", "items": _WORD},
+            "env": {"type": "array", "items": {"type": "array", "prefixItems": [_STR, _WORD]}}})]},
+        "secret_env": {"type": "array", "items": _STR},
+        "warnings": {"type": "array", "items": _STR},
+        "notes": {"type": "array", "items": _STR},
+    }),
+}

@@ -1,0 +1,24 @@
+"""The Jinja2 environment of sbatch_templates/: StrictUndefined, and the `q` filter that quotes
+every word for bash. Shared by the renderer and the container runtimes' task script."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from .words import quote
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "sbatch_templates"
+
+_env = None
+
+
+def jinja():
+    global _env
+    if _env is None:
+        import jinja2  # not at import time: `hpcserve --help` and status need no templates
+        _env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+            trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
+        _env.filters["q"] = lambda v: quote(v) if isinstance(v, (str, tuple)) else shlex.quote(str(v))
+    return _env
