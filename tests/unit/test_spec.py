@@ -1,0 +1,64 @@
+"""plan.json is the declared run-time spec: every rendered one validates against it, the runtime
+knows the same version, and a job directory of another spec version is refused before anything
+starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from hpcserve.runtime import job as jobmod
+from hpcserve.runtime import spec
+from unitkit import EXAMPLES, ROOT, install_stubs, read_stub_log, render
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_every_rendered_plan_json_is_a_valid_spec(example):
+    plan = json.loads(render(example, "/jobs/x")["plan.json"][0])
+    jsonschema.Draft202012Validator(spec.SCHEMA).validate(plan)
+    assert (plan["spec"], plan["spec_version"]) == (spec.SPEC, spec.SPEC_VERSION)
+
+
+def test_the_runtime_understands_the_spec_the_renderer_writes():
+    # hpcserve_job.py is copied into job directories and cannot import hpcserve: it keeps its
+    # own copy of the constants, which must not drift.
+    assert (jobmod.SPEC, jobmod.SPEC_VERSION) == (spec.SPEC, spec.SPEC_VERSION)
+
+
+def _job_dir(tmp_path: Path, edit) -> Path:
+    jd = tmp_path / "job"
+    for rel, (text, _mode) in render(ROOT / "examples" / "demo.yaml", str(jd)).items():
+        (jd / rel).parent.mkdir(parents=True, exist_ok=True)
+        (jd / rel).write_text(text)
+    (jd / "logs").mkdir()
+    (jd / "run").mkdir()
+    plan = json.loads((jd / "plan.json").read_text())
+    edit(plan)
+    (jd / "plan.json").write_text(json.dumps(plan))
+    return jd
+
+
+@pytest.mark.parametrize("edit,says", [
+    (lambda p: p.update(spec_version=1), "is run-time spec 1"),
+    (lambda p: p.update(spec_version=3, hpcserve_version="9.9"), "rendered by hpcserve 9.9"),
+    (lambda p: p.pop("spec"), "is run-time spec"),
+], ids=["older", "newer", "undeclared"])
+def test_a_job_directory_of_another_spec_is_refused_before_anything_runs(tmp_path, edit, says):
+    jd = _job_dir(tmp_path, edit)
+    bindir = install_stubs(tmp_path / "bin")
+    log = tmp_path / "calls.jsonl"
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "HPCSERVE_STUB_LOG": str(log),
+           "SLURM_JOB_ID": "4242"}
+    r = subprocess.run([sys.executable, str(jd / "hpcserve_job.py"), "run", str(jd)], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert says in r.stderr and "understands spec 2 only" in r.stderr
+    state = json.loads((jd / "state.json").read_text())
+    assert state["phase"] == "failed" and says in state["reason"]
+    assert state["failure"] == {"reason": "incompatible job directory"}
+    assert read_stub_log(log) == []  # no srun, squeue or scancel: nothing was started
