@@ -236,6 +236,7 @@ class _Draft:
     notes: list[str] = field(default_factory=list)
     router_component: int | None = None
     prometheus_port: int | None = None
+    router_words: list = field(default_factory=list)   # what the instances need of the router
 
 
 def build(cfg: Resolved) -> Plan:
@@ -364,6 +365,7 @@ def _plan_role(d: _Draft, ci: int, role: str) -> None:
             raise _err(cfg, rp + e.key, e.message) from None
         if i == 0:
             d.warnings += [f"{role}: {w}" for w in ln.warnings]
+        d.router_words += [w for w in ln.router_args if w not in d.router_words]
         slot = i % per_node
         gpu_ids = (",".join(str(g) for g in range(slot * ctx.gpus, (slot + 1) * ctx.gpus))
                    if ctx.shared else None)
@@ -399,6 +401,7 @@ def _plan_router(d: _Draft) -> RouterPlan | None:
             decode=[heads[i.name] for i in d.instances if i.role == "decode"],
             workers=[heads[i.name] for i in d.instances if i.role == "worker"],
             port=rc.port, prometheus_port=d.prometheus_port, policy=rc.policy, args=rc.args)
+        argv += d.router_words
     except FlagError as e:
         raise _err(d.cfg, ("router",) + e.key, e.message) from None
     python = rc.python or d.cfg.deployment.engine.python

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from .base import EngineAdapter
 from .sglang import ADAPTER as _SGLANG
+from .vllm import ADAPTER as _VLLM
 
-ADAPTERS: dict[str, EngineAdapter] = {a.name: a for a in (_SGLANG,)}
+ADAPTERS: dict[str, EngineAdapter] = {a.name: a for a in (_SGLANG, _VLLM)}
 DEFAULT = _SGLANG.name  # engine.name when a deployment names none
 
 

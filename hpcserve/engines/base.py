@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from ..values import check_secrets
 from ..words import Word
-from .flags import FlagMatrix, Release, Vocabulary
+from .flags import FlagError, FlagMatrix, Release, Vocabulary, arg_words
 
 SIM_DIR = Path(__file__).resolve().parent.parent / "sim"
 
@@ -101,6 +101,7 @@ class Launch:
     rank_argv: tuple[tuple[Word, ...], ...] = ()  # per node rank: what that rank adds
     env: tuple[tuple[str, Word], ...] = ()      # engine defaults the user's env may override
     late_env: tuple[tuple[str, Word], ...] = ()  # set last unless the user set them
+    router_args: tuple[Word, ...] = ()          # what the router needs for this instance
     warnings: tuple[str, ...] = ()
 
 
@@ -127,6 +128,17 @@ class RouterAdapter:
              workers: list[Word], port: int, prometheus_port: int, policy: str,
              args: dict[str, Any]) -> list[Word]:
         raise NotImplementedError
+
+    def extra_args(self, args: dict[str, Any]) -> list[Word]:
+        """router.args as words, refusing what the plan writes itself."""
+        w: list[Word] = []
+        for name, value in args.items():
+            if "--" + name in self.owned:
+                raise FlagError(("args", name), f"--{name} is set by hpcserve from the plan "
+                                                "(router port/policy, worker URLs); use the "
+                                                "router's own keys")
+            w += arg_words("--" + name, value)
+        return w
 
 
 class EngineAdapter:

@@ -17,7 +17,7 @@ from ..values import FLAG_NAME, ENV_NAME, ArgValue, EnvValue
 from ..words import Var, Word
 from .base import (EngineAdapter, Launch, Layout, Net, PortRequest, RoleContext, RouterAdapter,
                    RouterReadiness, SettingsBase)
-from .flags import FlagError, FlagMatrix, Release, Vocabulary, arg_words, fmt
+from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 
 ENGINE_PORT = 30000
 BOOTSTRAP_PORT = 8998
@@ -158,18 +158,7 @@ class SGLangRouter(RouterAdapter):
             w += workers
         w += ["--host", "0.0.0.0", "--port", str(port), "--policy", policy,
               "--prometheus-host", "0.0.0.0", "--prometheus-port", str(prometheus_port)]
-        return w + router_args(self, args)
-
-
-def router_args(router: RouterAdapter, args: dict[str, Any]) -> list[Word]:
-    """router.args as words, refusing what the plan writes itself."""
-    w: list[Word] = []
-    for name, value in args.items():
-        if "--" + name in router.owned:
-            raise FlagError(("args", name), f"--{name} is set by hpcserve from the plan (router "
-                                            "port/policy, worker URLs); use the router's own keys")
-        w += arg_words("--" + name, value)
-    return w
+        return w + self.extra_args(args)
 
 
 class SGLang(EngineAdapter):

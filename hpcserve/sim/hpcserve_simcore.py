@@ -224,6 +224,9 @@ class Rendezvous:
         if reply.get("shutdown"):
             fatal(0, "the leader shut down during init; exiting")
         if not reply.get("ok"):
+            # The leader fails first (it found the error); this side notices it going, as a
+            # peer of a dead rendezvous does, so srun reports the leader's task first.
+            time.sleep(eng.peer_loss_delay)
             fatal(1, f"rendezvous failed, the leader says: {reply.get('error')}")
         sock.settimeout(None)
         apply_keepalive(sock)

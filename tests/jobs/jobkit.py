@@ -35,6 +35,15 @@ def deployment(prefill_nodes: int = 1, decode_nodes: int = 1, **over: Any) -> di
     return d
 
 
+def vllm_deployment(roles: dict, **over: Any) -> dict:
+    """A simulated vLLM 0.33.0 deployment of Kimi-K2 on the local cluster, vllm-router in front."""
+    d = deployment(**over)
+    d["name"] = over.get("name", "t-vllm")
+    d["engine"] = {"name": "vllm", "version": "0.33.0", "simulate": True}
+    d["roles"] = roles
+    return d
+
+
 class Job:
     def __init__(self, cluster: Any, job_dir: Path, job_id: str, env: dict):
         self.cluster = cluster

@@ -17,7 +17,9 @@ ENGINE = REPO / "hpcserve" / "sim" / "sglang.py"
 # on cluster nodes' own python3, so HPCSERVE_SIM_TEST_PYTHON can point the tests at an old one.
 ENGINE_PY = os.environ.get("HPCSERVE_SIM_TEST_PYTHON") or sys.executable
 ENGINE_CMD = [ENGINE_PY, "-I", "-S", str(ENGINE)]
+VLLM_CMD = [ENGINE_PY, "-I", "-S", str(REPO / "hpcserve" / "sim" / "vllm.py"), "serve"]
 ROUTER_CMD = [sys.executable, "-m", "sglang_router.launch_router"]
+VLLM_ROUTER_CMD = [sys.executable, "-m", "vllm_router.launch_router"]
 
 
 def free_port(host="127.0.0.1"):
@@ -88,6 +90,16 @@ class Procs:
         return self.start(cmd + [str(a) for a in argv], name, clean_env(**env),
                           cwd=REPO if module else None)
 
+    def vllm(self, *argv, name="vllm", **env):
+        """The simulated vLLM: `vllm serve` with these arguments."""
+        return self.start(VLLM_CMD + [str(a) for a in argv], name, clean_env(**env))
+
+    def vllm_router(self, *argv, name="vllm-router"):
+        extra = ["--host", "127.0.0.1", "--prometheus-host", "127.0.0.1",
+                 "--prometheus-port", free_port(), "--worker-startup-check-interval", 1,
+                 "--policy", "round_robin"]
+        return self.start(VLLM_ROUTER_CMD + [str(a) for a in list(argv) + extra], name)
+
     def router(self, *argv, name="router"):
         extra = ["--prometheus-host", "127.0.0.1", "--prometheus-port", free_port(),
                  "--worker-startup-check-interval", 1, "--log-level", "warn"]
@@ -95,7 +107,7 @@ class Procs:
 
     def close(self):
         for p in reversed(self.all):
-            if p.alive() and "sglang_router.launch_router" in p.cmd:
+            if p.alive() and p.cmd[:3] in (ROUTER_CMD, VLLM_ROUTER_CMD):
                 p.popen.terminate()  # let the router shut down cleanly when it can
                 try:
                     p.popen.wait(5)

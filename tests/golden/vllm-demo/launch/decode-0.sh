@@ -1,0 +1,54 @@
+#!/bin/bash
+# decode-0: simulated vLLM 0.33.0 decode instance 0, TP 1, DP 16, EP 16 (component 1 nodes 0-1)
+# Runs once on each of the instance's 2 node(s). The node rank and the
+# addresses are looked up in the task from this node's own name (SLURMD_NODENAME) in
+# run/decode-0.nodes, which hpcserve_job.py writes after address discovery.
+set -euo pipefail
+JOB_DIR=/jobs/vllm-demo
+NODES_FILE="$JOB_DIR/run/decode-0.nodes"
+me="${SLURMD_NODENAME:?SLURMD_NODENAME is not set: run this through srun}"
+# columns: node-rank  node-name  address  interface  ib-devices
+read -r NODE_RANK _ NODE_IP NODE_IFACE IB_DEVICES < <(awk -v me="$me" '$2 == me' "$NODES_FILE") || true
+if [ -z "${NODE_RANK:-}" ]; then
+  echo "hpcserve: node $me is not one of decode-0's nodes ($NODES_FILE)" >&2
+  exit 3
+fi
+read -r _ _ LEADER_IP _ < <(awk '$1 == 0' "$NODES_FILE")
+[ "$IB_DEVICES" = "-" ] && IB_DEVICES=""
+IB_PORTS="${IB_DEVICES:+${IB_DEVICES//,/:1,}:1}"  # mlx5_0,mlx5_1 -> mlx5_0:1,mlx5_1:1 (UCX form)
+exec >"$JOB_DIR/logs/decode-0.node${NODE_RANK}.${me}.log" 2>&1
+echo "hpcserve: decode-0 node-rank $NODE_RANK on $me ($NODE_IP), leader $LEADER_IP"
+
+export PYTHONUNBUFFERED=1
+export GLOO_SOCKET_IFNAME=eth0
+export NCCL_SOCKET_IFNAME=eth0
+export VLLM_NIXL_SIDE_CHANNEL_PORT=5600
+export VLLM_HOST_IP="${NODE_IP}"
+export VLLM_NIXL_SIDE_CHANNEL_HOST="${NODE_IP}"
+export HPCSERVE_SIM_STARTUP_DELAY=1.0
+export HPCSERVE_SIM_PREFILL_S_PER_TOKEN=0.0
+export HPCSERVE_SIM_DECODE_S_PER_TOKEN=0.01
+export HPCSERVE_SIM_INIT_TIMEOUT=60
+
+# What each node rank adds to the command, computed by hpcserve from the plan.
+case "$NODE_RANK" in
+  0) RANK_ARGS=() ;;
+  1) RANK_ARGS=(--headless --data-parallel-start-rank 8) ;;
+esac
+
+exec \
+  python3 /jobs/vllm-demo/hpcserve_sim.py \
+  serve /models/Kimi-K2-Instruct \
+  --served-model-name kimi-k2 \
+  --host "${NODE_IP}" \
+  --port 8100 \
+  --data-parallel-size 16 \
+  --data-parallel-size-local 8 \
+  --data-parallel-address "${LEADER_IP}" \
+  --data-parallel-rpc-port 29550 \
+  --kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}' \
+  --enable-expert-parallel \
+  --enable-auto-tool-choice \
+  --tool-call-parser kimi_k2 \
+  --trust-remote-code \
+  ${RANK_ARGS[@]+"${RANK_ARGS[@]}"}

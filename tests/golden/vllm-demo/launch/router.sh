@@ -1,0 +1,22 @@
+#!/bin/bash
+# router: vllm-router in PD mode in front of 1 prefill and 1 decode instance(s).
+# Runs as one task; hpcserve_job.py starts it once every instance answers /health, and writes
+# run/endpoints.env with each instance's node-rank-0 address.
+set -euo pipefail
+JOB_DIR=/jobs/vllm-demo
+source "$JOB_DIR/run/endpoints.env"
+exec >"$JOB_DIR/logs/router.log" 2>&1
+
+export PYTHONUNBUFFERED=1
+
+exec \
+  python3 -m vllm_router.launch_router \
+  --vllm-pd-disaggregation \
+  --prefill http://"${PREFILL_0_IP}":8100 \
+  --decode http://"${DECODE_0_IP}":8100 \
+  --host 0.0.0.0 \
+  --port 8000 \
+  --policy round_robin \
+  --prometheus-host 0.0.0.0 \
+  --prometheus-port 29000 \
+  --worker-startup-check-interval 1

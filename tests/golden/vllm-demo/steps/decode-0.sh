@@ -1,0 +1,14 @@
+#!/bin/bash
+# decode-0: simulated vLLM 0.33.0 decode instance 0, TP 1, DP 16, EP 16 (component 1 nodes 0-1)
+# Started by hpcserve_job.py with NODELIST set to this step's nodes.
+set -euo pipefail
+exec srun \
+  --het-group=1 \
+  --nodes=2 \
+  --ntasks=2 \
+  --ntasks-per-node=1 \
+  --nodelist="${NODELIST}" \
+  --overlap \
+  --job-name=decode-0 \
+  --kill-on-bad-exit=1 \
+  bash /jobs/vllm-demo/launch/decode-0.sh

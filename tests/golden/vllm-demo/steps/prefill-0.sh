@@ -1,0 +1,14 @@
+#!/bin/bash
+# prefill-0: simulated vLLM 0.33.0 prefill instance 0, TP 8, EP 8 (component 0 nodes 0)
+# Started by hpcserve_job.py with NODELIST set to this step's nodes.
+set -euo pipefail
+exec srun \
+  --het-group=0 \
+  --nodes=1 \
+  --ntasks=1 \
+  --ntasks-per-node=1 \
+  --nodelist="${NODELIST}" \
+  --overlap \
+  --job-name=prefill-0 \
+  --kill-on-bad-exit=1 \
+  bash /jobs/vllm-demo/launch/prefill-0.sh

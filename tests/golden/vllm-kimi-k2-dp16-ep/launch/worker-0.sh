@@ -1,0 +1,55 @@
+#!/bin/bash
+# worker-0: vLLM 0.33.0 plain instance 0, TP 1, DP 16, EP 16 (component 0 nodes 0-1)
+# Runs once on each of the instance's 2 node(s), inside the container. The node rank and the
+# addresses are looked up in the task from this node's own name (SLURMD_NODENAME) in
+# run/worker-0.nodes, which hpcserve_job.py writes after address discovery.
+set -euo pipefail
+JOB_DIR=/jobs/vllm-kimi-k2-dp16-ep
+NODES_FILE="$JOB_DIR/run/worker-0.nodes"
+me="${SLURMD_NODENAME:?SLURMD_NODENAME is not set: run this through srun}"
+# columns: node-rank  node-name  address  interface  ib-devices
+read -r NODE_RANK _ NODE_IP NODE_IFACE IB_DEVICES < <(awk -v me="$me" '$2 == me' "$NODES_FILE") || true
+if [ -z "${NODE_RANK:-}" ]; then
+  echo "hpcserve: node $me is not one of worker-0's nodes ($NODES_FILE)" >&2
+  exit 3
+fi
+read -r _ _ LEADER_IP _ < <(awk '$1 == 0' "$NODES_FILE")
+[ "$IB_DEVICES" = "-" ] && IB_DEVICES=""
+IB_PORTS="${IB_DEVICES:+${IB_DEVICES//,/:1,}:1}"  # mlx5_0,mlx5_1 -> mlx5_0:1,mlx5_1:1 (UCX form)
+exec >"$JOB_DIR/logs/worker-0.node${NODE_RANK}.${me}.log" 2>&1
+echo "hpcserve: worker-0 node-rank $NODE_RANK on $me ($NODE_IP), leader $LEADER_IP"
+
+export PYTHONUNBUFFERED=1
+export GLOO_SOCKET_IFNAME=ib0
+export NCCL_SOCKET_IFNAME=ib0
+export NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7
+export UCX_NET_DEVICES=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1
+export NCCL_IB_GID_INDEX=3
+export NCCL_CROSS_NIC=0
+export UCX_TLS=rc,ud,sm,cuda_copy,cuda_ipc,gdr_copy,tcp
+export VLLM_HOST_IP="${NODE_IP}"
+
+# What each node rank adds to the command, computed by hpcserve from the plan.
+case "$NODE_RANK" in
+  0) RANK_ARGS=() ;;
+  1) RANK_ARGS=(--headless --data-parallel-start-rank 8) ;;
+esac
+
+exec \
+  python3 -m vllm.entrypoints.cli.main \
+  serve /lustre/models/Kimi-K2-Instruct \
+  --served-model-name kimi-k2 \
+  --host "${NODE_IP}" \
+  --port 8100 \
+  --data-parallel-size 16 \
+  --data-parallel-size-local 8 \
+  --data-parallel-address "${LEADER_IP}" \
+  --data-parallel-rpc-port 29550 \
+  --enable-expert-parallel \
+  --gpu-memory-utilization 0.85 \
+  --max-num-seqs 256 \
+  --max-num-batched-tokens 8192 \
+  --enable-auto-tool-choice \
+  --tool-call-parser kimi_k2 \
+  --trust-remote-code \
+  ${RANK_ARGS[@]+"${RANK_ARGS[@]}"}

@@ -1,0 +1,19 @@
+#!/bin/bash
+# router: vllm-router on node 0 of component 0
+# Started by hpcserve_job.py with NODELIST set to this step's nodes.
+set -euo pipefail
+exec srun \
+  --nodes=1 \
+  --ntasks=1 \
+  --ntasks-per-node=1 \
+  --nodelist="${NODELIST}" \
+  --overlap \
+  --job-name=router \
+  --kill-on-bad-exit=1 \
+  --container-image=vllm/vllm-openai:v0.33.0 \
+  --container-mounts=/lustre:/lustre,/jobs/vllm-kimi-k2-dp16-ep:/jobs/vllm-kimi-k2-dp16-ep \
+  --container-workdir=/jobs/vllm-kimi-k2-dp16-ep \
+  --no-container-mount-home \
+  --container-writable \
+  --container-env=NCCL_IB_HCA,NCCL_SOCKET_IFNAME,GLOO_SOCKET_IFNAME,UCX_NET_DEVICES \
+  bash /jobs/vllm-kimi-k2-dp16-ep/launch/container-task.sh router bash /jobs/vllm-kimi-k2-dp16-ep/launch/router.sh

@@ -1,0 +1,19 @@
+#!/bin/bash
+# worker-0: vLLM 0.33.0 plain instance 0, TP 8, PP 2, DCP 8 (component 0 nodes 0-1)
+# Started by hpcserve_job.py with NODELIST set to this step's nodes.
+set -euo pipefail
+exec srun \
+  --nodes=2 \
+  --ntasks=2 \
+  --ntasks-per-node=1 \
+  --nodelist="${NODELIST}" \
+  --overlap \
+  --job-name=worker-0 \
+  --kill-on-bad-exit=1 \
+  --container-image=vllm/vllm-openai:v0.33.0 \
+  --container-mounts=/lustre:/lustre,/jobs/vllm-kimi-k2-tp8pp2-dcp8:/jobs/vllm-kimi-k2-tp8pp2-dcp8 \
+  --container-workdir=/jobs/vllm-kimi-k2-tp8pp2-dcp8 \
+  --no-container-mount-home \
+  --container-writable \
+  --container-env=NCCL_IB_HCA,NCCL_SOCKET_IFNAME,GLOO_SOCKET_IFNAME,UCX_NET_DEVICES \
+  bash /jobs/vllm-kimi-k2-tp8pp2-dcp8/launch/container-task.sh worker-0 bash /jobs/vllm-kimi-k2-tp8pp2-dcp8/launch/worker-0.sh

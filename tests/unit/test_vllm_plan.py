@@ -1,0 +1,177 @@
+"""The vLLM adapter: every seed layout planned per node rank (what the launch scripts really run,
+through bash), its topology checks and flag matrix refusals, its ports and its router."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hpcserve.errors import ConfigError
+from hpcserve.words import show
+from unitkit import (ROOT, plan_of, read_stub_log, run_bash, small_site, stub_env, write_nodes)
+
+HCAS = "mlx5_0"
+
+
+def vllm_doc(roles: dict, **over) -> dict:
+    d = {"name": "t", "site": small_site(),
+         "model": {"profile": "kimi-k2-instruct", "path": "/models/k2", "served_name": "k2"},
+         "engine": {"name": "vllm", "version": "0.33.0"}, "roles": roles}
+    d.update(over)
+    return d
+
+
+def _ranks_run(tmp_path, stubs, plan, inst_name: str) -> list[list[str]]:
+    """Write the job, run launch/<inst>.sh on every node of the instance; each node's argv."""
+    from hpcserve.render import render_files, write_job
+    bindir, log = stubs
+    jd = tmp_path / "job"
+    write_job(render_files(plan, str(jd)), jd)
+    inst = next(i for i in plan.instances if i.name == inst_name)
+    rows = [(r, f"n{r}", f"10.9.0.{r + 1}", "eth0", HCAS) for r in range(inst.nodes)]
+    write_nodes(jd, inst_name, rows)
+    for _, name, *_ in rows:
+        r = run_bash(jd / "launch" / f"{inst_name}.sh",
+                     stub_env(bindir, log, tmp_path, SLURMD_NODENAME=name), cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+    calls = read_stub_log(log)
+    assert [c["prog"] for c in calls] == ["python3"] * inst.nodes
+    return [c["argv"] for c in calls], [c["env"] for c in calls]
+
+
+def _opt(argv, flag):
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+def test_tp_across_nodes_uses_the_mp_executor_and_headless_followers(tmp_path, stubs):
+    plan = plan_of(tmp_path, vllm_doc({"worker": {"nodes": 2, "tp": 16}}))
+    argvs, envs = _ranks_run(tmp_path, stubs, plan, "worker-0")
+    for rank, argv in enumerate(argvs):
+        assert argv[:4] == ["-m", "vllm.entrypoints.cli.main", "serve", "/models/k2"]
+        assert (_opt(argv, "--nnodes"), _opt(argv, "--node-rank")) == ("2", str(rank))
+        assert _opt(argv, "--master-addr") == "10.9.0.1"  # node rank 0's address on both
+        assert _opt(argv, "--master-port") == "29501"
+        assert _opt(argv, "--distributed-executor-backend") == "mp"
+        assert _opt(argv, "--tensor-parallel-size") == "16"
+        assert ("--headless" in argv) == (rank > 0)
+        assert envs[rank]["VLLM_HOST_IP"] == f"10.9.0.{rank + 1}"
+    assert "--enable-auto-tool-choice" in argvs[0] and _opt(argvs[0], "--tool-call-parser") == "kimi_k2"
+
+
+def test_dp_across_nodes_gives_each_node_its_start_rank_and_the_head_none(tmp_path, stubs):
+    doc = vllm_doc({"worker": {"nodes": 3, "dp": 24, "expert_parallel": True}})
+    plan = plan_of(tmp_path, doc)
+    (inst,) = plan.instances
+    assert dict(inst.parallel) == {"tp": 1, "dp": 24, "ep": 24}
+    argvs, _ = _ranks_run(tmp_path, stubs, plan, "worker-0")
+    for rank, argv in enumerate(argvs):
+        assert (_opt(argv, "--data-parallel-size"), _opt(argv, "--data-parallel-size-local")) \
+            == ("24", "8")
+        assert _opt(argv, "--data-parallel-address") == "10.9.0.1"
+        assert _opt(argv, "--data-parallel-rpc-port") == "29550"
+        # vLLM 0.33 takes a start rank on the API-server node as hybrid load balancing
+        assert _opt(argv, "--data-parallel-start-rank") == (None if rank == 0 else str(8 * rank))
+        assert ("--headless" in argv) == (rank > 0)
+        assert "--enable-expert-parallel" in argv and "--nnodes" not in argv
+
+
+def test_seed_tp8_pp2_dcp8_example_spells_every_setting():
+    from unitkit import load_plan
+    p = load_plan(ROOT / "examples" / "vllm-kimi-k2-tp8pp2-dcp8.yaml")
+    words = [show(w, {}) for w in p.instances[0].argv]
+    for flag, value in (("--tensor-parallel-size", "8"), ("--pipeline-parallel-size", "2"),
+                        ("--decode-context-parallel-size", "8"), ("--kv-cache-dtype", "fp8"),
+                        ("--max-model-len", "2048"), ("--max-num-seqs", "1"),
+                        ("--max-num-batched-tokens", "1024"), ("--dtype", "bfloat16"),
+                        ("--quantization", "fp8"), ("--tokenizer-mode", "auto")):
+        assert _opt(words, flag) == value, flag
+    assert "--enable-chunked-prefill" in words and "--disable-log-requests" in words
+
+
+def test_pd_with_nixl_sets_the_side_channel_to_the_nodes_own_address(tmp_path):
+    plan = plan_of(tmp_path, vllm_doc({"prefill": {"nodes": 1}, "decode": {"nodes": 1}}))
+    for inst in plan.instances:
+        env = {k: show(v, {"NODE_IP": "IP"}) for k, v in inst.env}
+        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "IP"
+        assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == str(inst.port_of("side_channel"))
+        assert env["UCX_NET_DEVICES"] == "mlx5_0:1"
+        kv = json.loads(_opt(list(inst.argv), "--kv-transfer-config"))
+        assert kv == {"kv_connector": "NixlConnector",
+                      "kv_role": "kv_producer" if inst.role == "prefill" else "kv_consumer"}
+    words = [show(w, {}) for w in plan.router.argv]
+    assert plan.router.name == "vllm-router" and words[0] == "--vllm-pd-disaggregation"
+    # NIXL needs no bootstrap port: each --prefill has its URL only
+    assert words[words.index("--prefill") + 2] == "--decode"
+    assert plan.router.readiness_count == ("prefill.healthy", "decode.healthy")
+
+
+def test_pd_with_mooncake_gives_the_prefill_a_bootstrap_port_and_tells_the_router(tmp_path):
+    roles = {"prefill": {"nodes": 1, "kv_connector": "mooncake", "bootstrap_port": 9100},
+             "decode": {"nodes": 1, "kv_connector": "mooncake"}}
+    plan = plan_of(tmp_path, vllm_doc(roles))
+    pre = plan.instances[0]
+    assert dict(pre.env)["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "9100"
+    words = [show(w, {}) for w in plan.router.argv]
+    assert words[words.index("--prefill") + 2] == "9100"
+    assert words[-2:] == ["--kv-connector", "mooncake"]
+
+
+def test_instances_sharing_a_node_get_distinct_ports(tmp_path):
+    doc = vllm_doc({"worker": {"instances": 2, "gpus": 4}},
+                   model={"profile": "kimi-k2-thinking", "path": "/m"})
+    a, b = plan_of(tmp_path, doc).instances
+    assert a.node_offset == b.node_offset and a.port != b.port
+
+
+def test_side_channel_reserves_one_port_per_dp_rank(tmp_path):
+    # two PD instances of DP 4 on one node: 5600-5603 and the next free block, never overlapping
+    doc = vllm_doc({"prefill": {"instances": 2, "gpus": 4, "dp": 4},
+                    "decode": {"nodes": 1}}, model={"profile": "kimi-k2-thinking", "path": "/m"})
+    a, b = [i for i in plan_of(tmp_path, doc).instances if i.role == "prefill"]
+    ra = set(range(a.port_of("side_channel"), a.port_of("side_channel") + 4))
+    rb = set(range(b.port_of("side_channel"), b.port_of("side_channel") + 4))
+    assert len(ra) == len(rb) == 4 and not ra & rb
+
+
+@pytest.mark.parametrize("roles,field,says", [
+    ({"worker": {"nodes": 2, "tp": 8}}, "roles.worker.tp", "TP 8 x PP 1 x DP 1 must use exactly"),
+    ({"worker": {"nodes": 3, "dp": 6, "tp": 2}}, "roles.worker.tp", "must use exactly the 24"),
+    ({"worker": {"nodes": 4, "dp": 2, "tp": 16}}, "roles.worker.dp",
+     "dp 2 does not divide over the instance's 4 nodes"),
+    ({"worker": {"nodes": 1, "tp": 8, "dcp": 3}}, "roles.worker.dcp", "divisible by dcp 3"),
+    ({"worker": {"nodes": 1, "redundant_experts": 8}}, "roles.worker.redundant_experts",
+     "need eplb: true and expert_parallel: true"),
+    ({"worker": {"nodes": 1, "kv_connector": "nixl"}}, "roles.worker.kv_connector",
+     "prefill/decode disaggregation"),
+    ({"worker": {"nodes": 1, "args": {"num-redundant-experts": 8}}},
+     "roles.worker.args.num-redundant-experts", "--eplb-config"),
+    ({"worker": {"nodes": 1, "args": {"headless": True}}}, "roles.worker.args.headless",
+     "set by hpcserve"),
+    ({"worker": {"nodes": 1, "deepep_mode": "normal"}}, "roles.worker.deepep_mode",
+     "unknown key 'deepep_mode'"),
+], ids=["tp-mismatch", "dp-tp-mismatch", "dp-not-dividing", "dcp", "redundant-no-eplb",
+        "connector-no-pd", "planted-num-redundant-experts", "owned-headless", "sglang-key"])
+def test_layouts_vllm_refuses(tmp_path, roles, field, says):
+    with pytest.raises(ConfigError) as e:
+        plan_of(tmp_path, vllm_doc(roles))
+    assert e.value.field == field and says in e.value.message, str(e.value)
+    assert e.value.line is not None
+
+
+def test_an_unknown_key_lists_vllms_own_vocabulary(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        plan_of(tmp_path, vllm_doc({"worker": {"attn_dp": 8}}))
+    msg = e.value.message
+    assert "valid keys here:" in msg and "expert_parallel" in msg and "dcp" in msg
+    assert "deepep_mode" not in msg and "attn_dp" not in msg.split("valid keys here:")[1]
+
+
+def test_redundant_experts_are_spelled_as_eplb_config_on_0_33(tmp_path):
+    roles = {"worker": {"nodes": 2, "dp": 16, "expert_parallel": True, "eplb": True,
+                        "redundant_experts": 32}}
+    (inst,) = plan_of(tmp_path, vllm_doc(roles)).instances
+    words = list(inst.argv)
+    assert "--enable-eplb" in words
+    assert json.loads(_opt(words, "--eplb-config")) == {"num_redundant_experts": 32}
+    assert "--num-redundant-experts" not in words
