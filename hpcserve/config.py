@@ -109,6 +109,12 @@ class Paths:
         "where job directories are written (must be on a file system the nodes share)"))
     python: str = field(default="python3", metadata=doc(
         "python3 on the nodes (outside containers), used by the job's runtime helper"))
+    engine_python: dict[str, str] = field(default_factory=dict, metadata=doc(
+        "per engine name, the python that has it installed on the nodes (or in the image), "
+        "e.g. {vllm: /opt/vllm/bin/python}; a deployment's engine.python wins",
+        key_pattern=r"[a-z][a-z0-9_-]*"))
+    router_python: str | None = field(default=None, metadata=doc(
+        "the python that has the routers (default: the engine's)"))
 
 
 @dataclass(frozen=True)
@@ -177,7 +183,9 @@ class Engine:
     image: str | None = field(default=None, metadata=doc("overrides site.container.image"))
     simulate: bool = field(default=False, metadata=doc(
         "run hpcserve's stand-in engine with the same plan and argv (no GPU needed)"))
-    python: str = field(default="python3", metadata=doc("python inside the engine container"))
+    python: str | None = field(default=None, metadata=doc(
+        "python with the engine installed, inside its container (default: "
+        "site.paths.engine_python for this engine, else python3)"))
     sim_startup_delay: float = field(default=0.0, metadata=doc("simulated load time, s", ge=0))
     sim_prefill_s_per_token: float = field(default=0.0, metadata=doc("", ge=0))
     sim_decode_s_per_token: float = field(default=0.0, metadata=doc("", ge=0))
@@ -192,7 +200,8 @@ class Router:
     prometheus_port: int = field(default=29000, metadata=doc("", ge=1024, le=65535))
     policy: str = "round_robin"
     python: str | None = field(default=None, metadata=doc(
-        "python that has the engine's router; default: the engine's python in its container"))
+        "python that has the engine's router (default: site.paths.router_python, else the "
+        "engine's python)"))
     args: dict[str, ArgValue] = field(default_factory=dict, metadata=doc(
         "more router flags", key_pattern=FLAG_NAME))
     env: dict[str, EnvValue] = field(default_factory=dict, metadata=doc("", key_pattern=ENV_NAME))

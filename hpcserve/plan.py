@@ -404,7 +404,7 @@ def _plan_router(d: _Draft) -> RouterPlan | None:
         argv += d.router_words
     except FlagError as e:
         raise _err(d.cfg, ("router",) + e.key, e.message) from None
-    python = rc.python or d.cfg.deployment.engine.python
+    python = rc.python or d.cfg.site.paths.router_python or _engine_python(d)
     return RouterPlan(component=d.router_component, node_offset=0, port=rc.port,
                       prometheus_port=d.prometheus_port, command=tuple(router.command(python)),
                       argv=tuple(argv),
@@ -413,6 +413,11 @@ def _plan_router(d: _Draft) -> RouterPlan | None:
                       pd=d.pd, name=router.name, readiness_path=router.readiness(d.pd).path,
                       readiness_count=router.readiness(d.pd).count,
                       api_key_env=getattr(rc.args.get("api-key"), "from_env", None))
+
+
+def _engine_python(d: _Draft) -> str:
+    return (d.cfg.deployment.engine.python or d.cfg.site.paths.engine_python.get(d.adapter.name)
+            or "python3")
 
 
 def _check_node_limit(d: _Draft) -> None:
@@ -459,8 +464,8 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
         instances=tuple(d.instances), router=router, time_limit=dep.time_limit,
         signal_grace=site.slurm.signal_grace, container=site.container, image=image,
         interface=site.network.interface, ib_devices=site.network.ib_devices,
-        site_python=site.paths.python, engine_python=dep.engine.python,
-        engine_command=tuple(a.command(dep.engine.python)), health_path=a.health_path,
+        site_python=site.paths.python, engine_python=_engine_python(d),
+        engine_command=tuple(a.command(_engine_python(d))), health_path=a.health_path,
         stop_signal=a.stop_signal, readiness=dep.readiness,
         jobs_dir=dep.jobs_dir or site.paths.jobs_dir, requeue=dep.requeue,
         secret_env=tuple(dict.fromkeys(_secret_names(dep) + _secret_names(site)

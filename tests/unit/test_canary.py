@@ -140,6 +140,13 @@ VARIANT: dict[tuple, tuple[Any, list, dict]] = {
     # the deployment's jobs_dir wins over the site's
     ("site", "paths", "jobs_dir"): ("/canary/site/jobs", [(F_PLAN, '"/canary/site/jobs"')],
                                     {("jobs_dir",): None}),
+    # engine.python wins over the site's python for the engine, router.python over the site's
+    ("site", "paths", "engine_python"): ({"sglang": "/canary/site/engine/python"},
+                                         [(F_P0, "  /canary/site/engine/python ")],
+                                         {("engine", "python"): None}),
+    ("site", "paths", "router_python"): ("/canary/site/router/python",
+                                         [(F_R, "  /canary/site/router/python -m ")],
+                                         {("router", "python"): None}),
     # gres replaces --gpus-per-node
     ("site", "slurm", "gres"): ("gpu:canary:6", [(F_JOB, "#SBATCH --gres=gpu:canary:6\n")], {}),
     # a share of one node instead of whole nodes
@@ -186,7 +193,7 @@ ALLOW = {
     ("site", "node", "gpu_type"): "informational: the GPU model's name",
     ("site", "node", "gpu_memory_gb"): "only the planner's fit check (tests/unit/test_plan.py)",
     ("site", "slurm", "max_nodes"): "only the planner's node-count check (test_broken_configs)",
-    ("engine", "name"): "a single choice (sglang): nothing to vary",
+    ("engine", "name"): "the engine's own tests cover each (tests/unit/test_vllm_plan.py)",
     ("roles", "decode", "bootstrap_port"): "decode instances run no bootstrap server",
 }
 # Prefixes whose values are mapping entries checked by key and value (auto canaries below).

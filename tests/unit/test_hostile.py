@@ -56,7 +56,8 @@ RUNTIMES = ["pyxis", "apptainer", "enroot", "none"]
 # Where the position of the string in the value matters (option-like, tilde expansion).
 START_SENSITIVE = {"-leading-dash", "~"}
 # Commands named by config values: a stub is installed at the configured path.
-COMMANDS = {("site", "paths", "python"), ("engine", "python"), ("router", "python")}
+COMMANDS = {("site", "paths", "python"), ("engine", "python"), ("router", "python"),
+            ("site", "paths", "router_python")}
 # Mapping fields get one entry: key -> the hostile value.
 MAP_KEYS = {("site", "slurm", "extra_directives"): "comment",
             ("roles", "prefill", "args"): "chat-template", ("roles", "decode", "args"): "chat-template",
@@ -65,7 +66,8 @@ MAP_KEYS = {("site", "slurm", "extra_directives"): "comment",
 NOWHERE = {("site", "description"), ("site", "node", "gpu_type")}
 # Fields another one shadows (engine.image over site.container.image, jobs_dir over paths.jobs_dir).
 SHADOW = {("site", "container", "image"): ("engine", "image"),
-          ("site", "paths", "jobs_dir"): ("jobs_dir",)}
+          ("site", "paths", "jobs_dir"): ("jobs_dir",),
+          ("site", "paths", "router_python"): ("router", "python")}
 CONTAINER = ("site", "container")
 
 
