@@ -1,0 +1,63 @@
+"""The engine seam holds: no module outside hpcserve/engines/ (and the stand-ins in sim/) names an
+engine in its code, and every registered engine provides the whole adapter interface."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from hpcserve import engines
+from hpcserve.engines.base import EngineAdapter, RouterAdapter
+
+PKG = Path(__file__).resolve().parents[2] / "hpcserve"
+NAMES = re.compile(r"\b(" + "|".join(map(re.escape, engines.names())) + r")(\b|_)", re.I)
+
+
+def _code_mentions(path: Path) -> list[str]:
+    """Identifiers, imports and string constants naming an engine; docstrings and the help
+    texts of config fields (doc(...)) are prose and may give examples."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    prose: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body and \
+                isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
+            prose.add(id(node.body[0].value))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "doc":
+            prose.update(id(a) for a in ast.walk(node))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+            text = node.value
+        elif isinstance(node, ast.Name):
+            text = node.id
+        elif isinstance(node, ast.Attribute):
+            text = node.attr
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            text = " ".join([getattr(node, "module", None) or ""] + [a.name for a in node.names])
+        else:
+            continue
+        if NAMES.search(text):
+            found.append(f"{path.relative_to(PKG.parent)}:{getattr(node, 'lineno', '?')}: {text!r}")
+    return found
+
+
+def test_no_module_outside_the_engines_names_an_engine():
+    outside = [p for p in PKG.rglob("*.py")
+               if p.relative_to(PKG).parts[0] not in ("engines", "sim")]
+    assert len(outside) > 10
+    mentions = [m for p in outside for m in _code_mentions(p)]
+    assert not mentions, "\n".join(mentions)
+
+
+@pytest.mark.parametrize("name", engines.names())
+def test_every_engine_provides_the_whole_adapter(name):
+    a = engines.get(name)
+    for method in ("layout", "ports", "launch", "command", "describe"):
+        assert getattr(type(a), method) is not getattr(EngineAdapter, method), method
+    for method in ("command", "argv", "readiness"):
+        assert getattr(type(a.router), method) is not getattr(RouterAdapter, method), method
+    assert a.name == name and a.title and a.sim_source().is_file()
+    assert a.matrix.known_versions(), "a flag matrix with at least one release"
