@@ -86,3 +86,37 @@ def sglang_parser() -> SglangParser:
     python = venv / "bin" / "python"
     assert python.exists(), f"{python} missing after setup-engines.sh"
     return SglangParser(python)
+
+
+VLLM_CHECK = Path(__file__).resolve().parent / "vllm_check.py"
+VLLM_SETUP = REPO / "scripts" / "setup-vllm-parser.sh"
+
+
+class VllmParser:
+    """``parse(argvs)`` -> one ``{ok, error, values}`` per argv, through `vllm serve`'s parser."""
+
+    def __init__(self, python: Path):
+        self.python = python
+        self.version = None
+
+    def __call__(self, argvs: list[list[str]]) -> list[dict[str, Any]]:
+        proc = subprocess.run([str(self.python), str(VLLM_CHECK)],
+                              input=json.dumps({"argvs": argvs}), capture_output=True, text=True,
+                              timeout=600, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
+        if proc.returncode != 0:
+            raise RuntimeError(f"vllm_check.py exited {proc.returncode}\n{proc.stderr[-4000:]}")
+        out = json.loads(proc.stdout)
+        self.version = out["vllm_version"]
+        assert len(out["results"]) == len(argvs)
+        return out["results"]
+
+
+@pytest.fixture(scope="session")
+def vllm_parser() -> VllmParser:
+    venv = Path(os.environ.get("HPCSERVE_VLLM_PARSER_VENV", REPO / ".venv-engines-vllm"))
+    proc = subprocess.run(["bash", str(VLLM_SETUP)], capture_output=True, text=True,
+                          timeout=1800, env={**os.environ, "HPCSERVE_VLLM_PARSER_VENV": str(venv)})
+    if proc.returncode != 0:
+        pytest.fail(f"scripts/setup-vllm-parser.sh failed ({proc.returncode}); the vLLM parser "
+                    f"tests need it.\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}", pytrace=False)
+    return VllmParser(venv / "bin" / "python")

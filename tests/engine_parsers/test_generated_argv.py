@@ -13,7 +13,9 @@ from hpcserve.words import show
 pytestmark = pytest.mark.engine_parser
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml")) + [ROOT / "bench" / "synthetic-1024.yaml"]
+EXAMPLES = [p for p in sorted((ROOT / "examples").glob("*.yaml"))
+            if config.load(p).deployment.engine.name == "sglang"] + [
+    ROOT / "bench" / "synthetic-1024.yaml"]
 
 
 def _argvs(p) -> list[tuple[str, int, list[str], dict]]:
