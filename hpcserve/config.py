@@ -19,8 +19,7 @@ from . import engines
 from .engines.base import setting_names
 from .errors import ConfigError
 from .schema import FieldProblem, Validator, doc, json_schema, schema_ref
-from .values import (ENV_NAME, FLAG_NAME, NAME, ArgValue, EnvValue, FromEnv,  # noqa: F401
-                     check_secrets)
+from .values import ENV_NAME, FLAG_NAME, NAME, ArgValue, EnvValue, check_secrets
 from .yamlsrc import Origin, Positions, check_string, format_path, load_file, load_text
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import engines
-from .config import FromEnv, Resolved, merged_settings
+from .config import Resolved, merged_settings
 from .engines.base import EngineAdapter, Layout, Net, RoleContext
 from .engines.flags import FlagError, Release
 from .errors import ConfigError
+from .values import FromEnv
 from .words import Var, Word
 from .yamlsrc import format_path
 

@@ -10,12 +10,12 @@ them, with the release range that has them and the named setting that replaces t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from ..schema import doc
 from ..values import FLAG_NAME, ENV_NAME, ArgValue, EnvValue
 from ..words import Var, Word
-from .base import (EngineAdapter, Launch, Layout, Net, PortRequest, RoleContext, RouterAdapter,
+from .base import (EngineAdapter, Launch, Layout, PortRequest, RoleContext, RouterAdapter,
                    RouterReadiness, SettingsBase)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 

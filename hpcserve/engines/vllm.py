@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from ..schema import doc
 from ..values import ENV_NAME, FLAG_NAME, ArgValue, EnvValue

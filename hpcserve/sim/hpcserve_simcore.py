@@ -490,6 +490,26 @@ class HandlerBase(BaseHTTPRequestHandler):
             with eng.lock:
                 eng.inflight -= 1
 
+    def answer(self, kind):
+        """One generation request, its errors answered as the engine words them (error())."""
+        eng = self.engine
+        try:
+            body = self.read_body()
+            if eng.terminating or eng.status != "ready":
+                return self.error(kind, 503, "server is not ready or is shutting down")
+            self.generate(kind, body)
+        except BadRequest as e:
+            self.error(kind, 400, str(e))
+        except KVTransferError as e:
+            self.error(kind, 500, self.kv_failure(e))
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+            self.error(kind, 400, f"malformed request: {e!r}")  # odd shapes of valid JSON
+
+    def kv_failure(self, e):
+        """The message of a request whose KV never arrived."""
+        log(f"ERROR: {e}")
+        return str(e)
+
     # -- OpenAI chat and completions
     def openai_request(self, kind, body):
         """(prompt tokens, max new tokens, stream) of a chat or completion request."""

@@ -28,7 +28,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hpcserve_simcore import (TAG, BadRequest, EngineBase, HandlerBase,  # noqa: E402
                               KVTransferError, Rendezvous, bind_socket, count_tokens, env_float,
-                              fatal, first_int, log, self_check, serve_http)
+                              first_int, log, self_check, serve_http)
 
 SGLANG_VERSION = "0.5.23"
 
@@ -256,21 +256,6 @@ class SimHandler(HandlerBase):
                 return self.send_json(200, None)
             return self.send_json(404, {"detail": "Not Found"})
         self.count_inflight(lambda: self.answer(kinds[path]))
-
-    def answer(self, kind):
-        eng = self.engine
-        try:
-            body = self.read_body()
-            if eng.terminating or eng.status != "ready":
-                return self.error(kind, 503, "server is not ready or is shutting down")
-            self.generate(kind, body)
-        except BadRequest as e:
-            self.error(kind, 400, str(e))
-        except KVTransferError as e:
-            log(f"ERROR: {e}")
-            self.error(kind, 500, str(e))
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
-            self.error(kind, 400, f"malformed request: {e!r}")  # odd shapes of valid JSON
 
     def error(self, kind, code, msg):
         if kind == "generate":

@@ -41,7 +41,7 @@ import uuid
 # The shared part lies beside this file, in the package and in a job directory alike (and
 # `python -I` does not put the script's own folder on sys.path).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hpcserve_simcore import (TAG, BadRequest, EngineBase, HandlerBase,  # noqa: E402
+from hpcserve_simcore import (TAG, EngineBase, HandlerBase,  # noqa: E402
                               KVTransferError, Rendezvous, bind_socket, env_float, fatal, log,
                               read_msg, self_check, send_msg, serve_http)
 
@@ -401,22 +401,11 @@ class VLLMHandler(HandlerBase):
             return self.send_json(404, {"detail": "Not Found"})
         self.count_inflight(lambda: self.answer(kinds[path]))
 
-    def answer(self, kind):
-        eng = self.engine
-        try:
-            body = self.read_body()
-            if eng.terminating or eng.status != "ready":
-                return self.error(503, "server is shutting down")
-            self.generate(kind, body)
-        except BadRequest as e:
-            self.error(400, str(e))
-        except KVTransferError:
-            # kv_load_failure_policy "fail": the request ends with finish_reason "error"
-            self.error(500, "Internal server error")
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
-            self.error(400, f"malformed request: {e!r}")
+    def kv_failure(self, e):
+        # kv_load_failure_policy "fail": the request ends with finish_reason "error"
+        return "Internal server error"
 
-    def error(self, code, msg):
+    def error(self, kind, code, msg):
         typ = {400: "BadRequestError", 503: "ServiceUnavailableError"}.get(
             code, "InternalServerError")
         self.send_json(code, {"error": {"message": msg, "type": typ, "param": None,
