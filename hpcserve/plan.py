@@ -93,6 +93,7 @@ class RouterPlan:
     name: str                      # the router program, for people
     readiness_path: str            # GET answers 200 once it routes to every worker: the sum
     readiness_count: tuple[str, ...]  # of these (dotted) JSON fields reaches their number
+    files: tuple[tuple[str, tuple[Word, ...]], ...] = ()  # run/<name>, one Word per line
     api_key_env: str | None = None
 
 
@@ -394,15 +395,16 @@ def _plan_router(d: _Draft) -> RouterPlan | None:
     heads = {i.name: ("http://", Var(f"{i.role.upper()}_{i.index}_IP"), f":{i.port}")
              for i in d.instances}
     router = d.adapter.router
+    urls = dict(pd=d.pd,
+                prefill=[(heads[i.name], i.port_of("bootstrap")) for i in d.instances
+                         if i.role == "prefill"],
+                decode=[heads[i.name] for i in d.instances if i.role == "decode"],
+                workers=[heads[i.name] for i in d.instances if i.role == "worker"], port=rc.port)
     try:
-        argv = router.argv(
-            pd=d.pd,
-            prefill=[(heads[i.name], i.port_of("bootstrap")) for i in d.instances
-                     if i.role == "prefill"],
-            decode=[heads[i.name] for i in d.instances if i.role == "decode"],
-            workers=[heads[i.name] for i in d.instances if i.role == "worker"],
-            port=rc.port, prometheus_port=d.prometheus_port, policy=rc.policy, args=rc.args)
+        argv = router.argv(**urls, prometheus_port=d.prometheus_port, policy=rc.policy,
+                           args=rc.args)
         argv += d.router_words
+        files = router.config_files(**urls)
     except FlagError as e:
         raise _err(d.cfg, ("router",) + e.key, e.message) from None
     python = rc.python or d.cfg.site.paths.router_python or _engine_python(d)
@@ -413,6 +415,7 @@ def _plan_router(d: _Draft) -> RouterPlan | None:
                                 {"PYTHONUNBUFFERED": "1", **rc.env}.items()),
                       pd=d.pd, name=router.name, readiness_path=router.readiness(d.pd).path,
                       readiness_count=router.readiness(d.pd).count,
+                      files=tuple((name, tuple(lines)) for name, lines in files.items()),
                       api_key_env=getattr(rc.args.get("api-key"), "from_env", None))
 
 

@@ -148,6 +148,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
         files["launch/router.sh"] = (env.get_template("launch_router.sh.j2").render(
             router=r.name, mode="PD" if r.pd else "plain", workers=workers, job_dir=jd,
             env=[(k, quote(v)) for k, v in r.env],
+            files=[(name, [quote(w) for w in lines]) for name, lines in r.files],
             command=_argv_lines(list(r.command), r.argv)), 0o755)
 
     files.update(container_files(plan, jd))

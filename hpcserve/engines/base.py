@@ -13,6 +13,12 @@ An adapter owns, for its engine:
   common to every node and the per-node-rank differences (`--headless`, DP start ranks), all
   computed here, rendered as they are, never computed in shell;
 - its environment, the readiness probe, how it stops, and its router (`RouterAdapter`).
+
+How the engines still to come fit: TensorRT-LLM runs one task per GPU (Layout.tasks_per_node,
+Layout.mpi = "pmix"; every task's log is its own) as `trtllm-llmapi-launch trtllm-serve ...`,
+its front server `trtllm-serve disaggregated -c FILE` takes the workers from a file that
+RouterAdapter.config_files writes in the task once the addresses are known. KTransformers is
+SGLang with `--kt-*` settings and a CPU share of the node: a vocabulary and a layout.
 """
 
 from __future__ import annotations
@@ -128,6 +134,13 @@ class RouterAdapter:
              workers: list[Word], port: int, prometheus_port: int, policy: str,
              args: dict[str, Any]) -> list[Word]:
         raise NotImplementedError
+
+    def config_files(self, *, pd: bool, prefill: list[tuple[Word, int | None]],
+                     decode: list[Word], workers: list[Word], port: int) -> dict[str, list[Word]]:
+        """Files the router reads, by name under run/, one Word per line: written by its launch
+        script in the task, after discovery, so the workers' addresses are known (a front server
+        that takes its workers from a config file, as `trtllm-serve disaggregated -c` does)."""
+        return {}
 
     def extra_args(self, args: dict[str, Any]) -> list[Word]:
         """router.args as words, refusing what the plan writes itself."""

@@ -61,3 +61,34 @@ def test_every_engine_provides_the_whole_adapter(name):
         assert getattr(type(a.router), method) is not getattr(RouterAdapter, method), method
     assert a.name == name and a.title and a.sim_source().is_file()
     assert a.matrix.known_versions(), "a flag matrix with at least one release"
+
+
+def test_a_router_config_file_is_written_in_the_task_with_the_discovered_addresses(
+        tmp_path, stubs, monkeypatch):
+    # How a front server that reads its workers from a file (trtllm-serve disaggregated -c) fits
+    # the seam: the adapter gives lines, the router's launch script writes them after discovery.
+    from hpcserve.engines import sglang
+    from hpcserve.render import render_files, write_job
+    from unitkit import ROOT, load_plan, read_stub_log, run_bash, stub_env
+
+    class FileRouter(sglang.SGLangRouter):
+        def config_files(self, *, pd, prefill, decode, workers, port):
+            return {"front.yaml": ["context_servers:",
+                                   *[("  - ", url[1], f":{url[2].split(':')[-1]}")
+                                     for url, _ in prefill],
+                                   f"port: {port}", "note: $(touch PWNED) `touch PWNED` 'q' \"d\""]}
+
+    monkeypatch.setattr(sglang.ADAPTER, "router", FileRouter())
+    plan = load_plan(ROOT / "examples" / "demo.yaml")
+    assert plan.router.files[0][0] == "front.yaml"
+    jd = tmp_path / "job"
+    write_job(render_files(plan, str(jd)), jd)
+    (jd / "run" / "endpoints.env").write_text("PREFILL_0_IP=10.3.0.7\nDECODE_0_IP=10.3.0.8\n")
+    bindir, log = stubs
+    r = run_bash(jd / "launch" / "router.sh", stub_env(bindir, log, tmp_path), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (jd / "run" / "front.yaml").read_text() == (
+        "context_servers:\n  - 10.3.0.7:30000\nport: 8000\n"
+        "note: $(touch PWNED) `touch PWNED` 'q' \"d\"\n")
+    assert not list(tmp_path.rglob("PWNED"))
+    assert [c["prog"] for c in read_stub_log(log)] == ["python3"]  # then the router started
