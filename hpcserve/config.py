@@ -110,7 +110,8 @@ class Paths:
         "python3 on the nodes (outside containers), used by the job's runtime helper"))
     engine_python: dict[str, str] = field(default_factory=dict, metadata=doc(
         "per engine name, the python that has it installed on the nodes (or in the image), "
-        "e.g. {vllm: /opt/vllm/bin/python}; a deployment's engine.python wins",
+        "e.g. {vllm: /opt/vllm/bin/python}; a deployment's engine.python wins, and a "
+        "simulated engine (stdlib only) runs on python3",
         key_pattern=r"[a-z][a-z0-9_-]*"))
     router_python: str | None = field(default=None, metadata=doc(
         "the python that has the routers (default: the engine's)"))

@@ -420,8 +420,11 @@ def _plan_router(d: _Draft) -> RouterPlan | None:
 
 
 def _engine_python(d: _Draft) -> str:
-    return (d.cfg.deployment.engine.python or d.cfg.site.paths.engine_python.get(d.adapter.name)
-            or "python3")
+    """The python that runs the engine. A stand-in (engine.simulate) needs only the standard
+    library, not the engine's environment: the site's engine python is for the real one."""
+    e = d.cfg.deployment.engine
+    site = None if e.simulate else d.cfg.site.paths.engine_python.get(d.adapter.name)
+    return e.python or site or "python3"
 
 
 def _check_node_limit(d: _Draft) -> None:

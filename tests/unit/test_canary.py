@@ -140,10 +140,12 @@ VARIANT: dict[tuple, tuple[Any, list, dict]] = {
     # the deployment's jobs_dir wins over the site's
     ("site", "paths", "jobs_dir"): ("/canary/site/jobs", [(F_PLAN, '"/canary/site/jobs"')],
                                     {("jobs_dir",): None}),
-    # engine.python wins over the site's python for the engine, router.python over the site's
+    # engine.python wins over the site's python for the (real) engine, router.python over the
+    # site's router python
     ("site", "paths", "engine_python"): ({"sglang": "/canary/site/engine/python"},
-                                         [(F_P0, "  /canary/site/engine/python ")],
-                                         {("engine", "python"): None}),
+                                         [(F_P0, "  /canary/site/engine/python -m ")],
+                                         {("engine", "python"): None,
+                                          ("engine", "simulate"): False}),
     ("site", "paths", "router_python"): ("/canary/site/router/python",
                                          [(F_R, "  /canary/site/router/python -m ")],
                                          {("router", "python"): None}),

@@ -175,3 +175,18 @@ def test_redundant_experts_are_spelled_as_eplb_config_on_0_33(tmp_path):
     assert "--enable-eplb" in words
     assert json.loads(_opt(words, "--eplb-config")) == {"num_redundant_experts": 32}
     assert "--num-redundant-experts" not in words
+
+
+def test_the_sites_engine_python_runs_the_real_engine_and_never_a_stand_in(tmp_path):
+    site = small_site()
+    site["paths"]["engine_python"] = {"vllm": "/opt/vllm/bin/python"}
+    site["paths"]["router_python"] = "/opt/routers/bin/python"
+    doc = vllm_doc({"worker": {"nodes": 1}}, site=site)
+    real = plan_of(tmp_path, doc, "real.yaml")
+    assert real.engine_command[0] == "/opt/vllm/bin/python"
+    assert real.router.command[0] == "/opt/routers/bin/python"
+    doc["engine"]["simulate"] = True
+    sim = plan_of(tmp_path, doc, "sim.yaml")
+    assert sim.engine_python == "python3"  # the stand-in needs no engine environment
+    doc["engine"]["python"] = "/usr/bin/python3.11"
+    assert plan_of(tmp_path, doc, "own.yaml").engine_python == "/usr/bin/python3.11"
