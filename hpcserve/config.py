@@ -22,8 +22,7 @@ from .schema import FieldProblem, Validator, doc, json_schema, schema_ref
 from .values import ENV_NAME, FLAG_NAME, NAME, ArgValue, EnvValue, check_secrets
 from .yamlsrc import Origin, Positions, check_string, format_path, load_file, load_text
 
-ROOT = Path(__file__).resolve().parent.parent
-BUNDLED_SITES = ROOT / "site_configs"
+BUNDLED_SITES = Path(__file__).resolve().parent / "site_configs"
 BUNDLED_PROFILES = Path(__file__).resolve().parent / "models"
 
 TIME = r"(\d+-)?\d{1,3}:\d{2}:\d{2}"

@@ -1,4 +1,4 @@
-"""The Jinja2 environment of sbatch_templates/: StrictUndefined, and the `q` filter that quotes
+"""The Jinja2 environment of hpcserve/sbatch_templates/: StrictUndefined, and the `q` filter that quotes
 every word for bash. Shared by the renderer and the container runtimes' task script."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .words import quote
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "sbatch_templates"
+TEMPLATES = Path(__file__).resolve().parent / "sbatch_templates"
 
 _env = None
 

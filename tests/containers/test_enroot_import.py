@@ -12,7 +12,7 @@ import pytest
 
 from ctkit import ROOT, Fakes
 
-HELPER = ROOT / "containers" / "enroot-import.sh"
+HELPER = ROOT / "hpcserve" / "container_recipes" / "enroot-import.sh"
 
 
 
