@@ -690,18 +690,25 @@ class Job:
         m = re.search(r"^KillWait\s*=\s*(\d+)", out, re.M)
         return float(m.group(1)) if m else None
 
-    def teardown(self) -> None:
-        self.stop_discovery()
-        grace = float(self.plan["signal_grace"])
-        budget = max(2.0, grace - 5)
-        hard_end = float("inf")  # when Slurm's own SIGKILL may end this process
-        if self.signal_seen and self.signal_seen[0] == signal.SIGTERM:
+    def teardown_budget(self) -> tuple[float, float]:
+        """(seconds for the whole teardown, the time Slurm's own SIGKILL may end this process)."""
+        budget = max(2.0, float(self.plan["signal_grace"]) - 5)
+        hard_end = float("inf")
+        if self.signal_seen and self.signal_seen[0] == signal.SIGTERM and \
+                self.signal_reason != "time_limit":
             # TERM may be a plain scancel: Slurm's own SIGKILL follows after KillWait, and the
-            # final state must be written before it. Slurm kills what is left anyway.
+            # final state must be written before it. Slurm kills what is left anyway. The time
+            # limit's TERM (--signal=B:TERM@grace) comes `grace` s before the end: that is the
+            # budget then, not KillWait (draining 16 enroot nodes takes more than 15 s).
             kw = self.kill_wait()
             if kw is not None:
                 hard_end = self.signal_seen[1] + kw - 0.7
                 budget = max(0.5, min(budget, (hard_end - now()) / 2))
+        return budget, hard_end
+
+    def teardown(self) -> None:
+        self.stop_discovery()
+        budget, hard_end = self.teardown_budget()
         end = now() + budget
         live = [n for n, p in self.steps.items() if p.poll() is None]
         if not live:

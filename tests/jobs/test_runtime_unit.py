@@ -361,3 +361,17 @@ def test_no_cleanup_step_without_leftovers_or_for_other_runtimes(make_job, monke
     job.plan["container"]["runtime"] = "enroot"
     (Path(job.dir) / "run" / "containers" / "hpcserve-1.2-p-0-n").unlink()
     job.cleanup_containers(5)  # nothing left
+
+
+@pytest.mark.parametrize("reason,want_budget", [("time_limit", 115.0), ("cancelled", 2.15)])
+def test_a_time_limit_teardown_uses_the_grace_and_a_scancel_keeps_killwait(make_job, monkeypatch,
+                                                                           reason, want_budget):
+    # signal_grace 120: the time limit's TERM leaves 120 s; a plain scancel's TERM is followed by
+    # Slurm's SIGKILL after KillWait (here 5 s), so the teardown must fit in half of that.
+    job = make_job([], signal_grace=120)
+    monkeypatch.setattr(job, "kill_wait", lambda: 5.0)
+    job.signal_seen = (signal.SIGTERM, time.time())
+    job.signal_reason = reason
+    budget, hard_end = job.teardown_budget()
+    assert budget == pytest.approx(want_budget, abs=0.1)
+    assert (hard_end == float("inf")) == (reason == "time_limit")
