@@ -99,13 +99,19 @@ class VllmParser:
         self.python = python
         self.version = None
 
-    def __call__(self, argvs: list[list[str]]) -> list[dict[str, Any]]:
-        proc = subprocess.run([str(self.python), str(VLLM_CHECK)],
-                              input=json.dumps({"argvs": argvs}), capture_output=True, text=True,
-                              timeout=600, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
+    def _run(self, args: list[str], stdin: str = "") -> dict[str, Any]:
+        proc = subprocess.run([str(self.python), str(VLLM_CHECK), *args], input=stdin,
+                              capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
         if proc.returncode != 0:
             raise RuntimeError(f"vllm_check.py exited {proc.returncode}\n{proc.stderr[-4000:]}")
-        out = json.loads(proc.stdout)
+        return json.loads(proc.stdout)
+
+    def list_flags(self) -> list[str]:
+        return self._run(["--list-flags"])["flags"]
+
+    def __call__(self, argvs: list[list[str]]) -> list[dict[str, Any]]:
+        out = self._run([], json.dumps({"argvs": argvs}))
         self.version = out["vllm_version"]
         assert len(out["results"]) == len(argvs)
         return out["results"]

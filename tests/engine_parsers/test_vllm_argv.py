@@ -114,3 +114,10 @@ def test_router_command_parses_with_vllm_routers_own_parser(example):
     else:
         assert not args.vllm_pd_disaggregation
         assert args.worker_urls == [url[i.name] for i in p.instances]
+
+
+def test_the_flag_matrix_of_0_33_0_is_the_real_parsers(vllm_parser):
+    from hpcserve.engines import vllm
+    real = set(vllm_parser.list_flags())
+    ours = set(vllm.ADAPTER.matrix.versions()["0.33.0"]["flags"])
+    assert real == ours, {"missing": sorted(real - ours), "extra": sorted(ours - real)}

@@ -6,6 +6,7 @@
 The parser is built the way `vllm serve` builds it (vllm/entrypoints/cli/main.py): a
 FlexibleArgumentParser whose `serve` subcommand is ServeSubcommand.subparser_init's, so the
 positional model, `--headless`, the DP flags and vLLM's own argument rewriting all apply.
+`--list-flags` prints the serve subcommand's long options instead.
 Each argv starts with "serve". Prints {"vllm_version", "results": [{ok, error, values}]}; values
 are the parsed namespace entries of KEYS (kv_transfer_config and eplb_config as plain dicts).
 """
@@ -64,10 +65,20 @@ def parse(p, argv: list[str]) -> dict:
     return {"ok": True, "values": {k: plain(getattr(ns, k)) for k in KEYS if hasattr(ns, k)}}
 
 
+def serve_flags(p) -> list[str]:
+    """Every long option of the `serve` subcommand (argparse's --help aside)."""
+    sub = next(a for a in p._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
+    serve = sub.choices["serve"]
+    return sorted(o for o in serve._option_string_actions if o.startswith("--") and o != "--help")
+
+
 def main() -> int:
     import vllm
-    req = json.load(sys.stdin)
     p = parser()
+    if sys.argv[1:] == ["--list-flags"]:
+        json.dump({"vllm_version": vllm.__version__, "flags": serve_flags(p)}, sys.stdout)
+        return 0
+    req = json.load(sys.stdin)
     out = {"vllm_version": vllm.__version__, "results": [parse(p, a) for a in req["argvs"]]}
     json.dump(out, sys.stdout)
     return 0

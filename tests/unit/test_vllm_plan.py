@@ -190,3 +190,41 @@ def test_the_sites_engine_python_runs_the_real_engine_and_never_a_stand_in(tmp_p
     assert sim.engine_python == "python3"  # the stand-in needs no engine environment
     doc["engine"]["python"] = "/usr/bin/python3.11"
     assert plan_of(tmp_path, doc, "own.yaml").engine_python == "/usr/bin/python3.11"
+
+
+@pytest.mark.parametrize("version,want", [
+    ("0.33.0", ["--eplb-config", '{"num_redundant_experts":8}']),
+    ("0.12.0", ["--eplb-config", '{"num_redundant_experts":8}']),
+    # 0.10.2 and 0.11 have both; --num-redundant-experts is deprecated there, so the fresh one
+    ("0.10.2", ["--eplb-config", '{"num_redundant_experts":8}']),
+    ("0.10.0", ["--num-redundant-experts", "8"]),
+])
+def test_redundant_experts_are_spelled_per_release(tmp_path, version, want):
+    doc = vllm_doc({"worker": {"nodes": 1, "dp": 8, "expert_parallel": True, "eplb": True,
+                               "redundant_experts": 8}})
+    doc["engine"]["version"] = version
+    words = list(plan_of(tmp_path, doc).instances[0].argv)
+    i = words.index(want[0])
+    assert words[i:i + 2] == want
+
+
+def test_tp_across_nodes_needs_a_release_with_nnodes(tmp_path):
+    doc = vllm_doc({"worker": {"nodes": 2, "tp": 16}})
+    doc["engine"]["version"] = "0.10.2"
+    with pytest.raises(ConfigError) as e:
+        plan_of(tmp_path, doc)
+    assert "vLLM 0.10.2 has no --nnodes" in e.value.message and "0.11.1" in e.value.message
+    # DP across the same two nodes needs no --nnodes, and 0.10.2 has every flag of it
+    doc["roles"]["worker"] = {"nodes": 2, "dp": 16, "expert_parallel": True}
+    (inst,) = plan_of(tmp_path, doc, "dp.yaml").instances
+    assert "--data-parallel-address" in inst.argv
+
+
+def test_a_setting_the_release_cannot_spell_is_refused_naming_it(tmp_path):
+    doc = vllm_doc({"worker": {"nodes": 1, "all2all_backend": "deepep_low_latency"}})
+    doc["engine"]["version"] = "0.11.0"
+    with pytest.raises(ConfigError) as e:
+        plan_of(tmp_path, doc)
+    assert e.value.field == "roles.worker.all2all_backend"
+    assert "vLLM 0.11.0 has no flag for all2all_backend (looked for --all2all-backend)" \
+        in e.value.message
