@@ -234,5 +234,5 @@ def test_several_plain_instances_sit_behind_vllm_routers_plain_mode(tmp_path):
     plan = plan_of(tmp_path, vllm_doc({"worker": {"instances": 3, "nodes": 1}}))
     words = [show(w, {}) for w in plan.router.argv]
     assert words[0] == "--worker-urls" and "--vllm-pd-disaggregation" not in words
-    assert words[1:4] == [f"http://${{WORKER_{i}_IP}}:8100" for i in range(3)]
+    assert words[1:4] == [f"http://$WORKER_{i}_IP:8100" for i in range(3)]
     assert plan.router.readiness_count == ("healthy_workers",)
