@@ -121,6 +121,7 @@ class Plan:
     engine_command: tuple[Word, ...]   # the real engine's program (simulate: the stand-in's)
     health_path: str
     stop_signal: str
+    scratch: bool
     readiness: Any
     jobs_dir: str
     requeue: int
@@ -473,7 +474,8 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
         interface=site.network.interface, ib_devices=site.network.ib_devices,
         site_python=site.paths.python, engine_python=_engine_python(d),
         engine_command=tuple(a.command(_engine_python(d))), health_path=a.health_path,
-        stop_signal=a.stop_signal, readiness=dep.readiness,
+        stop_signal=a.stop_signal, scratch=a.scratch and not dep.engine.simulate,
+        readiness=dep.readiness,
         jobs_dir=dep.jobs_dir or site.paths.jobs_dir, requeue=dep.requeue,
         secret_env=tuple(dict.fromkeys(_secret_names(dep) + _secret_names(site)
                                        + _secret_names(prof))),

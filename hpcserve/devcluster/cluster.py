@@ -451,18 +451,26 @@ PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP Ov
         # process cleanly and leave no zombies behind in a long-lived caller such as pytest.
         self._launch("slurmctld", [bins["slurmctld"], "-f", str(self.conf_path)],
                      run_dir / "slurmctld.pid", state)
-        for node in layout["nodes"]:
+        cpus = sorted(os.sched_getaffinity(0))
+        for i, node in enumerate(layout["nodes"]):
             # nsenter, not `ip netns exec`: the latter remounts /sys and slurmd then fails with
             # "No filesystem mounted on /sys/fs/cgroup".
             argv = [bins["nsenter"], f"--net=/run/netns/{layout['netns'][node]}",
                     bins["slurmd"], "-f", str(self.conf_path), "-N", node]
-            self._launch(f"slurmd:{node}", argv, run_dir / f"slurmd-{node}.pid", state)
+            # Each node gets a core of its own (round robin over this machine's), which its
+            # tasks inherit: an engine binding threads to "its" CPUs (vLLM's CPU backend) then
+            # finds one per node, as on separate machines, instead of all nodes on core 0.
+            self._launch(f"slurmd:{node}", argv, run_dir / f"slurmd-{node}.pid", state,
+                         cpus={cpus[i % len(cpus)]})
 
-    def _launch(self, role: str, argv: list[str], pid_file: Path, state: dict[str, Any]) -> None:
+    def _launch(self, role: str, argv: list[str], pid_file: Path, state: dict[str, Any],
+                cpus: set[int] | None = None) -> None:
         out = self.log_dir / f"{role.replace(':', '-')}.out"
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         with open(out, "ab") as fh:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh,
-                                    env=self._daemon_env(), start_new_session=True)
+                                    env=self._daemon_env(), start_new_session=True,
+                                    preexec_fn=pin)
         try:
             rc = proc.wait(timeout=self.timeout)
         except subprocess.TimeoutExpired:

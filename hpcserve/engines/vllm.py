@@ -184,6 +184,7 @@ class VLLM(EngineAdapter):
     vocabulary = Vocabulary(SPELLINGS, OWNED, LEGACY)
     router = VLLMRouter()
     sim_file = "vllm.py"
+    scratch = True  # ZMQ socket files and /tmp/vllm_dist_* stay in /tmp after a clean exit
     port_fields = {"master_port": "first torch.distributed port of multi-node TP/PP "
                                   "(--master-port)",
                    "dp_rpc_port": "first DP handshake port (--data-parallel-rpc-port)",

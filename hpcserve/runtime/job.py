@@ -450,10 +450,9 @@ class Job:
         try:
             # before a requeue, which ends this allocation; within the grace where there is some
             grace = float(self.plan["signal_grace"])
-            self.cleanup_containers(min(self.CLEANUP_TIMEOUT,
-                                        max(10.0, stop_at + grace - 5 - now())))
+            self.cleanup_nodes(min(self.CLEANUP_TIMEOUT, max(10.0, stop_at + grace - 5 - now())))
         except Exception as e:
-            self.log(f"container cleanup error: {e!r}")
+            self.log(f"node cleanup error: {e!r}")
         final = "cancelled" if phase == "cancelled" else phase
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         if final == "failed" and restarts < int(self.plan.get("requeue") or 0) and self.job_id:
@@ -753,41 +752,49 @@ class Job:
                                 pass
                     self.wait_steps(left, min(now() + 2, hard_end))
 
-    def cleanup_containers(self, timeout: float) -> None:
-        """enroot: remove the containers of tasks that were SIGKILLed (srun's --kill-on-bad-exit,
-        or the KILL tier above) before their container-task.sh could remove them. Best-effort."""
-        if (self.plan.get("container") or {}).get("runtime") != "enroot":
-            return
-        made = os.path.join(self.dir, "run", "containers")  # one file per container not removed
+    def cleanup_nodes(self, timeout: float) -> None:
+        """What tasks leave on their nodes when they end early: enroot containers of tasks that
+        were SIGKILLed (srun's --kill-on-bad-exit, or the KILL tier above) before their
+        container-task.sh could remove them, and the engine's private temporary directories
+        (plan "scratch"). Each is listed by a file under run/ while it exists. Best-effort."""
+        jd = os.path.abspath(self.dir)
+        if (self.plan.get("container") or {}).get("runtime") == "enroot":
+            self._cleanup("container", "containers",
+                          ["bash", os.path.join(jd, "launch", "container-task.sh"), "--cleanup"],
+                          timeout)
+        if self.plan.get("scratch"):
+            self._cleanup("scratch", "scratch",
+                          ["bash", os.path.join(jd, "launch", "scratch-cleanup.sh")], timeout)
+
+    def _cleanup(self, what: str, marks: str, argv: list[str], timeout: float) -> None:
+        made = os.path.join(self.dir, "run", marks)  # one file per thing not removed yet
         try:
             left = sorted(os.listdir(made))
         except OSError:
             return
         if not left:
             return
-        self.log(f"containers left behind: {', '.join(left)}; removing them")
-        task = os.path.join(os.path.abspath(self.dir), "launch", "container-task.sh")
+        self.log(f"{what} left behind: {', '.join(left)}; removing them")
         comps = self.plan["components"]
         procs = []
-        with open(os.path.join(self.dir, "logs", "container-cleanup.log"), "ab") as out:
-            # One step per component on all its nodes: --cleanup removes only the leftovers of
-            # the node it runs on, so every node must run it.
+        with open(os.path.join(self.dir, "logs", f"{what}-cleanup.log"), "ab") as out:
+            # One step per component on all its nodes: each removes only the leftovers of the
+            # node it runs on, so every node must run it.
             for c in comps:
                 cmd = ["srun", *([f"--het-group={c['index']}"] if len(comps) > 1 else []),
                        f"--nodes={c['nodes']}", f"--ntasks={c['nodes']}", "--ntasks-per-node=1",
-                       "--overlap", "--job-name=container-cleanup", "--kill-on-bad-exit=0",
-                       "bash", task, "--cleanup"]
+                       "--overlap", f"--job-name={what}-cleanup", "--kill-on-bad-exit=0", *argv]
                 try:
                     procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                                   stdin=subprocess.DEVNULL))
                 except OSError as e:
-                    self.log(f"container cleanup on component {c['index']}: {e!r}")
+                    self.log(f"{what} cleanup on component {c['index']}: {e!r}")
         end = now() + timeout
         while now() < end and any(p.poll() is None for p in procs):
             time.sleep(0.1)
         for p in procs:
             if p.poll() is None:
-                self.log(f"container cleanup still running after {timeout:.0f} s: stopping it")
+                self.log(f"{what} cleanup still running after {timeout:.0f} s: stopping it")
                 try:
                     p.terminate()
                     p.wait(timeout=3)
@@ -803,8 +810,8 @@ class Job:
             left = sorted(os.listdir(made))
         except OSError:
             left = []
-        self.log("container cleanup: " + (f"still left: {', '.join(left)} (see "
-                                          "logs/container-cleanup.log)" if left else "none left"))
+        self.log(f"{what} cleanup: " + (f"still left: {', '.join(left)} (see "
+                                        f"logs/{what}-cleanup.log)" if left else "none left"))
 
 
 _SIGNALS = {"Killed": 9, "Terminated": 15, "Segmentation fault": 11, "Aborted": 6, "Bus error": 7}

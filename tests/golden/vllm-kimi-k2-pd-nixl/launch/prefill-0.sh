@@ -18,6 +18,11 @@ read -r _ _ LEADER_IP _ < <(awk '$1 == 0' "$NODES_FILE")
 IB_PORTS="${IB_DEVICES:+${IB_DEVICES//,/:1,}:1}"  # mlx5_0,mlx5_1 -> mlx5_0:1,mlx5_1:1 (UCX form)
 exec >"$JOB_DIR/logs/prefill-0.node${NODE_RANK}.${me}.log" 2>&1
 echo "hpcserve: prefill-0 node-rank $NODE_RANK on $me ($NODE_IP), leader $LEADER_IP"
+# The engine's temporary files (IPC sockets, rendezvous files, compile caches) go to a directory
+# of this job's own on the node; hpcserve_job.py has it removed once the job's steps ended.
+export TMPDIR="${TMPDIR:-/tmp}/hpcserve-f75dee7b1aa5/prefill-0.${NODE_RANK}"
+mkdir -p -- "$TMPDIR" "$JOB_DIR/run/scratch"
+: >"$JOB_DIR/run/scratch/prefill-0.${NODE_RANK}.$me"
 
 export PYTHONUNBUFFERED=1
 export GLOO_SOCKET_IFNAME=ib0
