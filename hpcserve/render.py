@@ -7,7 +7,6 @@ StrictUndefined and receive every word already quoted for bash by the `q` filter
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -111,10 +110,9 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
             command=[quote(w) for w in cmd]), 0o755)
 
     launch = env.get_template("launch_engine.sh.j2")
-    scratch = scratch_name(jd) if plan.scratch else None
-    if scratch:
+    if plan.scratch:
         files["launch/scratch-cleanup.sh"] = (env.get_template("scratch_cleanup.sh.j2").render(
-            scratch=scratch, job_dir=jd), 0o755)
+            job_dir=jd), 0o755)
     for inst in plan.instances:
         srun_extra, prefix = wrap_task(plan, jd, inst.name)
         files[f"steps/{inst.name}.sh"] = (step.render(
@@ -130,7 +128,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
         if plan.simulate:
             envs += _sim_env(plan, inst)
         files[f"launch/{inst.name}.sh"] = (launch.render(
-            inst=inst, title=_title(plan, inst), job_dir=jd, scratch=scratch,
+            inst=inst, title=_title(plan, inst), job_dir=jd, scratch=plan.scratch,
             in_container=plan.container.runtime != "none",
             env=[(k, quote(v)) for k, v in envs],
             rank_args=[" ".join(quote(w) for w in r) for r in inst.rank_argv],
@@ -157,19 +155,13 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
             command=_argv_lines(list(r.command), r.argv)), 0o755)
 
     files.update(container_files(plan, jd))
-    files["plan.json"] = (json.dumps(job_spec(plan, jd, scratch), indent=1) + "\n", 0o644)
+    files["plan.json"] = (json.dumps(job_spec(plan, jd), indent=1) + "\n", 0o644)
     files["hpcserve_job.py"] = (RUNTIME.read_text(encoding="utf-8"), 0o755)
     if plan.simulate:
         sim = engines.get(plan.engine).sim_source()
         files["hpcserve_sim.py"] = (sim.read_text(encoding="utf-8"), 0o755)
         files[SIM_CORE.name] = (SIM_CORE.read_text(encoding="utf-8"), 0o755)
     return files
-
-
-def scratch_name(job_dir: str) -> str:
-    """The name of the job's private temporary directory on each node: unique per job
-    directory, the same for every task and for the cleanup."""
-    return "hpcserve-" + hashlib.sha1(job_dir.encode()).hexdigest()[:12]
 
 
 def _sim_env(plan: Plan, inst: Instance) -> list[tuple[str, Word]]:

@@ -32,9 +32,8 @@ def words(ws) -> list:
     return [word(w) for w in ws]
 
 
-def job_spec(plan, job_dir: str, scratch: str | None = None) -> dict:
-    """plan.json of a plan rendered for `job_dir` (`scratch`: the engines' private temporary
-    directory on each node, which the runtime has removed after the steps ended)."""
+def job_spec(plan, job_dir: str) -> dict:
+    """plan.json of a plan rendered for `job_dir`."""
     return {
         "spec": SPEC, "spec_version": SPEC_VERSION, "hpcserve_version": __version__,
         "name": plan.name, "job_dir": job_dir,
@@ -46,7 +45,8 @@ def job_spec(plan, job_dir: str, scratch: str | None = None) -> dict:
         "readiness": {k: getattr(plan.readiness, k) for k in
                       ("engine_timeout", "router_timeout", "poll_interval", "smoke_tokens")},
         "container": {"runtime": plan.container.runtime, "image": plan.image},
-        "scratch": scratch,
+        # the engines' private temporary directories, to be removed from every node at the end
+        "scratch": plan.scratch,
         "network": {"interface": plan.interface, "ib_devices": plan.ib_devices},
         "components": [{"index": c.index, "name": c.name, "nodes": c.nodes,
                         "directives": [list(d) for d in c.directives]}
@@ -115,7 +115,7 @@ SCHEMA = {
                            "poll_interval": {"type": "number"}, "smoke_tokens": _INT}),
         "container": _obj({"runtime": {"enum": ["pyxis", "enroot", "apptainer", "none"]},
                            "image": _OPT_STR}),
-        "scratch": _OPT_STR,
+        "scratch": {"type": "boolean"},
         "network": _obj({"interface": _STR, "ib_devices": {}}),
         "components": {"type": "array", "items": _obj({
             "index": _INT, "name": _STR, "nodes": _INT,

@@ -334,7 +334,7 @@ def test_leftover_enroot_containers_are_removed_on_every_component(tmp_path, mon
     job = jobmod.Job(str(jd))
     try:
         assert job.plan["container"]["runtime"] == "enroot"
-        job.cleanup_containers(30)
+        job.cleanup_nodes(30)
     finally:
         job.log_fh.close()
     assert sorted(os.listdir(made)) == []
@@ -357,10 +357,10 @@ def test_no_cleanup_step_without_leftovers_or_for_other_runtimes(make_job, monke
     job = make_job([{"index": 0, "name": "p", "nodes": 1}])
     (Path(job.dir) / "run" / "containers").mkdir()
     (Path(job.dir) / "run" / "containers" / "hpcserve-1.2-p-0-n").touch()
-    job.cleanup_containers(5)  # runtime none
+    job.cleanup_nodes(5)  # runtime none
     job.plan["container"]["runtime"] = "enroot"
     (Path(job.dir) / "run" / "containers" / "hpcserve-1.2-p-0-n").unlink()
-    job.cleanup_containers(5)  # nothing left
+    job.cleanup_nodes(5)  # nothing left
 
 
 @pytest.mark.parametrize("reason,want_budget", [("time_limit", 115.0), ("cancelled", 2.15)])

@@ -33,7 +33,8 @@ def _ranks_run(tmp_path, stubs, plan, inst_name: str) -> list[list[str]]:
     write_nodes(jd, inst_name, rows)
     for _, name, *_ in rows:
         r = run_bash(jd / "launch" / f"{inst_name}.sh",
-                     stub_env(bindir, log, tmp_path, SLURMD_NODENAME=name), cwd=tmp_path)
+                     stub_env(bindir, log, tmp_path, SLURMD_NODENAME=name, SLURM_JOB_ID="77",
+                              TMPDIR=str(tmp_path / "tmp")), cwd=tmp_path)
         assert r.returncode == 0, r.stderr
     calls = read_stub_log(log)
     assert [c["prog"] for c in calls] == ["python3"] * inst.nodes
@@ -56,6 +57,9 @@ def test_tp_across_nodes_uses_the_mp_executor_and_headless_followers(tmp_path, s
         assert _opt(argv, "--tensor-parallel-size") == "16"
         assert ("--headless" in argv) == (rank > 0)
         assert envs[rank]["VLLM_HOST_IP"] == f"10.9.0.{rank + 1}"
+        # vLLM's leftovers go to a directory of the job's own, marked for the cleanup
+        assert envs[rank]["TMPDIR"] == str(tmp_path / "tmp" / "hpcserve-job77" / f"worker-0.{rank}")
+        assert (tmp_path / "job" / "run" / "scratch" / f"worker-0.{rank}.n{rank}").exists()
     assert "--enable-auto-tool-choice" in argvs[0] and _opt(argvs[0], "--tool-call-parser") == "kimi_k2"
 
 

@@ -20,7 +20,7 @@ exec >"$JOB_DIR/logs/prefill-0.node${NODE_RANK}.${me}.log" 2>&1
 echo "hpcserve: prefill-0 node-rank $NODE_RANK on $me ($NODE_IP), leader $LEADER_IP"
 # The engine's temporary files (IPC sockets, rendezvous files, compile caches) go to a directory
 # of this job's own on the node; hpcserve_job.py has it removed once the job's steps ended.
-export TMPDIR="${TMPDIR:-/tmp}/hpcserve-f75dee7b1aa5/prefill-0.${NODE_RANK}"
+export TMPDIR="${TMPDIR:-/tmp}/hpcserve-job${SLURM_JOB_ID:?}/prefill-0.${NODE_RANK}"
 mkdir -p -- "$TMPDIR" "$JOB_DIR/run/scratch"
 : >"$JOB_DIR/run/scratch/prefill-0.${NODE_RANK}.$me"
 

@@ -3,5 +3,6 @@
 # it on every node of the job (one srun per component) after the job's steps ended.
 set -uo pipefail
 me="${SLURMD_NODENAME:?run this through srun}"
-rm -rf -- "${TMPDIR:-/tmp}/hpcserve-96119df64957"
+# SLURM_JOB_ID is the het-job component's own id in its steps, this one's as the engines'.
+rm -rf -- "${TMPDIR:-/tmp}/hpcserve-job${SLURM_JOB_ID:?}"
 rm -f -- /jobs/vllm-kimi-k2-tp16/run/scratch/*."$me"
