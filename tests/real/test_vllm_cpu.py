@@ -1,0 +1,220 @@
+"""A real engine end to end: vLLM 0.32.0 on CPU, launched by `hpcserve submit` on the real test
+cluster behind the real vllm-router. Each deployment must reach `serving` only after its smoke
+request returned tokens, answer a chat with tool definitions and a streamed one, and after
+`hpcserve cancel` leave no process on any node and none of vLLM's files in /tmp or /dev/shm."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import real_deployment, write_deployment
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+from jobkit import wait_no_job_processes  # noqa: E402
+
+pytestmark = [pytest.mark.slurm, pytest.mark.real_engine]
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+# What vLLM and torch leave in /tmp and /dev/shm: rendezvous and ZMQ socket files, shared memory
+# segments, compile caches, and hpcserve's own per-job scratch directories.
+LEFTOVER = re.compile(r"^(vllm_dist_\w+|psm_\w+|torchinductor_\w+|hpcserve-job\d+|"
+                      r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
+
+
+def leftovers() -> set[str]:
+    out = set()
+    for d in ("/tmp", "/dev/shm"):
+        out |= {f"{d}/{n}" for n in os.listdir(d) if LEFTOVER.match(n)}
+    return out
+
+
+def _post(url: str, body: dict, timeout: float = 120):
+    req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def _serves_real_tokens(endpoint: str) -> None:
+    ask = {"model": "tiny", "max_tokens": 8,
+           "messages": [{"role": "user", "content": "What is the weather in Paris?"}]}
+    resp = json.loads(_post(endpoint, {**ask, "tools": TOOLS, "tool_choice": "auto"}))
+    assert resp["usage"]["completion_tokens"] > 0, resp
+    raw = _post(endpoint, {**ask, "stream": True, "stream_options": {"include_usage": True}})
+    events = [json.loads(ln[6:]) for ln in raw.splitlines()
+              if ln.startswith("data: ") and ln != "data: [DONE]"]
+    assert raw.rstrip().endswith("data: [DONE]")
+    assert [e["usage"]["completion_tokens"] for e in events if e.get("usage")][-1] > 0
+
+
+def _status(hs, job: str) -> dict:
+    (st,) = json.loads(hs("status", job, "--json", check=False).stdout)
+    return st
+
+
+def _job_id(submit_out: str) -> str:
+    return re.search(r"submitted job (\d+)", submit_out).group(1)
+
+
+DEPLOYMENTS = {
+    # (a) TP=2 across two nodes: mp executor, node rank 1 --headless
+    "tp2-2nodes": ("llama", "tiny-llama", {"nodes": 2, "tp": 2}),
+    # (b) DP=2 over two nodes, dense model: head + --headless --data-parallel-start-rank 1
+    "dp2-2nodes": ("llama", "tiny-llama", {"nodes": 2, "dp": 2}),
+    # (c) the DeepSeek-V3 shape (MoE + MLA) with TP=2 across two nodes
+    "dsv3-tp2": ("deepseek_v3", "tiny-deepseek-v3", {"nodes": 2, "tp": 2}),
+}
+
+
+@pytest.mark.parametrize("name", DEPLOYMENTS)
+def test_real_vllm_serves_through_hpcserve_and_cancel_leaves_nothing(
+        hs, dev_cluster, tiny_models, tmp_path, name):
+    shape, profile, worker = DEPLOYMENTS[name]
+    jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
+    cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
+    before = leftovers()
+    f = write_deployment(tmp_path, real_deployment(f"real-{name}", tiny_models[shape], profile,
+                                                   jobs, worker, cache))
+    out = hs("submit", str(f), "--wait").stdout
+    job = _job_id(out)
+    st = _status(hs, job)
+    state = json.loads((Path(st["job_dir"]) / "state.json").read_text())
+    assert st["phase"] == "serving" and state["smoke_tokens"] > 0, (out, st)
+    _serves_real_tokens(st["endpoint"])
+    # vLLM's own API server on node rank 0, and a headless vLLM on node rank 1
+    rows = _nodes(Path(st["job_dir"]))
+    log = [(Path(st["job_dir"]) / "logs" / f"worker-0.node{r}.{rows[r][1]}.log").read_text(
+        errors="replace") for r in (0, 1)]
+    assert f"Starting vLLM server on http://{rows[0][2]}:" in log[0]
+    assert "headless" in log[1] and "Starting vLLM server" not in log[1]
+    hs("cancel", job, "--wait")
+    assert _status(hs, job)["phase"] == "cancelled"
+    wait_no_job_processes(dev_cluster, 30)
+    assert leftovers() - before == set()
+
+
+def _cpu_has(flag: str) -> bool:
+    return any(flag in ln.split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+               if ln.startswith("flags"))
+
+
+def test_the_deepseek_v3_shape_with_expert_parallelism(hs, dev_cluster, tiny_models, tmp_path):
+    """(c) with EP. vLLM 0.32.0's CPU fused-MoE kernel crashes on its first request when experts
+    are remote on CPUs without AMX (the VEC micro-GEMM path, csrc/cpu/cpu_fused_moe.cpp): there
+    the deployment must fail at its smoke request instead of claiming to serve, the engine's
+    crash in its log. Where the CPU has AMX it must serve."""
+    jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
+    cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
+    before = leftovers()
+    dep = real_deployment("real-dsv3-ep", tiny_models["deepseek_v3"], "tiny-deepseek-v3", jobs,
+                          {"nodes": 2, "tp": 2, "expert_parallel": True}, cache)
+    f = write_deployment(tmp_path, dep)
+    out = hs("submit", str(f), "--wait", check=False)
+    job = _job_id(out.stdout)
+    st = _status(hs, job)
+    # the expert-parallel flag reached both ranks
+    launch = (Path(st["job_dir"]) / "launch" / "worker-0.sh").read_text()
+    assert "--enable-expert-parallel" in launch
+    if _cpu_has("amx_tile"):
+        assert st["phase"] == "serving", out.stdout + out.stderr
+        _serves_real_tokens(st["endpoint"])
+        hs("cancel", job, "--wait")
+    else:
+        assert out.returncode == 1 and st["phase"] == "failed", (out.stdout, st)
+        state = json.loads((Path(st["job_dir"]) / "state.json").read_text())
+        assert state["failure"]["reason"] == "smoke request failed", state
+        assert "serving" not in [h["phase"] for h in state["history"]]
+        logs = "".join(p.read_text(errors="replace")
+                       for p in (Path(st["job_dir"]) / "logs").glob("worker-0.node*.log"))
+        assert "cpu_fused_moe" in logs and "Segfault" in logs
+    wait_no_job_processes(dev_cluster, 60)
+    assert leftovers() - before == set()
+
+
+def _render_edit_sbatch(hs, dev_cluster, f: Path, rel: str, old: str, new: str):
+    job_dir = Path(hs("submit", str(f), "--dry-run").stdout.strip().splitlines()[-1])
+    p = job_dir / rel
+    text = p.read_text()
+    assert old in text, (old, rel)
+    p.write_text(text.replace(old, new))
+    env = {**hs.env}
+    out = subprocess.run(["sbatch", "--parsable", str(job_dir / "job.sbatch")], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    return job_dir, out.strip().split(";")[0]
+
+
+def _wait_terminal(job_dir: Path, timeout: float) -> dict:
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            st = json.loads((job_dir / "state.json").read_text())
+            if st.get("phase") in ("failed", "cancelled", "done", "serving"):
+                return st
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"no final state in {timeout} s")
+
+
+def _nodes(job_dir: Path) -> list[list[str]]:
+    return [ln.split() for ln in (job_dir / "run" / "worker-0.nodes").read_text().splitlines()]
+
+
+def test_a_wrong_start_rank_makes_the_real_engine_fail_on_that_node(
+        hs, dev_cluster, tiny_models, tmp_path):
+    jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
+    dep = real_deployment("real-bad-rank", tiny_models["llama"], "tiny-llama", jobs,
+                          {"nodes": 2, "dp": 2}, str(tmp_path / "cache"))
+    f = write_deployment(tmp_path, dep)
+    t0 = time.time()
+    job_dir, job = _render_edit_sbatch(hs, dev_cluster, f, "launch/worker-0.sh",
+                                       "--data-parallel-start-rank 1",
+                                       "--data-parallel-start-rank 2")
+    st = _wait_terminal(job_dir, 600)
+    assert st["phase"] == "failed", st
+    assert time.time() - t0 < dep["readiness"]["engine_timeout"]
+    f_ = st["failure"]
+    rows = _nodes(job_dir)
+    assert (f_["role"], f_["instance"], f_["node"], f_["node_rank"]) == ("worker", 0, rows[1][1], 1)
+    assert any("data_parallel_rank (2) must be in the range [0, 2)" in ln
+               for ln in f_["log_tail"]), f_["log_tail"]
+    wait_no_job_processes(dev_cluster, 60)
+
+
+def test_a_wrong_master_addr_makes_the_real_engine_fail_within_the_deadline(
+        hs, dev_cluster, tiny_models, tmp_path):
+    # Node rank 1 is told the master is itself: torch's store client there finds nobody and
+    # gives up after --distributed-timeout-seconds.
+    jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
+    dep = real_deployment("real-bad-master", tiny_models["llama"], "tiny-llama", jobs,
+                          {"nodes": 2, "tp": 2, "args": {"distributed-timeout-seconds": 30}},
+                          str(tmp_path / "cache"))
+    f = write_deployment(tmp_path, dep)
+    t0 = time.time()
+    job_dir, job = _render_edit_sbatch(hs, dev_cluster, f, "launch/worker-0.sh",
+                                       '--master-addr "${LEADER_IP}"',
+                                       '--master-addr "${NODE_IP}"')
+    st = _wait_terminal(job_dir, 600)
+    assert st["phase"] == "failed", st
+    assert time.time() - t0 < dep["readiness"]["engine_timeout"]
+    f_ = st["failure"]
+    rows = _nodes(job_dir)
+    assert (f_["role"], f_["instance"]) == ("worker", 0)
+    assert f_["node"] in (rows[0][1], rows[1][1]) and f_["exit_code"] != 0
+    # the reason: rank 1 looked for the store at its own address, where nobody listens
+    rank1 = (job_dir / "logs" / f"worker-0.node1.{rows[1][1]}.log").read_text(errors="replace")
+    assert f"({rows[1][2]}, 29501)" in rank1 or f"{rows[1][2]}:29501" in rank1, rank1[-3000:]
+    wait_no_job_processes(dev_cluster, 60)
