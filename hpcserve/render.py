@@ -7,7 +7,6 @@ StrictUndefined and receive every word already quoted for bash by the `q` filter
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 from . import __version__, engines
 from .containers import container_files, wrap_task
 from .plan import Instance, Plan
+from .runtime.spec import dumps as spec_dumps
 from .runtime.spec import job_spec
 from .templates import jinja
 from .words import Var, Word, quote
@@ -155,7 +155,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
             command=_argv_lines(list(r.command), r.argv)), 0o755)
 
     files.update(container_files(plan, jd))
-    files["plan.json"] = (json.dumps(job_spec(plan, jd), indent=1) + "\n", 0o644)
+    files["plan.json"] = (spec_dumps(job_spec(plan, jd)), 0o644)
     files["hpcserve_job.py"] = (RUNTIME.read_text(encoding="utf-8"), 0o755)
     if plan.simulate:
         sim = engines.get(plan.engine).sim_source()
