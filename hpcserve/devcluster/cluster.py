@@ -88,10 +88,12 @@ class DevCluster:
         binaries: Mapping[str, str | None] | None = None,
         path: str | None = None,
         timeout: float = 30.0,
+        pin_cpus: bool = True,
     ) -> None:
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
         self.state_dir = Path(os.path.abspath(self.state_dir))
         self.nodes = int(nodes)
+        self.pin_cpus = pin_cpus
         self.subnet = subnet
         self.prefix = prefix
         self.bridge = bridge or f"{prefix}-br0"
@@ -461,7 +463,7 @@ PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP Ov
             # tasks inherit: an engine binding threads to "its" CPUs (vLLM's CPU backend) then
             # finds one per node, as on separate machines, instead of all nodes on core 0.
             self._launch(f"slurmd:{node}", argv, run_dir / f"slurmd-{node}.pid", state,
-                         cpus={cpus[i % len(cpus)]})
+                         cpus={cpus[i % len(cpus)]} if self.pin_cpus else None)
 
     def _launch(self, role: str, argv: list[str], pid_file: Path, state: dict[str, Any],
                 cpus: set[int] | None = None) -> None:
