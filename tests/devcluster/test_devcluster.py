@@ -100,6 +100,22 @@ srun --het-group=1 {py} {pr} g1
 
 
 @pytest.mark.slurm
+def test_each_node_runs_its_tasks_on_a_core_of_its_own(dev_cluster, slurm_env):
+    # An engine that binds its threads to the CPUs it may use (vLLM's CPU backend) must see one
+    # per node, as on separate machines, not every node on core 0.
+    cores = sorted(os.sched_getaffinity(0))
+    seen = {}
+    for i, node in enumerate(["node1", "node2", "node3"]):
+        out = subprocess.run(["srun", "-p", "local", "-w", node, "-N1", "grep",
+                              "Cpus_allowed_list", "/proc/self/status"], env=slurm_env,
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        seen[node] = out.split()[-1]
+        assert seen[node] == str(cores[i % len(cores)]), (node, out)
+    if len(cores) > 1:
+        assert seen["node1"] != seen["node2"]
+
+
+@pytest.mark.slurm
 def test_srun_mpi_pmix_allgathers_every_nodes_address(dev_cluster, slurm_env, tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
