@@ -222,6 +222,23 @@ class Readiness:
 
 
 @dataclass(frozen=True)
+class Liveness:
+    """While serving: every instance's leader and the router are probed every `interval` s; one
+    that fails `failures` probes in a row (no answer within `timeout` s: hung; refused:
+    unreachable; an error status: unhealthy) ends the deployment with that reason. The defaults
+    wait some 90 s, so a long garbage collection or a huge batch does not end a deployment."""
+
+    interval: float = field(default=10.0, metadata=doc("seconds between probes", ge=0.1,
+                                                       le=600))
+    timeout: float = field(default=10.0, metadata=doc("seconds one probe may take", ge=0.1,
+                                                      le=600))
+    failures: int = field(default=6, metadata=doc("probes failed in a row that end it", ge=1,
+                                                  le=1000))
+    node_interval: float = field(default=10.0, metadata=doc(
+        "seconds between asking Slurm whether the job's nodes still respond", ge=1, le=3600))
+
+
+@dataclass(frozen=True)
 class Deployment:
     """One deployment: which model, on which site, with which engine and roles."""
 
@@ -240,6 +257,7 @@ class Deployment:
     env: dict[str, EnvValue] = field(default_factory=dict, metadata=doc(
         "environment for every engine of this deployment", key_pattern=ENV_NAME))
     readiness: Readiness = field(default_factory=Readiness)
+    liveness: Liveness = field(default_factory=Liveness)
     jobs_dir: str | None = field(default=None, metadata=doc("overrides site.paths.jobs_dir"))
     requeue: int = field(default=0, metadata=doc(
         "when the deployment fails (not when it is cancelled), requeue the job up to this many "

@@ -161,8 +161,8 @@ def status(entries: list[deployments.Entry], runner_of: Callable[[str | None], A
                     v.failure = v.state.get("failure")
                     if v.state.get("engines_total"):
                         v.engines = f"{v.state.get('engines_ready_count', 0)}/{v.state['engines_total']}"
-            if probe and v.endpoint and v.summary_phase == "serving":
-                v.health = _probe(runner, v.endpoint)
+            if probe and v.summary_phase == "serving":
+                v.health = _probe(runner, v.endpoint, v.state.get("health_urls") or {})
             views.append(v)
         _from_accounting(runner, [v for v in views if v.remote == remote])
     return views
@@ -184,12 +184,20 @@ def _from_accounting(runner, views: list[View]) -> None:
             v.slurm_state = j.state
 
 
-def _probe(runner, endpoint: str) -> str:
-    # From the login node (or over SSH) the endpoint is on the cluster network: probe it there.
-    res = runner.run(["curl", "-s", "--noproxy", "*", "-o", "/dev/null", "-w", "%{http_code}",
-                      "--max-time", "5",
-                      endpoint + "/health"], check=False)
-    return "ok" if res.out.strip() == "200" else f"unhealthy ({res.out.strip() or res.rc})"
+def _probe(runner, endpoint: str | None, instances: dict[str, str]) -> str:
+    """The router's /health and every instance leader's health URL (as the job's own runtime
+    probes them), in one curl run where the endpoints are: the login node's network, or over
+    SSH. Each answer: ok, HTTP <code>, or no answer (refused, or nothing within 5 s)."""
+    targets = ([("router", endpoint + "/health")] if endpoint else []) + list(instances.items())
+    if not targets:
+        return ""
+    argv = ["curl", "-s", "--noproxy", "*", "-w", "%{http_code}\\n", "--max-time", "5"]
+    for _, url in targets:
+        argv += ["-o", "/dev/null", url]
+    codes = runner.run(argv, check=False).out.split()
+    codes += ["000"] * (len(targets) - len(codes))
+    words = {"200": "ok", "000": "no answer"}
+    return ", ".join(f"{name} {words.get(c, f'HTTP {c}')}" for (name, _), c in zip(targets, codes))
 
 
 REASONS = {"cancelled": "cancelled", "time_limit": "stopped at the time limit"}

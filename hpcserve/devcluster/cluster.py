@@ -453,17 +453,53 @@ PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP Ov
         # process cleanly and leave no zombies behind in a long-lived caller such as pytest.
         self._launch("slurmctld", [bins["slurmctld"], "-f", str(self.conf_path)],
                      run_dir / "slurmctld.pid", state)
+        for node in layout["nodes"]:
+            self._start_slurmd(node, state, bins)
+
+    def _start_slurmd(self, node: str, state: dict[str, Any], bins: Mapping[str, str]) -> None:
+        layout = state["layout"]
+        # nsenter, not `ip netns exec`: the latter remounts /sys and slurmd then fails with
+        # "No filesystem mounted on /sys/fs/cgroup".
+        argv = [bins["nsenter"], f"--net=/run/netns/{layout['netns'][node]}",
+                bins["slurmd"], "-f", str(self.conf_path), "-N", node]
+        # Each node gets a core of its own (round robin over this machine's), which its tasks
+        # inherit: an engine binding threads to "its" CPUs (vLLM's CPU backend) then finds one
+        # per node, as on separate machines, instead of all nodes on core 0.
         cpus = sorted(os.sched_getaffinity(0))
-        for i, node in enumerate(layout["nodes"]):
-            # nsenter, not `ip netns exec`: the latter remounts /sys and slurmd then fails with
-            # "No filesystem mounted on /sys/fs/cgroup".
-            argv = [bins["nsenter"], f"--net=/run/netns/{layout['netns'][node]}",
-                    bins["slurmd"], "-f", str(self.conf_path), "-N", node]
-            # Each node gets a core of its own (round robin over this machine's), which its
-            # tasks inherit: an engine binding threads to "its" CPUs (vLLM's CPU backend) then
-            # finds one per node, as on separate machines, instead of all nodes on core 0.
-            self._launch(f"slurmd:{node}", argv, run_dir / f"slurmd-{node}.pid", state,
-                         cpus={cpus[i % len(cpus)]} if self.pin_cpus else None)
+        i = layout["nodes"].index(node)
+        self._launch(f"slurmd:{node}", argv, self.state_dir / "run" / f"slurmd-{node}.pid",
+                     state, cpus={cpus[i % len(cpus)]} if self.pin_cpus else None)
+
+    def crash_node(self, node: str) -> list[int]:
+        """What a node failure does: SIGKILL every process in the node's network namespace,
+        slurmd and the job's slurmstepd and tasks included. Returns the PIDs killed."""
+        with self._locked():
+            state = self._load_state()
+            if state is None:
+                raise DevClusterError("no dev cluster here")
+            bins, _ = self.resolve_binaries()
+            ns = state["layout"]["netns"][node]
+            pids = [int(p) for p in self._ip(bins, "netns", "pids", ns).stdout.split()]
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            state["pids"].pop(f"slurmd:{node}", None)
+            self._save_state(state)
+            return pids
+
+    def restart_node(self, node: str) -> None:
+        """Start a crashed node's slurmd again and wait until every node is usable."""
+        with self._locked():
+            state = self._load_state()
+            bins, _ = self.resolve_binaries()
+            self._start_slurmd(node, state, bins)
+            deadline = time.monotonic() + self.timeout
+            while time.monotonic() < deadline:
+                nodes = self._sinfo(bins) or {}
+                if nodes.get(node) in ("idle", "mix", "alloc"):
+                    return
+                time.sleep(0.25)
+            raise DevClusterError(f"{node} did not come back within {self.timeout:.0f} s")
 
     def _launch(self, role: str, argv: list[str], pid_file: Path, state: dict[str, Any],
                 cpus: set[int] | None = None) -> None:

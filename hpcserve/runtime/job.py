@@ -18,6 +18,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -202,6 +203,7 @@ def refuse(job_dir: str, why: str) -> int:
 
 class Job:
     DISCOVERY_TIMEOUT = 120.0  # s, for all components together
+    STUCK_SRUN = 2.0           # s an srun may take to exit after it said it ends the step
     SMOKE_TIMEOUT = 120.0      # s, the whole smoke request
     CLEANUP_TIMEOUT = 60.0     # s at most for removing leftover enroot containers
 
@@ -213,6 +215,12 @@ class Job:
             self.state.data["history"].append({"phase": "pending", "at": round(now(), 3)})
         self.steps: dict[str, subprocess.Popen] = {}
         self.log_offsets: dict[str, int] = {}  # step -> size of its srun log when it started
+        self.log_seen: dict[str, int] = {}     # step -> how far check() has read its srun log
+        self.log_tail_text: dict[str, str] = {}
+        self._slurmd_addrs: dict | None = None
+        self._slurm_config: str | None = None
+        self.terminating_since: dict[str, float] = {}
+        self.lost_steps: set[str] = set()  # steps with a node that is gone
         self.discovery: dict[int, subprocess.Popen] = {}
         self.nodes: dict[str, list[list[str]]] = {}   # instance -> [[rank, name, ip, iface, ib]]
         self.signal_reason: str | None = None
@@ -280,6 +288,78 @@ class Job:
                 if self.resolve_signal():
                     raise Stop("cancelled", self.signal_reason)
                 raise Stop("failed", f"step {name} exited with code {rc}", self.failure_of(name, rc))
+            if self.step_terminating(name):
+                # srun reported a task's end and is ending the step but has not exited after
+                # a while: it waits for a node that is gone (its slurmstepd with it), until
+                # Slurm's node timeout. The step is lost now.
+                first = self.terminating_since.setdefault(name, now())
+                if now() - first > self.STUCK_SRUN:
+                    if self.resolve_signal():
+                        raise Stop("cancelled", self.signal_reason)
+                    self.step_lost(name)
+
+    def step_terminating(self, name: str) -> bool:
+        """Whether srun's log (this try's part) says it is terminating the step; read once per
+        check from where the last read ended."""
+        path = os.path.join(self.dir, "logs", f"{name}.srun.log")
+        seen = self.log_seen.setdefault(name, self.log_offsets.get(name, 0))
+        new = _read_from(path, seen)
+        self.log_seen[name] = seen + len(new.encode())
+        self.log_tail_text[name] = (self.log_tail_text.get(name, "") + new)[-4096:]
+        return bool(re.search(r"Terminating StepId|Force Terminated|task \d+: (Exited|Killed|"
+                              r"Terminated|Segmentation|Aborted|Bus error)",
+                              self.log_tail_text[name]))
+
+    def step_lost(self, name: str) -> None:
+        """A step srun could not end: name the node that is gone if there is one, else the
+        task that ended."""
+        f = self.failure_of(name, None)
+        self.raise_if_node_lost(name, f, {t["node"] for t in f.get("tasks", [])})
+        raise Stop("failed", f"step {name}: a task ended and srun is terminating the step", f)
+
+    def raise_if_node_lost(self, name: str, f: dict, reported: set = frozenset()) -> None:
+        """The first node of the step whose slurmd does not answer (among those srun did not
+        report a task of) ends the deployment as a lost node."""
+        for rank, node, *_ in self.nodes.get(name, []):
+            if node not in reported and not self.slurmd_answers(node):
+                self.lost_steps.add(name)
+                f.update(node=node, node_rank=int(rank), reason="node lost", exit_code=None,
+                         log=self._log_file(name, int(rank), node))
+                raise Stop("failed", f"node {node} lost: step {name} cannot end there "
+                                     "(its slurmd does not answer)", f)
+
+    def slurmd_answers(self, node: str) -> bool:
+        """A TCP connection to the node's slurmd: a crashed node refuses or times out."""
+        addr = self.slurmd_addresses().get(node)
+        if addr is None:
+            return True  # cannot tell: do not blame the node
+        try:
+            with socket.create_connection(addr, timeout=2):
+                return True
+        except OSError:
+            return False
+
+    def slurmd_addresses(self) -> dict:
+        """node -> (address, slurmd port), from `scontrol show node` (asked once)."""
+        if self._slurmd_addrs is None:
+            self._slurmd_addrs = {}
+            names = sorted({r[1] for rows in self.nodes.values() for r in rows})
+            try:
+                out = subprocess.run(["scontrol", "show", "node", ",".join(names)],
+                                     capture_output=True, text=True, timeout=10).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                return {}
+            conf = self.slurm_config("SlurmdPort") or ""
+            default_port = int(conf) if conf.isdigit() else 6818
+            for rec in out.split("\n\n"):
+                name = re.search(r"NodeName=(\S+)", rec)
+                addr = re.search(r"NodeAddr=(\S+)", rec)
+                # a node's own Port= where slurm.conf gives one, else SlurmdPort for all
+                port = re.search(r"\bPort=(\d+)", rec)
+                if name and addr:
+                    self._slurmd_addrs[name.group(1)] = (
+                        addr.group(1), int(port.group(1)) if port else default_port)
+        return self._slurmd_addrs
 
     def sleep(self, seconds: float) -> None:
         end = now() + seconds
@@ -503,10 +583,11 @@ class Job:
         self.wait_engines(heads, rd)
         self.state.update("engines_ready")
         router = plan.get("router")
+        self.state.update(health_urls={i["name"]: self.health_url(heads, i)
+                                       for i in plan["instances"]})
         if not router:
             self.state.update("serving", endpoint=None)
-            while True:
-                self.sleep(1.0)
+            self.watch(heads, None)
         env_lines = [f"{i['role'].upper()}_{i['index']}_IP={shlex.quote(heads[i['name']])}"
                      for i in plan["instances"]]
         with open(os.path.join(self.dir, "run", "endpoints.env"), "w") as f:
@@ -520,8 +601,90 @@ class Job:
             self.smoke(url, rd)
         self.state.update("serving", endpoint=url, serving_after_s=round(now() - self.t0, 3))
         self.log(f"serving at {url}")
+        self.router_node = rnode[0]
+        self.watch(heads, url)
+
+    @staticmethod
+    def health_url(heads: dict, inst: dict) -> str:
+        return f"http://{heads[inst['name']]}:{inst['port']}{inst['health_path']}"
+
+    def watch(self, heads: dict, router_url: str | None) -> None:
+        """While serving: probe every instance's leader (its engine's health path) and the
+        router's readiness, each probe bounded; ask Slurm about the nodes now and then. Ends
+        only by raising Stop: a probe target failing `failures` times in a row, a step that
+        ended, a lost node, a signal. (One instance's failure ends the deployment; restarting
+        just that instance would take its place here.)"""
+        lv = self.plan["liveness"]
+        targets = [(i["name"], self.health_url(heads, i)) for i in self.plan["instances"]]
+        if router_url:
+            targets.append(("router", router_url + self.plan["router"]["readiness"]["path"]))
+        failed = dict.fromkeys((n for n, _ in targets), 0)
+        next_nodes = now() + lv["node_interval"]
         while True:
-            self.sleep(0.5)
+            self.sleep(lv["interval"])
+            for name, url in targets:
+                self.check()
+                kind, detail = probe(url, lv["timeout"])
+                if kind is None:
+                    if failed[name]:
+                        self.log(f"{name} answers again at {url}")
+                    failed[name] = 0
+                    continue
+                failed[name] += 1
+                self.log(f"{name}: {kind} ({detail}) at {url}, {failed[name]} of "
+                         f"{lv['failures']}")
+                if failed[name] >= lv["failures"]:
+                    if name in self.steps and self.step_terminating(name):
+                        self.step_lost(name)  # not the engine's fault: a node or task is gone
+                    if name in self.steps:  # an engine on a crashed node does not answer either
+                        self.raise_if_node_lost(name, self.failure_of(name, None))
+                    raise Stop("failed", f"{name} {kind}: {detail}, {failed[name]} probes of "
+                                         f"{url} in a row", self.probe_failure(name, kind, url,
+                                                                              detail))
+            self.record(health={n: ("ok" if c == 0 else f"failing {c}/{lv['failures']}")
+                                for n, c in failed.items()})
+            if now() >= next_nodes:
+                self.check_nodes()
+                next_nodes = now() + lv["node_interval"]
+
+    def probe_failure(self, name: str, kind: str, url: str, detail: str) -> dict:
+        if name == "router":
+            f = {"step": "router", "role": "router", "instance": None,
+                 "node": getattr(self, "router_node", None), "node_rank": 0}
+        else:
+            role, _, idx = name.rpartition("-")
+            lead = self.nodes[name][0][1]
+            f = {"step": name, "role": role, "instance": int(idx), "node": lead, "node_rank": 0}
+        f.update(reason=kind, probe=url, detail=detail, exit_code=None,
+                 log=self._log_file(name, 0, f["node"]))
+        f["log_tail"] = _tail(os.path.join(self.dir, f["log"]))
+        return f
+
+    def check_nodes(self) -> None:
+        """Slurm's word on the job's nodes: down, failed or not responding (a state with *)
+        is a lost node."""
+        names = sorted({r[1] for rows in self.nodes.values() for r in rows})
+        try:
+            out = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(names), "-o", "%N %t"],
+                                 capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and (parts[1].endswith("*") or parts[1].rstrip("*") in
+                                    ("down", "fail", "failg")):
+                node, state = parts
+                inst = next((n for n, rows in self.nodes.items()
+                             if any(r[1] == node for r in rows)), None)
+                rank = next((int(r[0]) for r in self.nodes.get(inst, []) if r[1] == node), None)
+                role, _, idx = (inst or "-").rpartition("-")
+                self.lost_steps.update(n for n, rows in self.nodes.items()
+                                       if any(r[1] == node for r in rows))
+                raise Stop("failed", f"node {node} lost: Slurm reports it {state}",
+                           {"step": inst, "role": role or None,
+                            "instance": int(idx) if idx.isdigit() else None, "node": node,
+                            "node_rank": rank, "reason": "node lost", "exit_code": None,
+                            "slurm_state": state})
 
     def wait_engines(self, heads: dict, rd: dict) -> None:
         pending = {i["name"]: f"http://{heads[i['name']]}:{i['port']}{i['health_path']}"
@@ -648,6 +811,15 @@ class Job:
         return {k: " ".join(v) for k, v in ids.items()}
 
     def signal_steps(self, names: list[str], sig: str, ids: dict[str, str]) -> None:
+        for n in [n for n in names if n in self.lost_steps and self.steps[n].poll() is None]:
+            # A step on a lost node: Slurm cannot signal it there (scancel would block on the
+            # dead slurmd); ending its srun client here is all that can be done.
+            self.log(f"step {n} has a lost node: SIGKILL to its srun client")
+            try:
+                self.steps[n].kill()
+            except OSError:
+                pass
+        names = [n for n in names if n not in self.lost_steps]
         targets = [sid for n in names if self.steps[n].poll() is None
                    for sid in ids.get(n, "").split()]
         if targets:
@@ -678,16 +850,23 @@ class Job:
             time.sleep(0.05)
         return all(self.steps[n].poll() is not None for n in names)
 
+    def slurm_config(self, key: str) -> str | None:
+        """A value of `scontrol show config` (asked once per job)."""
+        if self._slurm_config is None:
+            try:
+                self._slurm_config = subprocess.run(["scontrol", "show", "config"],
+                                                    capture_output=True, text=True,
+                                                    timeout=5).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                return None
+        m = re.search(rf"^{key}\s*=\s*(\S+)", self._slurm_config, re.M)
+        return m.group(1) if m else None
+
     def kill_wait(self) -> float | None:
         """Slurm's KillWait: after a plain scancel, Slurm SIGKILLs every process of the job (this
         one too) that long after its TERM, so the teardown must be over by then."""
-        try:
-            out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
-                                 timeout=5).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        m = re.search(r"^KillWait\s*=\s*(\d+)", out, re.M)
-        return float(m.group(1)) if m else None
+        kw = self.slurm_config("KillWait")
+        return float(kw) if kw and kw.isdigit() else None
 
     def teardown_budget(self) -> tuple[float, float]:
         """(seconds for the whole teardown, the time Slurm's own SIGKILL may end this process)."""
@@ -815,6 +994,25 @@ class Job:
 
 
 _SIGNALS = {"Killed": 9, "Terminated": 15, "Segmentation fault": 11, "Aborted": 6, "Bus error": 7}
+
+
+def probe(url: str, timeout: float) -> tuple[str | None, str]:
+    """(None, "") when `url` answers 2xx/3xx/4xx within `timeout`; else the kind of failure:
+    hung (no answer in time), unreachable (refused, no route) or unhealthy (an error status)."""
+    try:
+        with _DIRECT.open(urllib.request.Request(url), timeout=timeout) as r:
+            r.read(65536)
+        return None, ""
+    except urllib.error.HTTPError as e:
+        return ("unhealthy", f"HTTP {e.code}") if e.code >= 500 else (None, "")
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, (socket.timeout, TimeoutError)):
+            return "hung", f"no answer within {timeout:g} s"
+        return "unreachable", str(e.reason)
+    except (socket.timeout, TimeoutError):
+        return "hung", f"no answer within {timeout:g} s"
+    except OSError as e:
+        return "unreachable", str(e)
 
 
 def _dotted(obj, path: str):

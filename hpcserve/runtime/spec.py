@@ -59,6 +59,8 @@ def job_spec(plan, job_dir: str) -> dict:
         "requeue": plan.requeue, "jobs_dir": plan.jobs_dir,
         "readiness": {k: getattr(plan.readiness, k) for k in
                       ("engine_timeout", "router_timeout", "poll_interval", "smoke_tokens")},
+        "liveness": {k: getattr(plan.liveness, k) for k in
+                     ("interval", "timeout", "failures", "node_interval")},
         "container": {"runtime": plan.container.runtime, "image": plan.image},
         # the engines' private temporary directories, to be removed from every node at the end
         "scratch": plan.scratch,
@@ -128,6 +130,8 @@ SCHEMA = {
         "signal_grace": _INT, "requeue": _INT, "jobs_dir": _STR,
         "readiness": _obj({"engine_timeout": _INT, "router_timeout": _INT,
                            "poll_interval": {"type": "number"}, "smoke_tokens": _INT}),
+        "liveness": _obj({"interval": {"type": "number"}, "timeout": {"type": "number"},
+                          "failures": _INT, "node_interval": {"type": "number"}}),
         "container": _obj({"runtime": {"enum": ["pyxis", "enroot", "apptainer", "none"]},
                            "image": _OPT_STR}),
         "scratch": {"type": "boolean"},

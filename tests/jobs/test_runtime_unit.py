@@ -375,3 +375,145 @@ def test_a_time_limit_teardown_uses_the_grace_and_a_scancel_keeps_killwait(make_
     budget, hard_end = job.teardown_budget()
     assert budget == pytest.approx(want_budget, abs=0.1)
     assert (hard_end == float("inf")) == (reason == "time_limit")
+
+
+# --------------------------------------------------------------------------------- liveness
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    mode = "ok"  # ok | hang | 503
+
+    def do_GET(self):
+        if _Health.mode == "hang":
+            time.sleep(3)
+        code = 503 if _Health.mode == "503" else 200
+        self.send_response(code)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def health():
+    _Health.mode = "ok"
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+def _closed_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_probe_tells_hung_from_unreachable_from_unhealthy(health):
+    url = f"http://127.0.0.1:{health}/health"
+    assert jobmod.probe(url, 1) == (None, "")
+    _Health.mode = "503"
+    assert jobmod.probe(url, 1) == ("unhealthy", "HTTP 503")
+    _Health.mode = "hang"
+    assert jobmod.probe(url, 0.5) == ("hung", "no answer within 0.5 s")
+    kind, detail = jobmod.probe(f"http://127.0.0.1:{_closed_port()}/health", 1)
+    assert kind == "unreachable" and "refused" in detail
+
+
+def _liveness_job(make_job, port):
+    inst = {"name": "decode-0", "role": "decode", "index": 0, "component": 0, "node_offset": 0,
+            "nodes": 2, "port": port, "health_path": "/health", "stop_signal": "TERM"}
+    job = make_job([], instances=[inst], liveness={"interval": 0.1, "timeout": 0.5,
+                                                   "failures": 3, "node_interval": 3600})
+    job.nodes["decode-0"] = [["0", "n7", "127.0.0.1", "eth0", "-"],
+                             ["1", "n8", "127.0.0.1", "eth0", "-"]]
+    return job
+
+
+def test_a_leader_that_stops_answering_ends_serving_as_hung_naming_it(make_job, health):
+    job = _liveness_job(make_job, health)
+    threading.Timer(0.5, lambda: setattr(_Health, "mode", "hang")).start()
+    with pytest.raises(jobmod.Stop) as e:
+        job.watch({"decode-0": "127.0.0.1"}, None)
+    f = e.value.failure
+    assert e.value.phase == "failed" and "decode-0 hung" in e.value.reason
+    assert (f["role"], f["instance"], f["node"], f["node_rank"], f["reason"]) == (
+        "decode", 0, "n7", 0, "hung")
+    assert f["probe"] == f"http://127.0.0.1:{health}/health"
+
+
+def test_a_probe_that_recovers_resets_the_count(make_job, health, monkeypatch):
+    # failing, answering, failing, answering...: never `failures` (3) in a row, never an end
+    job = _liveness_job(make_job, health)
+    answers = iter([("unhealthy", "HTTP 503"), (None, ""), ("unhealthy", "HTTP 503"),
+                    ("hung", "no answer"), (None, ""), (None, "")])
+
+    def flaky(url, timeout):
+        try:
+            return next(answers)
+        except StopIteration:
+            raise jobmod.Stop("cancelled", "all answers given") from None
+
+    monkeypatch.setattr(jobmod, "probe", flaky)
+    with pytest.raises(jobmod.Stop) as e:
+        job.watch({"decode-0": "127.0.0.1"}, None)
+    assert e.value.reason == "all answers given"
+    assert "answers again" in (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
+
+
+def test_an_srun_stuck_after_terminating_a_step_names_the_lost_node(make_job, monkeypatch):
+    # What srun does when a node of the step is gone: it reports the surviving task's end,
+    # says it terminates the step, and then waits for the dead node's slurmstepd forever.
+    steps = {"decode.sh": "echo 'srun: error: n7: task 0: Exited with exit code 1'\n"
+                          "echo 'srun: Terminating StepId=12.3'\nexec sleep 60"}
+    job = make_job([], steps)
+    job.nodes["decode-0"] = [["0", "n7", "10.0.0.7", "eth0", "-"],
+                             ["1", "n8", "10.0.0.8", "eth0", "-"]]
+    monkeypatch.setattr(job, "slurmd_answers", lambda node: node != "n8")
+    job.start_step("decode-0", "steps/decode.sh", ["n7", "n8"])
+    t0 = time.time()
+    with pytest.raises(jobmod.Stop) as e:
+        while time.time() - t0 < 10:
+            job.check()
+            time.sleep(0.05)
+    f = e.value.failure
+    assert "node n8 lost" in e.value.reason
+    assert (f["role"], f["instance"], f["node"], f["node_rank"], f["reason"]) == (
+        "decode", 0, "n8", 1, "node lost")
+    assert jobmod.Job.STUCK_SRUN <= time.time() - t0 < jobmod.Job.STUCK_SRUN + 2
+
+
+def test_slurm_reporting_a_node_not_responding_is_a_lost_node(make_job, tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "sinfo").write_text("#!/bin/sh\necho 'n7 mix'\necho 'n8 mix*'\n")
+    (bindir / "sinfo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    job = make_job([])
+    job.nodes["decode-0"] = [["0", "n7", "10.0.0.7", "eth0", "-"],
+                             ["1", "n8", "10.0.0.8", "eth0", "-"]]
+    with pytest.raises(jobmod.Stop) as e:
+        job.check_nodes()
+    f = e.value.failure
+    assert e.value.reason == "node n8 lost: Slurm reports it mix*"
+    assert (f["role"], f["instance"], f["node"], f["node_rank"]) == ("decode", 0, "n8", 1)
+
+
+def test_each_nodes_slurmd_address_comes_from_scontrol(make_job, tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text(
+        "#!/bin/sh\n"
+        "if [ \"$2\" = config ]; then echo 'SlurmdPort              = 29312'; exit 0; fi\n"
+        "printf 'NodeName=n7 Arch=x86_64\\n   NodeAddr=10.0.0.7 NodeHostName=h\\n\\n"
+        "NodeName=n8 Arch=x86_64\\n   NodeAddr=10.0.0.8 NodeHostName=h Port=7000\\n'\n")
+    (bindir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    job = make_job([])
+    job.nodes["decode-0"] = [["0", "n7", "10.0.0.7", "eth0", "-"],
+                             ["1", "n8", "10.0.0.8", "eth0", "-"]]
+    # a node's own Port= where slurm.conf gives one, else the cluster's SlurmdPort
+    assert job.slurmd_addresses() == {"n7": ("10.0.0.7", 29312), "n8": ("10.0.0.8", 7000)}

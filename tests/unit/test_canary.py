@@ -70,6 +70,10 @@ CANARY: dict[tuple, tuple[Any, list[tuple[str | None, str]]]] = {
     ("readiness", "router_timeout"): (321, [(F_PLAN, '"router_timeout": 321')]),
     ("readiness", "poll_interval"): (0.37, [(F_PLAN, '"poll_interval": 0.37')]),
     ("readiness", "smoke_tokens"): (9, [(F_PLAN, '"smoke_tokens": 9')]),
+    ("liveness", "interval"): (7.5, [(F_PLAN, '"interval": 7.5')]),
+    ("liveness", "timeout"): (3.25, [(F_PLAN, '"timeout": 3.25')]),
+    ("liveness", "failures"): (11, [(F_PLAN, '"failures": 11')]),
+    ("liveness", "node_interval"): (17.5, [(F_PLAN, '"node_interval": 17.5')]),
     # prefill: 2 instances x 2 nodes of 6 GPUs = TP 3 x PP 4
     ("roles", "prefill", "instances"): (2, [(F_P1, "# prefill-1: ")]),
     ("roles", "prefill", "nodes"): (2, [(F_P0, "--nnodes 2 ")]),

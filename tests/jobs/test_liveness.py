@@ -1,0 +1,81 @@
+"""Serving means serving, on the real test cluster: a decode leader that hangs (the simulated
+engine's hang fault, or SIGSTOP) and a node that crashes (every process of its namespace,
+slurmstepd and slurmd included) each end the deployment with the reason, role, instance and
+node named, and leave nothing behind on the other nodes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from jobkit import deployment, find_pid, wait_no_job_processes
+
+pytestmark = pytest.mark.slurm
+
+FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1}
+
+
+def _nodes(job, inst: str) -> list[list[str]]:
+    return [ln.split() for ln in (job.dir / "run" / f"{inst}.nodes").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("how", ["fault", "sigstop"])
+def test_a_hung_decode_leader_ends_the_deployment_as_hung(submit, dev_cluster, how):
+    dep = deployment(1, 2, name=f"t-hung-{how}", liveness=FAST)
+    if how == "fault":
+        dep["roles"]["decode"]["sim_fault"] = {"kind": "hang", "after": 6, "ranks": [0]}
+    job = submit(dep)
+    st = job.wait({"serving", "failed", "cancelled"}, 60)
+    assert st["phase"] == "serving", job.logs()
+    leader = _nodes(job, "decode-0")[0]
+    t0 = time.time()
+    if how == "sigstop":
+        os.kill(find_pid(dev_cluster, leader[1], r"hpcserve_sim\.py"), signal.SIGSTOP)
+    st = job.wait({"failed", "cancelled", "done"}, 30)
+    f = st["failure"]
+    assert st["phase"] == "failed" and f["reason"] == "hung", st
+    assert (f["role"], f["instance"], f["node"], f["node_rank"]) == ("decode", 0, leader[1], 0)
+    assert f["probe"] == f"http://{leader[2]}:30000/health"
+    if how == "sigstop":
+        assert time.time() - t0 < 10, f"failed {time.time() - t0:.1f} s after the hang"
+    wait_no_job_processes(dev_cluster, 30)
+
+
+def test_a_crashed_node_ends_the_deployment_as_node_lost(submit, dev_cluster):
+    job = submit(deployment(1, 2, name="t-crash", liveness=FAST))
+    st = job.wait({"serving", "failed", "cancelled"}, 60)
+    assert st["phase"] == "serving", job.logs()
+    victim = _nodes(job, "decode-0")[1][1]  # decode node rank 1
+    t0 = time.time()
+    try:
+        dev_cluster.crash_node(victim)
+        st = job.wait({"failed", "cancelled", "done"}, 30)
+        took = time.time() - t0
+    finally:
+        dev_cluster.restart_node(victim)
+    f = st["failure"]
+    assert st["phase"] == "failed" and f["reason"] == "node lost", st
+    assert (f["role"], f["instance"], f["node"], f["node_rank"]) == ("decode", 0, victim, 1)
+    assert f"node {victim} lost" in st["reason"]
+    assert took < 10, f"failed {took:.1f} s after the crash"
+    wait_no_job_processes(dev_cluster, 30)
+
+
+def test_status_probe_reports_each_instance_not_only_the_router(submit, dev_cluster):
+    from hpcserve import deployments, ops
+    from hpcserve.slurm.runner import LocalRunner
+    job = submit(deployment(1, 2, name="t-probe"))  # default liveness: minutes to give up
+    st = job.wait({"serving", "failed", "cancelled"}, 60)
+    assert st["phase"] == "serving", job.logs()
+    entry = deployments.Entry(job.id, "t-probe", str(job.dir), None)
+    runner = LocalRunner(dev_cluster.client_env())
+    (v,) = ops.status([entry], lambda _r: runner, probe=True)
+    assert v.health == "router ok, prefill-0 ok, decode-0 ok", v.health
+    leader = _nodes(job, "decode-0")[0]
+    os.kill(find_pid(dev_cluster, leader[1], r"hpcserve_sim\.py"), signal.SIGSTOP)
+    (v,) = ops.status([entry], lambda _r: runner, probe=True)
+    assert "decode-0 no answer" in v.health and "prefill-0 ok" in v.health, v.health
+    assert "decode-0 no answer" in ops.describe(v)
