@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,11 @@ class _Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            # `hpcserve status | head`: the reader is gone; leave quietly, as other tools do
+            # (and keep Python from complaining when it flushes stdout at exit).
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
         except HpcserveError as e:
             click.echo(f"hpcserve: error: {e}", err=True)
             sys.exit(e.exit_code)

@@ -25,7 +25,7 @@ from .yamlsrc import format_path
 # #SBATCH options the plan itself writes: an extra directive repeating one would silently win.
 OWNED_DIRECTIVES = {
     "job-name": "name", "output": "the job directory's logs/", "error": "the job directory's logs/",
-    "signal": "site.slurm.signal_grace", "requeue": "requeue", "no-requeue": "requeue",
+    "signal": "site.slurm.signal_grace", "open-mode": "(append: a requeue keeps the log)", "requeue": "requeue", "no-requeue": "requeue",
     "time": "time_limit", "nodes": "roles.<role>.nodes and instances",
     "ntasks": "one task per node", "ntasks-per-node": "one task per node",
     "partition": "site.slurm.partition", "account": "site.slurm.account",
@@ -123,6 +123,7 @@ class Plan:
     stop_signal: str
     scratch: bool
     readiness: Any
+    liveness: Any
     jobs_dir: str
     requeue: int
     secret_env: tuple[str, ...] = ()
@@ -172,6 +173,8 @@ def _directives(cfg: Resolved, name: str, nodes: int, first: bool, job_dir_out: 
     if first:
         d += [("job-name", cfg.deployment.name),
               ("output", job_dir_out),
+              # a requeued job appends to its batch log instead of truncating the earlier tries'
+              ("open-mode", "append"),
               ("signal", f"B:TERM@{s.signal_grace}")]
         d.append(("requeue", None) if cfg.deployment.requeue else ("no-requeue", None))
     for key, val in (("partition", s.partition), ("account", s.account), ("qos", s.qos),
@@ -475,7 +478,7 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
         site_python=site.paths.python, engine_python=_engine_python(d),
         engine_command=tuple(a.command(_engine_python(d))), health_path=a.health_path,
         stop_signal=a.stop_signal, scratch=a.scratch and not dep.engine.simulate,
-        readiness=dep.readiness,
+        readiness=dep.readiness, liveness=dep.liveness,
         jobs_dir=dep.jobs_dir or site.paths.jobs_dir, requeue=dep.requeue,
         secret_env=tuple(dict.fromkeys(_secret_names(dep) + _secret_names(site)
                                        + _secret_names(prof))),

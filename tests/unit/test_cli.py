@@ -182,3 +182,12 @@ def test_shell_completion_script_is_generated():
                                        "COMP_WORDS": "hpcserve st", "COMP_CWORD": "1"},
                            capture_output=True, text=True).stdout
     assert "plain,status" in words
+
+
+def test_a_closed_pipe_ends_the_command_quietly(tmp_path):
+    # `hpcserve schema | head -c 20`: the reader goes away after 20 bytes
+    p = subprocess.Popen([_cli(), "schema"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert len(p.stdout.read(20)) == 20
+    p.stdout.close()
+    assert p.wait(timeout=60) == 0
+    assert p.stderr.read() == b""

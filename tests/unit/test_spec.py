@@ -62,3 +62,21 @@ def test_a_job_directory_of_another_spec_is_refused_before_anything_runs(tmp_pat
     assert state["phase"] == "failed" and says in state["reason"]
     assert state["failure"] == {"reason": "incompatible job directory"}
     assert read_stub_log(log) == []  # no srun, squeue or scancel: nothing was started
+
+
+def test_a_batch_host_python_too_old_for_the_runtime_fails_at_once_saying_so(tmp_path):
+    # RHEL 8's python3 is 3.6: job.sbatch must not start hpcserve_job.py with it.
+    old = tmp_path / "python3.6"
+    old.write_text("#!/bin/sh\n[ \"$1\" = -V ] && echo 'Python 3.6.8' && exit 0\nexit 1\n")
+    old.chmod(0o755)
+    jd = tmp_path / "job"
+    files = render(ROOT / "examples" / "demo.yaml", str(jd), (f"site.paths.python={old}",))
+    for rel, (text, mode) in files.items():
+        (jd / rel).parent.mkdir(parents=True, exist_ok=True)
+        (jd / rel).write_text(text)
+    r = subprocess.run(["bash", str(jd / "job.sbatch")], capture_output=True, text=True,
+                       timeout=30, env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode == 1
+    assert "is Python 3.6.8; hpcserve_job.py needs Python 3.7 or later" in r.stderr
+    state = json.loads((jd / "state.json").read_text())
+    assert state["phase"] == "failed" and state["failure"] == {"reason": "python too old"}
