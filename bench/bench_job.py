@@ -6,7 +6,10 @@
 - orchestration overhead: the batch script's first line -> state `serving` (1P1D, simulated
   engines ready at once, the real sglang-router, a smoke request);
 - scancel -> the job's last process gone on every node (engines exit on TERM);
-- an engine's death (SIGKILL of a decode rank) -> the job's state terminal, and -> squeue empty.
+- an engine's death (SIGKILL of a decode rank) -> the job's state terminal, and -> squeue empty;
+- a hung decode leader (SIGSTOP) -> `failed` (hung), and a crashed node (SIGKILL of every
+  process in its namespace, slurmd and slurmstepd included) -> `failed` (node lost), at the test
+  settings liveness {interval: 0.5, timeout: 1, failures: 3}.
 Medians of `runs` (default 5) jobs each.
 """
 
@@ -36,6 +39,7 @@ model: {profile: kimi-k2-instruct, path: /models/k2, served_name: kimi-k2}
 engine: {version: "0.5.23", simulate: true}
 roles: {prefill: {nodes: 1}, decode: {nodes: %d}}
 readiness: {engine_timeout: 60, poll_interval: 0.05}
+liveness: {interval: 0.5, timeout: 1, failures: 3, node_interval: 1}
 """
 
 
@@ -84,6 +88,21 @@ def submit(cluster: DevCluster, env: dict, tmp: Path, decode_nodes: int, n: int)
     return d, out
 
 
+def sim_pid(cluster: DevCluster, node: str) -> int:
+    ns = cluster.netns_names()[node]
+    return next(int(p) for p in subprocess.run(
+        ["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+        if b"hpcserve_sim.py" in Path(f"/proc/{p}/cmdline").read_bytes())
+
+
+def decode_nodes(d: Path) -> list[str]:
+    return [ln.split()[1] for ln in (d / "run" / "decode-0.nodes").read_text().splitlines()]
+
+
+def terminal(d: Path) -> bool:
+    return state(d).get("phase") in ("failed", "cancelled", "done")
+
+
 def main() -> None:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     # Simulated engines need no core of their own; pinned nodes would serialise the batch
@@ -94,7 +113,7 @@ def main() -> None:
     cluster.up()
     env = cluster.client_env()
     env["PATH"] = str(Path(sys.executable).parent) + ":" + env["PATH"]
-    overhead, cancel, death_state, death_gone = [], [], [], []
+    overhead, cancel, death_state, death_gone, hang, crash = [], [], [], [], [], []
     try:
         with tempfile.TemporaryDirectory(dir="/tmp/hpcserve-bench") as t:
             tmp = Path(t)
@@ -111,18 +130,35 @@ def main() -> None:
 
                 d, jid = submit(cluster, env, tmp, 2, 2 * i + 1)
                 wait(lambda: state(d).get("phase") == "serving", 60)
-                rows = (d / "run" / "decode-0.nodes").read_text().split("\n")[1].split()
-                ns = cluster.netns_names()[rows[1]]
-                pid = next(int(p) for p in subprocess.run(
-                    ["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-                    if b"hpcserve_sim.py" in Path(f"/proc/{p}/cmdline").read_bytes())
+                pid = sim_pid(cluster, decode_nodes(d)[1])
                 t0 = time.time()
                 os.kill(pid, signal.SIGKILL)
-                wait(lambda: state(d).get("phase") in ("failed", "cancelled", "done"), 30)
+                wait(lambda: terminal(d), 30)
                 death_state.append(time.time() - t0)
                 wait(lambda: not subprocess.run(["squeue", "-h", "-j", jid], env=env,
                                                 capture_output=True, text=True).stdout.strip(), 30)
                 death_gone.append(time.time() - t0)
+
+                d, jid = submit(cluster, env, tmp, 2, 100 + i)
+                wait(lambda: state(d).get("phase") == "serving", 60)
+                t0 = time.time()
+                os.kill(sim_pid(cluster, decode_nodes(d)[0]), signal.SIGSTOP)
+                wait(lambda: terminal(d), 60)
+                assert state(d)["failure"]["reason"] == "hung", state(d)
+                hang.append(state(d)["history"][-1]["at"] - t0)
+                wait(lambda: not job_pids(cluster), 60)
+
+                d, jid = submit(cluster, env, tmp, 2, 200 + i)
+                wait(lambda: state(d).get("phase") == "serving", 60)
+                victim = decode_nodes(d)[1]
+                t0 = time.time()
+                cluster.crash_node(victim)
+                try:
+                    wait(lambda: terminal(d), 60)
+                    assert state(d)["failure"]["reason"] == "node lost", state(d)
+                    crash.append(state(d)["history"][-1]["at"] - t0)
+                finally:
+                    cluster.restart_node(victim)
     finally:
         cluster.down()
 
@@ -133,6 +169,8 @@ def main() -> None:
     rep("scancel -> last job process gone on every node", cancel, "< 2 s")
     rep("decode engine SIGKILL -> state.json terminal", death_state, "< 5 s")
     rep("decode engine SIGKILL -> job gone from squeue", death_gone, "-")
+    rep("decode leader SIGSTOP -> state.json failed (hung)", hang, "< 10 s")
+    rep("decode node crash -> state.json failed (node lost)", crash, "< 10 s")
 
 
 if __name__ == "__main__":

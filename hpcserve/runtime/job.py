@@ -221,6 +221,7 @@ class Job:
         self._slurm_config: str | None = None
         self.terminating_since: dict[str, float] = {}
         self.lost_steps: set[str] = set()  # steps with a node that is gone
+        self.hung_steps: set[str] = set()  # steps whose engine stopped answering
         self.discovery: dict[int, subprocess.Popen] = {}
         self.nodes: dict[str, list[list[str]]] = {}   # instance -> [[rank, name, ip, iface, ib]]
         self.signal_reason: str | None = None
@@ -638,6 +639,8 @@ class Job:
                         self.step_lost(name)  # not the engine's fault: a node or task is gone
                     if name in self.steps:  # an engine on a crashed node does not answer either
                         self.raise_if_node_lost(name, self.failure_of(name, None))
+                    if kind == "hung":
+                        self.hung_steps.add(name)
                     raise Stop("failed", f"{name} {kind}: {detail}, {failed[name]} probes of "
                                          f"{url} in a row", self.probe_failure(name, kind, url,
                                                                               detail))
@@ -838,6 +841,8 @@ class Job:
                     pass
 
     def stop_signal(self, step: str) -> str:
+        if step in self.hung_steps:
+            return "KILL"  # a hung engine answers no TERM: waiting for it only delays the end
         if step == "router":
             return (self.plan.get("router") or {}).get("stop_signal", "TERM")
         inst = next((i for i in self.plan["instances"] if i["name"] == step), {})
