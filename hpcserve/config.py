@@ -226,7 +226,8 @@ class Liveness:
     """While serving: every instance's leader and the router are probed every `interval` s; one
     that fails `failures` probes in a row (no answer within `timeout` s: hung; refused:
     unreachable; an error status: unhealthy) ends the deployment with that reason. The defaults
-    wait some 90 s, so a long garbage collection or a huge batch does not end a deployment."""
+    give a hung engine about two minutes (6 x (10 s + 10 s)), so a long garbage collection or a
+    huge batch does not end a deployment."""
 
     interval: float = field(default=10.0, metadata=doc("seconds between probes", ge=0.1,
                                                        le=600))
