@@ -18,7 +18,7 @@ from typing import Any, Literal
 from . import engines
 from .engines.base import setting_names
 from .errors import ConfigError
-from .schema import FieldProblem, Validator, doc, json_schema, schema_ref
+from .schema import FieldProblem, Validator, doc, json_schema, schema_ref, shorten
 from .values import ENV_NAME, FLAG_NAME, NAME, ArgValue, EnvValue, check_secrets
 from .yamlsrc import Origin, Positions, check_string, format_path, load_file, load_text
 
@@ -26,6 +26,11 @@ BUNDLED_SITES = Path(__file__).resolve().parent / "site_configs"
 BUNDLED_PROFILES = Path(__file__).resolve().parent / "models"
 
 TIME = r"(\d+-)?\d{1,3}:\d{2}:\d{2}"
+# Job directories become sbatch's --output: % starts a Slurm filename pattern (%j, %x...) and a
+# backslash turns them off, so a path holding either would not be the path written.
+JOB_PATH = r"[^%\\]+"
+JOB_PATH_HELP = ("a job directory path cannot hold % or \\: sbatch reads them as filename "
+                 "patterns in --output")
 VERSION = r"\d+\.\d+\.\d+(\.\d+)?(\.?post\d+)?"
 # Literal[...] of the engines hpcserve has adapters for; the annotation below is evaluated here.
 EngineName = Literal[engines.names()]
@@ -89,7 +94,8 @@ class Container:
 class Network:
     interface: str = field(default="auto", metadata=doc(
         "the interface whose address engines bind and advertise; auto = default route's",
-        pattern=r"[A-Za-z0-9_.:-]+", pattern_help="an interface name such as ib0 or auto"))
+        pattern=r"[A-Za-z0-9_.:][A-Za-z0-9_.:-]*",
+        pattern_help="an interface name such as ib0 or auto (not starting with -)"))
     ib_devices: list[str] | Literal["auto"] | None = field(default=None, metadata=doc(
         "HCAs for KV transfer and NCCL: a list, 'auto' (active ports found on the node), "
         "or null for none (TCP)", pattern=r"[A-Za-z0-9_.-]+(:\d+)?",
@@ -104,7 +110,8 @@ class Network:
 @dataclass(frozen=True)
 class Paths:
     jobs_dir: str = field(default="~/hpcserve-jobs", metadata=doc(
-        "where job directories are written (must be on a file system the nodes share)"))
+        "where job directories are written (must be on a file system the nodes share)",
+        pattern=JOB_PATH, pattern_help=JOB_PATH_HELP))
     python: str = field(default="python3", metadata=doc(
         "python3 on the nodes (outside containers), used by the job's runtime helper"))
     engine_python: dict[str, str] = field(default_factory=dict, metadata=doc(
@@ -144,10 +151,13 @@ class SimFault:
 
 # The keys every role has whatever its engine; role_type() adds the engine's settings and ports.
 ROLE_FIELDS = (
-    ("instances", int, field(default=1, metadata=doc("engine instances of this role", ge=1))),
-    ("nodes", int, field(default=1, metadata=doc("nodes per instance", ge=1))),
+    # Bounds far above any cluster, so a mistyped count is refused before anything is built.
+    ("instances", int, field(default=1, metadata=doc("engine instances of this role", ge=1,
+                                                     le=100_000))),
+    ("nodes", int, field(default=1, metadata=doc("nodes per instance", ge=1, le=100_000))),
     ("gpus", int | None, field(default=None, metadata=doc(
-        "GPUs per instance when several instances share a node (must divide node.gpus)", ge=1))),
+        "GPUs per instance when several instances share a node (must divide node.gpus)", ge=1,
+        le=64))),
     ("port", int | None, field(default=None, metadata=doc(
         "first HTTP port (instances sharing a node count up from it)", ge=1024, le=65535))),
 )
@@ -259,7 +269,8 @@ class Deployment:
         "environment for every engine of this deployment", key_pattern=ENV_NAME))
     readiness: Readiness = field(default_factory=Readiness)
     liveness: Liveness = field(default_factory=Liveness)
-    jobs_dir: str | None = field(default=None, metadata=doc("overrides site.paths.jobs_dir"))
+    jobs_dir: str | None = field(default=None, metadata=doc(
+        "overrides site.paths.jobs_dir", pattern=JOB_PATH, pattern_help=JOB_PATH_HELP))
     requeue: int = field(default=0, metadata=doc(
         "when the deployment fails (not when it is cancelled), requeue the job up to this many "
         "times", ge=0, le=100))
@@ -423,21 +434,30 @@ def site_search_path(deploy_file: Path) -> list[Path]:
     return dirs + [here / "site_configs", here.parent / "site_configs", BUNDLED_SITES]
 
 
+def _is_file(p: Path) -> bool:
+    """Whether `p` is a file; a name the OS refuses (too long, NUL) is simply not one."""
+    try:
+        return p.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def _find_named(name: str, dirs: list[Path], what: str, origin: Origin | None,
                 fieldname: str, base: Path) -> Path:
     if "/" in name or name.endswith((".yaml", ".yml")):
         p = Path(name).expanduser()
         p = p if p.is_absolute() else base / p
-        if p.is_file():
+        if _is_file(p):
             return p
-        raise ConfigError(f"{what} file {name!r} not found", file=origin.file if origin else None,
+        raise ConfigError(f"{what} file {shorten(repr(name))} not found",
+                          file=origin.file if origin else None,
                           line=origin.line if origin else None, field=fieldname)
     for d in dirs:
         for ext in (".yaml", ".yml"):
-            if (d / (name + ext)).is_file():
+            if _is_file(d / (name + ext)):
                 return d / (name + ext)
     known = sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.y*ml")})
-    raise ConfigError(f"no {what} named {name!r}; known: {', '.join(known) or 'none'}",
+    raise ConfigError(f"no {what} named {shorten(repr(name))}; known: {', '.join(known) or 'none'}",
                       file=origin.file if origin else None, line=origin.line if origin else None,
                       field=fieldname)
 

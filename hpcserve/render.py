@@ -8,11 +8,13 @@ StrictUndefined and receive every word already quoted for bash by the `q` filter
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from pathlib import Path
 
 from . import __version__, engines
 from .containers import container_files, wrap_task
+from .errors import HpcserveError
 from .plan import Instance, Plan
 from .runtime.spec import dumps as spec_dumps
 from .runtime.spec import job_spec
@@ -83,6 +85,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
     """Every file of the job directory as (text, mode), for a directory at `job_dir` on the cluster."""
     env = jinja()
     files: dict[str, tuple[str, int]] = {}
+    check_job_dir(job_dir)
     jd = job_dir.rstrip("/") or "/"
     comps = []
     for c in plan.components:
@@ -164,6 +167,17 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
     return files
 
 
+def check_job_dir(job_dir: str) -> None:
+    """The job directory ends up in #SBATCH --output and every script: no control characters
+    (a newline would end the directive and run the rest as shell), no % or \\ (sbatch's
+    filename patterns)."""
+    bad = re.search(r"[\x00-\x1f\x7f%\\]", job_dir)
+    if bad:
+        raise HpcserveError(f"job directory {job_dir!r}: {bad.group()!r} is not allowed in it "
+                            "(control characters would break the batch script; sbatch reads % "
+                            "and \\ as filename patterns in --output)")
+
+
 def _sim_env(plan: Plan, inst: Instance) -> list[tuple[str, Word]]:
     s = plan.sim
     out: list[tuple[str, Word]] = [
@@ -199,7 +213,6 @@ def write_job(files: dict[str, tuple[str, int]], out_dir: str | Path) -> Path:
     """Write the files; the directory must be new or empty so no earlier job is overwritten."""
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
-        from .errors import HpcserveError
         raise HpcserveError(f"{out} exists and is not empty; choose another --out")
     for rel, (text, mode) in sorted(files.items()):
         p = out / rel

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -58,17 +59,22 @@ def type_name(tp: Any) -> str:
         tp, getattr(tp, "__name__", str(tp)))
 
 
+def shorten(text: str, keep: int = 60) -> str:
+    """A value as an error message echoes it: a huge one is cut, not printed whole."""
+    return text if len(text) <= keep else f"{text[:keep]}... ({len(text):,} characters)"
+
+
 def _kind(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int):
-        return f"the integer {value}"
+        return f"the integer {shorten(str(value))}"
     if isinstance(value, float):
         return f"the number {value}"
     if isinstance(value, str):
-        return f"the string {value!r}"
+        return f"the string {shorten(repr(value))}"
     if isinstance(value, list):
         return "a list"
     if isinstance(value, dict):
@@ -117,6 +123,9 @@ class Validator:
             if not isinstance(value, list):
                 raise self.error(path, f"expected {type_name(tp)}, got {_kind(value)}")
             (item,) = typing.get_args(tp)
+            if len(value) < meta.get("min_items", 0):
+                raise self.error(path, f"needs at least {meta['min_items']} item(s), got "
+                                       f"{len(value)}")
             # A list field's value constraints (pattern, ge, le) hold for each of its items.
             return [self.convert(v, item, path + (i,), _constraints(meta))
                     for i, v in enumerate(value)]
@@ -167,13 +176,15 @@ class Validator:
             raise self.error(path, f"expected {type_name(tp)}, got {_kind(value)}")
         if tp is float:
             value = float(value)
+            if not math.isfinite(value):
+                raise self.error(path, f"expected a finite number, got {value}")
         if "ge" in meta and value < meta["ge"]:
             raise self.error(path, f"must be at least {meta['ge']}, got {value}")
         if "le" in meta and value > meta["le"]:
             raise self.error(path, f"must be at most {meta['le']}, got {value}")
         if "pattern" in meta and isinstance(value, str) and not re.fullmatch(meta["pattern"], value):
             raise self.error(path, meta.get("pattern_help") or
-                             f"{value!r} does not match the pattern {meta['pattern']}")
+                             f"{shorten(repr(value))} does not match the pattern {meta['pattern']}")
         return value
 
     def build(self, cls: type, value: Any, path: tuple) -> Any:
@@ -244,6 +255,7 @@ def _schema_of(tp: Any, defs: dict, meta: dict) -> dict:
         return {**out, "enum": list(typing.get_args(tp))}
     if origin is list:
         return {**out, "type": "array",
+                **({"minItems": meta["min_items"]} if "min_items" in meta else {}),
                 "items": _schema_of(typing.get_args(tp)[0], defs, _constraints(meta))}
     if origin is dict:
         s = {**out, "type": "object",

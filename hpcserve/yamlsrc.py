@@ -7,6 +7,7 @@ value's path (a tuple of keys and list indexes), so validation errors can say fi
 from __future__ import annotations
 
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,12 +74,26 @@ def check_string(value: str, path: tuple, origin: Origin | None) -> None:
 
 
 _SCALARS = yaml.constructor.SafeConstructor()
+# A config is small: more values than this (YAML aliases expanding into each other, the "billion
+# laughs") or deeper nesting is refused before it costs time or memory.
+MAX_VALUES = 100_000
+MAX_DEPTH = 32
+MAX_BYTES = 1 << 20
 
 
 def _construct(node: yaml.Node, path: tuple, pos: Positions, fname: str,
-               line: int | None = None) -> Any:
+               line: int | None = None, budget: list | None = None) -> Any:
+    budget = [MAX_VALUES] if budget is None else budget
+    budget[0] -= 1
     # A mapping value is reported at its key's line: that is where a person looks for it.
     origin = Origin(fname, line or node.start_mark.line + 1)
+    if budget[0] < 0:
+        raise ConfigError(f"the document expands to more than {MAX_VALUES:,} values (YAML "
+                          "aliases?); a deployment is far smaller", file=fname,
+                          line=origin.line, field=format_path(path))
+    if len(path) > MAX_DEPTH:
+        raise ConfigError(f"nested deeper than {MAX_DEPTH} levels", file=fname,
+                          line=origin.line, field=format_path(path[:3]) + "...")
     pos.table[path] = origin
     if isinstance(node, yaml.MappingNode):
         out: dict = {}
@@ -95,10 +110,12 @@ def _construct(node: yaml.Node, path: tuple, pos: Positions, fname: str,
                 raise ConfigError(f"duplicate key {key!r}", file=fname,
                                   line=knode.start_mark.line + 1, field=format_path(path + (key,)))
             check_string(key, path + (key,), Origin(fname, knode.start_mark.line + 1))
-            out[key] = _construct(vnode, path + (key,), pos, fname, knode.start_mark.line + 1)
+            out[key] = _construct(vnode, path + (key,), pos, fname, knode.start_mark.line + 1,
+                                  budget)
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_construct(v, path + (i,), pos, fname) for i, v in enumerate(node.value)]
+        return [_construct(v, path + (i,), pos, fname, None, budget)
+                for i, v in enumerate(node.value)]
     try:
         value = _SCALARS.construct_object(node, deep=True)
     except yaml.YAMLError as e:
@@ -113,6 +130,8 @@ def load_text(text: str, fname: str) -> tuple[Any, Positions]:
     pos = Positions()
     try:
         node = yaml.compose(text, Loader=_Loader)
+    except RecursionError:
+        raise ConfigError(f"nested deeper than {MAX_DEPTH} levels", file=fname) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or str(e)
@@ -126,6 +145,12 @@ def load_text(text: str, fname: str) -> tuple[Any, Positions]:
 def load_file(path: str | Path) -> tuple[Any, Positions]:
     p = Path(path)
     try:
+        st = p.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block, a device never end
+            raise ConfigError("not a regular file", file=str(path))
+        if st.st_size > MAX_BYTES:
+            raise ConfigError(f"larger than {MAX_BYTES >> 20} MiB: not a config file",
+                              file=str(path))
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError("file not found", file=str(path)) from None

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 from ..values import check_secrets
 from ..words import Word
-from .flags import FlagError, FlagMatrix, Release, Vocabulary, arg_words
+from .flags import FlagError, FlagMatrix, Release, Vocabulary, arg_words, check_not_empty
 
 SIM_DIR = Path(__file__).resolve().parent.parent / "sim"
 
@@ -150,6 +150,7 @@ class RouterAdapter:
                 raise FlagError(("args", name), f"--{name} is set by hpcserve from the plan "
                                                 "(router port/policy, worker URLs); use the "
                                                 "router's own keys")
+            check_not_empty(("args", name), "--" + name, value)
             w += arg_words("--" + name, value)
         return w
 

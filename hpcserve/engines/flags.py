@@ -154,6 +154,7 @@ class Vocabulary:
         if flag in self.legacy and not self.legacy[flag].startswith("("):
             raise FlagError(key, f"write {self.legacy[flag]} instead of args.{name}: hpcserve "
                                  f"spells it for each {rel.engine} release")
+        check_not_empty(key, flag, value)
         return arg_words(flag, value, lambda words: check_choices(rel, words, key))
 
     def settings_argv(self, rel: Release, matrix: FlagMatrix,
@@ -194,6 +195,12 @@ def check_choices(rel: Release, words: list, key: tuple) -> list:
             raise FlagError(key, f"{nxt!r} is not a valid {w} in {rel.engine} {rel.version}; "
                                  f"choices: {', '.join(ch)}")
     return words
+
+
+def check_not_empty(key: tuple, flag: str, value: Any) -> None:
+    if isinstance(value, list) and not value:
+        raise FlagError(key, f"an empty list gives {flag} no value; write true for a bare flag "
+                             "or null to leave it out")
 
 
 def arg_words(flag: str, value: Any, check: Callable[[list], list] = lambda w: w) -> list:

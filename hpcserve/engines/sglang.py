@@ -52,7 +52,7 @@ class SGLangSettings(SettingsBase):
     cuda_graph_max_bs: int | None = field(default=None, metadata=doc(
         "largest decode batch captured in a CUDA graph", ge=1))
     cuda_graph_bs: list[int] | None = field(default=None, metadata=doc(
-        "explicit decode batch sizes captured in CUDA graphs"))
+        "explicit decode batch sizes captured in CUDA graphs", ge=1, min_items=1))
     disable_cuda_graph: bool | None = None
     mem_fraction_static: float | None = field(default=None, metadata=doc(
         "fraction of GPU memory for weights and KV cache", ge=0.05, le=0.99))

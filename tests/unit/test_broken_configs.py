@@ -219,6 +219,59 @@ model:
   profile: deepseek-v3
   path: /models/dsv3
 """ + PD, "site.network.interface", ["an interface name"]),
+    # Found by trying as a user would (hostile or careless input): refused in one line, at once.
+    Case("absurd_instance_count", BASE_HEAD + """roles:
+  worker:
+    instances: 100000000000  #<
+""", "roles.worker.instances", ["must be at most 100000"]),
+    Case("absurd_node_count", BASE_HEAD + """roles:
+  worker:
+    nodes: 99999999999  #<
+""", "roles.worker.nodes", ["must be at most 100000"]),
+    Case("nan_number", BASE_HEAD + """roles:
+  worker:
+    nodes: 1
+    mem_fraction_static: .nan  #<
+""", "roles.worker.mem_fraction_static", ["expected a finite number, got nan"]),
+    Case("empty_list_needs_values", BASE_HEAD + """roles:
+  worker:
+    nodes: 1
+    cuda_graph_bs: []  #<
+""", "roles.worker.cuda_graph_bs", ["needs at least 1 item(s), got 0"]),
+    Case("non_positive_list_item", BASE_HEAD + """roles:
+  worker:
+    nodes: 1
+    cuda_graph_bs: [8, 0]  #<
+""", "roles.worker.cuda_graph_bs[1]", ["must be at least 1, got 0"]),
+    Case("empty_list_arg", BASE_HEAD + """roles:
+  worker:
+    nodes: 1
+    args:
+      cuda-graph-bs-prefill: []  #<
+""", "roles.worker.args.cuda-graph-bs-prefill", ["an empty list gives --cuda-graph-bs-prefill no value"]),
+    Case("slurm_filename_pattern_in_jobs_dir", BASE_HEAD + PD + "jobs_dir: /scratch/%x/jobs  #<\n",
+         "jobs_dir", ["cannot hold % or \\", "filename patterns in --output"]),
+    Case("option_like_interface", """name: broken
+site:
+  base: local
+  network:
+    interface: --help  #<
+model:
+  profile: deepseek-v3
+  path: /models/dsv3
+""" + PD, "site.network.interface", ["not starting with -"]),
+    # The line named is the anchor whose copies exhaust the budget: that is where the bomb is.
+    Case("alias_bomb", "name: broken\na: &a [x, x, x, x, x, x, x, x, x, x]  #<\n" + "".join(
+        f"{n}: &{n} [{', '.join(['*' + p] * 10)}]\n" for p, n in zip("abcdefgh", "bcdefghi"))
+        + "j: [*i, *i]\n", None, ["expands to more than 100,000 values (YAML aliases?)"]),
+    Case("nested_too_deep", "name: broken\nx: " + "[" * 40 + "]" * 40 + "  #<\n", None,
+         ["nested deeper than 32 levels"]),
+    Case("huge_value_is_not_echoed_whole", BASE_HEAD + "roles:\n  prefill:\n    nodes: '"
+         + "9" * 5000 + "'  #<\n  decode:\n    nodes: 2\n", "roles.prefill.nodes",
+         ["expected an integer", "... (5,002 characters)"]),
+    Case("huge_profile_name_is_not_echoed_whole", "name: broken\nsite: local\nmodel:\n"
+         "  profile: '" + "x" * 5000 + "'  #<\n  path: /m\n" + PD, "model.profile",
+         ["no model profile named 'xxxx", "... (5,002 characters)"]),
 ]
 
 

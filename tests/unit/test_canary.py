@@ -141,6 +141,8 @@ VARIANT: dict[tuple, tuple[Any, list, dict]] = {
     ("site", "container", "image"): ("canary-site-image",
                                      [("steps/prefill-0.sh", "--container-image=canary-site-image")],
                                      {("engine", "image"): None}),
+    # pattern-checked (no % or backslash), so not an automatic canary
+    ("jobs_dir",): ("/canary/dep/jobs", [(F_PLAN, '"/canary/dep/jobs"')], {}),
     # the deployment's jobs_dir wins over the site's
     ("site", "paths", "jobs_dir"): ("/canary/site/jobs", [(F_PLAN, '"/canary/site/jobs"')],
                                     {("jobs_dir",): None}),
