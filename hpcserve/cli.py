@@ -44,6 +44,9 @@ def main() -> None:
     """
 
 
+# A plain string: the loader checks the file itself (a directory, FIFO or device is refused in
+# one line naming the file, where click would print a usage block).
+_file_arg = click.argument("file", metavar="FILE")
 _set_opt = click.option("--set", "sets", multiple=True, metavar="KEY.PATH=VALUE",
                         help="override any deployment value (repeatable), e.g. "
                              "--set roles.decode.nodes=8 --set site.slurm.partition=gpu")
@@ -61,9 +64,9 @@ def _default_out(p, jobs_dir: str) -> Path:
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@_file_arg
 @_set_opt
-@click.option("--out", "-o", type=click.Path(file_okay=False),
+@click.option("--out", "-o",
               help="job directory to write (default: <jobs_dir>/<name>-<timestamp>)")
 def render(file: str, sets: tuple[str, ...], out: str | None) -> None:
     """Write the job directory for FILE and print its path."""
@@ -78,7 +81,7 @@ def render(file: str, sets: tuple[str, ...], out: str | None) -> None:
 
 
 @main.command("plan")
-@click.argument("file", type=click.Path(dir_okay=False))
+@_file_arg
 @_set_opt
 @click.option("--json", "as_json", is_flag=True, help="the plan as JSON")
 def plan_cmd(file: str, sets: tuple[str, ...], as_json: bool) -> None:
@@ -134,7 +137,7 @@ def _runner(remote, jump=None, identity=(), known_hosts=None):
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@_file_arg
 @_set_opt
 @click.option("--out", "-o", help="job directory (default: <jobs_dir>/<name>-<timestamp>)")
 @click.option("--dry-run", is_flag=True, help="render only; print the job directory")

@@ -212,6 +212,8 @@ def _argv_lines(cmd: list[Word], argv: tuple[Word, ...]) -> list[str]:
 def write_job(files: dict[str, tuple[str, int]], out_dir: str | Path) -> Path:
     """Write the files; the directory must be new or empty so no earlier job is overwritten."""
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise HpcserveError(f"{out} exists and is not a directory; choose another --out")
     if out.exists() and any(out.iterdir()):
         raise HpcserveError(f"{out} exists and is not empty; choose another --out")
     for rel, (text, mode) in sorted(files.items()):

@@ -55,7 +55,8 @@ def type_name(tp: Any) -> str:
         return "a mapping"
     if dataclasses.is_dataclass(tp):
         return "a mapping"
-    return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false",
+            dict: "a mapping", list: "a list"}.get(
         tp, getattr(tp, "__name__", str(tp)))
 
 

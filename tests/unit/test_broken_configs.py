@@ -8,6 +8,7 @@ written to DIR.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -266,6 +267,8 @@ model:
         + "j: [*i, *i]\n", None, ["expands to more than 100,000 values (YAML aliases?)"]),
     Case("nested_too_deep", "name: broken\nx: " + "[" * 40 + "]" * 40 + "  #<\n", None,
          ["nested deeper than 32 levels"]),
+    Case("null_role_names_its_line", BASE_HEAD + "roles:\n  prefill:  #<\n  decode:\n"
+         "    nodes: 2\n", "roles.prefill", ["expected a mapping, got null"]),
     Case("huge_value_is_not_echoed_whole", BASE_HEAD + "roles:\n  prefill:\n    nodes: '"
          + "9" * 5000 + "'  #<\n  decode:\n    nodes: 2\n", "roles.prefill.nodes",
          ["expected an integer", "... (5,002 characters)"]),
@@ -326,3 +329,26 @@ def test_broken_config_is_refused_in_one_line(case, results):
         assert m in err, f"{m!r} not in {err!r}"
     assert not r["out"].exists(), "nothing may be written when the config is refused"
     assert r["stdout"] == ""
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "device"])
+def test_a_file_that_is_not_a_regular_file_is_refused_at_once(kind, tmp_path):
+    """A FIFO would block the loader forever and a device never end: refused before reading."""
+    path = {"directory": tmp_path, "device": Path("/dev/zero")}.get(kind, tmp_path / "d.yaml")
+    if kind == "fifo":
+        os.mkfifo(path)
+    p = subprocess.run(_cli() + ["render", str(path), "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert (p.returncode, p.stderr) == (2, f"hpcserve: error: {path}: not a regular file\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_out_that_is_a_file_is_refused_and_left_alone(tmp_path):
+    existing = tmp_path / "notes.txt"
+    existing.write_text("mine\n")
+    p = subprocess.run(_cli() + ["render", str(ROOT / "examples" / "kimi-k2-instruct-4p12d.yaml"),
+                                 "--out", str(existing)], capture_output=True, text=True,
+                       timeout=60, stdin=subprocess.DEVNULL)
+    assert (p.returncode, p.stderr) == (
+        2, f"hpcserve: error: {existing} exists and is not a directory; choose another --out\n")
+    assert existing.read_text() == "mine\n"
