@@ -407,6 +407,9 @@ SlurmdUser=root
 # auth/none + cred/none: no munged to run or key to share, fine for a cluster that never leaves this host.
 AuthType=auth/none
 CredType=cred/none
+# A requeued batch job may start again only cred_expire + 1 s later (slurmctld's requeue path
+# sets its begin time so; default 120 s): 10 s lets requeue tests see the next try promptly.
+AuthInfo=cred_expire=10
 StateSaveLocation={sd}/spool/ctld
 # %n: several slurmd share this host, so each needs its own spool, pid file, log and TmpFS.
 SlurmdSpoolDir={sd}/spool/%n
@@ -433,6 +436,9 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 # Short KillWait keeps teardown tests fast; MinJobAge keeps finished jobs visible to squeue.
 KillWait=5
+# A crashed node holds its job COMPLETING (and a requeue waiting) until slurmctld calls it DOWN,
+# SlurmdTimeout after its last answer (default 300 s); 15 s lets node-loss tests requeue promptly.
+SlurmdTimeout=15
 MinJobAge=300
 ReturnToService=2
 InactiveLimit=0

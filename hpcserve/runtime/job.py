@@ -225,6 +225,9 @@ class Job:
         self.discovery: dict[int, subprocess.Popen] = {}
         self.nodes: dict[str, list[list[str]]] = {}   # instance -> [[rank, name, ip, iface, ib]]
         self.signal_reason: str | None = None
+        self.signal_stop: Stop | None = None   # what signal_reason means, set with it
+        self.requeued_by_slurm = False          # Slurm put the job back in the queue itself
+        self.excluded_nodes: list[str] = []     # lost nodes a requeue must not land on again
         self.signal_seen: tuple[int, float] | None = None  # (signum, when), set by on_signal
         try:
             self.t0 = float(os.environ.get("HPCSERVE_BATCH_T0", ""))
@@ -253,19 +256,51 @@ class Job:
             self.signal_seen = (signum, now())
 
     def resolve_signal(self) -> str | None:
-        """The stop reason of the first signal that arrived, or None; logs it once."""
+        """The stop reason of the first signal that arrived, or None; decided and logged once
+        (self.signal_stop holds the Stop it means)."""
         if self.signal_reason or self.signal_seen is None:
             return self.signal_reason
         signum, at = self.signal_seen
         # USR1 comes from `hpcserve cancel` (scancel --batch --signal=USR1): a requested stop.
-        # TERM comes from scancel or from --signal=B:TERM@grace before the time limit.
-        if signum == signal.SIGUSR1:
-            reason = "cancelled"
-        else:
-            reason = "time_limit" if self._near_time_limit(at) else "cancelled"
-        self.signal_reason = reason
-        self.log(f"received {signal.Signals(signum).name}: {reason}")
-        return reason
+        # TERM comes from a scancel, from --signal=B:TERM@grace before the time limit, or from
+        # Slurm ending the job for a failed node or a preemption: Slurm's record tells which.
+        stop = Stop("cancelled", "cancelled") if signum == signal.SIGUSR1 else \
+            self.why_terminated(at)
+        self.signal_stop = stop
+        self.signal_reason = {"node lost": "node_lost", "preempted": "preempted"}.get(
+            (stop.failure or {}).get("reason"), stop.reason)
+        self.log(f"received {signal.Signals(signum).name}: {stop.reason}")
+        return self.signal_reason
+
+    def why_terminated(self, at: float) -> Stop:
+        """Why a TERM came, from Slurm's record of the job and of its nodes: a node that failed
+        (Slurm ends the job NODE_FAIL, or requeues it), a preemption, the time limit, or else a
+        scancel. Node failure and preemption are failures (requeue: N applies)."""
+        recs = self.slurm_records()
+        mine = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        self.requeued_by_slurm = any(int(r.get("Restarts") or 0) > mine for r in recs)
+        lost = self.lost_nodes()
+        if lost or any(r.get("Reason") == "NodeDown" for r in recs):
+            node, state = lost[0] if lost else (None, "down")
+            return self.node_lost_stop(node, state, "Slurm is ending the job")
+        if any(r.get("PreemptTime") not in (None, "", "None", "Unknown") for r in recs):
+            return Stop("failed", "preempted: Slurm is ending the job for another one",
+                        {"step": None, "role": None, "instance": None, "node": None,
+                         "reason": "preempted", "exit_code": None})
+        if self._near_time_limit(at):
+            return Stop("cancelled", "time_limit")
+        return Stop("cancelled", "cancelled")
+
+    def slurm_records(self) -> list[dict]:
+        """`scontrol -o show job`: one key=value record per component of this job."""
+        if not self.job_id:
+            return []
+        try:
+            out = subprocess.run(["scontrol", "-o", "show", "job", self.job_id],
+                                 capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        return [dict(re.findall(r"(?:^| )(\w+)=(\S*)", ln)) for ln in out.splitlines() if ln.strip()]
 
     def _near_time_limit(self, at: float) -> bool:
         if not self.job_id:
@@ -281,13 +316,15 @@ class Job:
 
     def check(self) -> None:
         if self.resolve_signal():
-            raise Stop("cancelled", self.signal_reason)
+            raise self.signal_stop
         for name, p in self.steps.items():
             rc = p.poll()
             if rc is not None:
                 time.sleep(0.3)  # a scancel signals steps and us together: let our signal land
                 if self.resolve_signal():
-                    raise Stop("cancelled", self.signal_reason)
+                    raise self.signal_stop
+                # a step that ended on a node Slurm now calls down ended with its node
+                self.check_nodes()
                 raise Stop("failed", f"step {name} exited with code {rc}", self.failure_of(name, rc))
             if self.step_terminating(name):
                 # srun reported a task's end and is ending the step but has not exited after
@@ -296,7 +333,7 @@ class Job:
                 first = self.terminating_since.setdefault(name, now())
                 if now() - first > self.STUCK_SRUN:
                     if self.resolve_signal():
-                        raise Stop("cancelled", self.signal_reason)
+                        raise self.signal_stop
                     self.step_lost(name)
 
     def step_terminating(self, name: str) -> bool:
@@ -324,6 +361,7 @@ class Job:
         for rank, node, *_ in self.nodes.get(name, []):
             if node not in reported and not self.slurmd_answers(node):
                 self.lost_steps.add(name)
+                self.excluded_nodes.append(node)
                 f.update(node=node, node_rank=int(rank), reason="node lost", exit_code=None,
                          log=self._log_file(name, int(rank), node))
                 raise Stop("failed", f"node {node} lost: step {name} cannot end there "
@@ -507,7 +545,8 @@ class Job:
             self.state.update("starting", started_at=round(self.t0, 3), runtime_at=round(now(), 3),
                               batch_host=os.uname().nodename, endpoint=None, failure=None,
                               reason=None, finished_at=None, smoke_tokens=None,
-                              serving_after_s=None, engines_ready_count=0)
+                              serving_after_s=None, engines_ready_count=0,
+                              restarts=int(os.environ.get("SLURM_RESTART_COUNT") or 0))
             self.serve()
             phase, reason, failure = "done", "finished", None  # not reached: serve() raises
         except Stop as s:
@@ -519,9 +558,11 @@ class Job:
             self.resolve_signal()
         except Exception as e:
             self.log(f"could not resolve the signal: {e!r}")
-        if self.signal_reason and phase == "failed":
-            # A step that ended because scancel signalled it too is not a crash of its own.
-            phase, reason, failure = "cancelled", self.signal_reason, None
+        sig = self.signal_stop
+        if sig is not None and phase == "failed" and (failure or {}).get("reason") != "node lost":
+            # A step that ended because Slurm signalled it too is not a crash of its own: the
+            # signal's cause (a scancel, the time limit, a lost node, a preemption) is the reason.
+            phase, reason, failure = sig.phase, sig.reason, sig.failure
         self.log(f"stopping: {reason}")
         self.record("stopping", reason=reason, failure=failure)
         try:
@@ -536,25 +577,68 @@ class Job:
             self.log(f"node cleanup error: {e!r}")
         final = "cancelled" if phase == "cancelled" else phase
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-        if final == "failed" and restarts < int(self.plan.get("requeue") or 0) and self.job_id:
-            # The deployment asked for another try: Slurm puts the whole job back in the queue
-            # and runs this script again (SLURM_RESTART_COUNT counts the tries).
-            try:
-                res = subprocess.run(["scontrol", "requeue", self.job_id], capture_output=True,
-                                     text=True, timeout=30)
-                err = "" if res.returncode == 0 else (res.stderr or res.stdout).strip()
-            except (OSError, subprocess.TimeoutExpired) as e:
-                err = repr(e)
-            if not err:
-                self.record("requeued", reason=reason, finished_at=round(now(), 3),
-                            restarts=restarts + 1)
-                self.log(f"failed ({reason}); requeued, try {restarts + 2} of "
-                         f"{int(self.plan['requeue']) + 1}")
-                return 0
-            self.log(f"scontrol requeue failed: {err}")
+        if final == "failed" and self.requeue_after(reason, restarts):
+            return 0
         self.record(final, reason=reason, finished_at=round(now(), 3), restarts=restarts)
         self.log(f"final state: {final} ({reason})")
         return 0 if final in ("cancelled", "done") else 1
+
+    def requeue_after(self, reason: str, restarts: int) -> bool:
+        """Another try for a failed deployment while `requeue: N` allows one: Slurm puts the
+        whole job back in the queue and runs this script again (SLURM_RESTART_COUNT counts the
+        tries), away from the nodes that were lost. Whether the job was requeued."""
+        allowed = int(self.plan.get("requeue") or 0)
+        if not self.job_id:
+            return False
+        if self.requeued_by_slurm:
+            # Slurm requeues a --requeue job itself when a node fails; past `requeue: N` that
+            # try is not wanted.
+            if restarts < allowed:
+                return self._requeued(reason, restarts, "by Slurm")
+            self.log(f"Slurm requeued the job after {reason}, past requeue: {allowed}: "
+                     "cancelling the new try")
+            self._scontrol(["scancel", self.job_id])
+            return False
+        if restarts >= allowed:
+            return False
+        err = self._scontrol(["scontrol", "requeue", self.job_id])
+        if err:
+            self.log(f"scontrol requeue failed: {err}")
+            return False
+        self.exclude_lost_nodes()
+        return self._requeued(reason, restarts, "")
+
+    def _requeued(self, reason: str, restarts: int, by: str) -> bool:
+        self.record("requeued", reason=reason, finished_at=round(now(), 3), restarts=restarts + 1)
+        self.log(f"failed ({reason}); requeued{' ' + by if by else ''}, try {restarts + 2} of "
+                 f"{int(self.plan['requeue']) + 1}")
+        return True
+
+    def exclude_lost_nodes(self) -> None:
+        """Keep the requeued job off the nodes this try lost: Slurm may not know yet that they
+        are gone (until its node timeout) and would start the next try there. Each component
+        keeps the exclusions it had."""
+        lost = sorted(set(self.excluded_nodes))
+        if not lost:
+            return
+        comps = len(self.plan["components"])
+        recs = self.slurm_records()
+        for k in range(comps):
+            had = recs[k].get("ExcNodeList", "") if k < len(recs) else ""
+            nodes = ",".join(([had] if had and had != "(null)" else []) + lost)
+            jid = f"{self.job_id}+{k}" if comps > 1 else self.job_id
+            err = self._scontrol(["scontrol", "update", f"JobId={jid}", f"ExcNodeList={nodes}"])
+            self.log(f"next try kept off {', '.join(lost)}" if not err else
+                     f"could not keep the next try off {', '.join(lost)}: {err}")
+
+    @staticmethod
+    def _scontrol(argv: list[str]) -> str:
+        """Run a Slurm command; its error text, or '' when it succeeded."""
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return repr(e)
+        return "" if res.returncode == 0 else (res.stderr or res.stdout).strip()
 
     def record(self, phase: str | None = None, **fields) -> None:
         """state.update for the stop path: a failed write is logged, never raised, so that it
@@ -664,30 +748,48 @@ class Job:
         return f
 
     def check_nodes(self) -> None:
-        """Slurm's word on the job's nodes: down, failed or not responding (a state with *)
-        is a lost node."""
+        """Slurm's word on the job's nodes: one that is down, failed or not responding ends
+        the deployment as a lost node."""
+        lost = self.lost_nodes()
+        if lost:
+            node, state = lost[0]
+            raise self.node_lost_stop(node, state, None)
+
+    def lost_nodes(self) -> list[tuple[str, str]]:
+        """(node, sinfo state) of the job's nodes that are down, failed, drained or not
+        responding (a state with *)."""
         names = sorted({r[1] for rows in self.nodes.values() for r in rows})
+        if not names:
+            return []
         try:
             out = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(names), "-o", "%N %t"],
                                  capture_output=True, text=True, timeout=10).stdout
         except (OSError, subprocess.TimeoutExpired):
-            return
+            return []
+        lost = []
         for line in out.splitlines():
             parts = line.split()
-            if len(parts) == 2 and (parts[1].endswith("*") or parts[1].rstrip("*") in
-                                    ("down", "fail", "failg")):
-                node, state = parts
-                inst = next((n for n, rows in self.nodes.items()
-                             if any(r[1] == node for r in rows)), None)
-                rank = next((int(r[0]) for r in self.nodes.get(inst, []) if r[1] == node), None)
-                role, _, idx = (inst or "-").rpartition("-")
-                self.lost_steps.update(n for n, rows in self.nodes.items()
-                                       if any(r[1] == node for r in rows))
-                raise Stop("failed", f"node {node} lost: Slurm reports it {state}",
-                           {"step": inst, "role": role or None,
-                            "instance": int(idx) if idx.isdigit() else None, "node": node,
-                            "node_rank": rank, "reason": "node lost", "exit_code": None,
-                            "slurm_state": state})
+            if len(parts) == 2 and parts[0] in names and (
+                    parts[1].endswith("*") or parts[1].rstrip("*") in ("down", "fail", "failg")):
+                lost.append((parts[0], parts[1]))
+        return lost
+
+    def node_lost_stop(self, node: str | None, state: str, how: str | None) -> Stop:
+        """The Stop for a lost node, naming the role, instance and rank that ran there."""
+        inst = next((n for n, rows in self.nodes.items() if any(r[1] == node for r in rows)),
+                    None)
+        rank = next((int(r[0]) for r in self.nodes.get(inst, []) if r[1] == node), None)
+        role, _, idx = (inst or "-").rpartition("-")
+        self.lost_steps.update(n for n, rows in self.nodes.items()
+                               if any(r[1] == node for r in rows))
+        if node:
+            self.excluded_nodes.append(node)
+        what = f"node {node} lost" if node else "a node was lost"
+        return Stop("failed", f"{what}: Slurm reports it {state}" + (f"; {how}" if how else ""),
+                    {"step": inst, "role": role or None,
+                     "instance": int(idx) if idx.isdigit() else None, "node": node,
+                     "node_rank": rank, "reason": "node lost", "exit_code": None,
+                     "slurm_state": state})
 
     def wait_engines(self, heads: dict, rd: dict) -> None:
         pending = {i["name"]: f"http://{heads[i['name']]}:{i['port']}{i['health_path']}"

@@ -57,11 +57,13 @@ class Job:
         except (OSError, ValueError):
             return {"phase": "pending", "history": []}
 
-    def wait(self, phases: set[str], timeout: float = 60) -> dict:
+    def wait(self, phases: set[str], timeout: float = 60, restarts: int | None = None) -> dict:
+        """The state once its phase is one of phases (in the try after `restarts` requeues,
+        when given)."""
         end = time.time() + timeout
         while time.time() < end:
             st = self.state()
-            if st.get("phase") in phases:
+            if st.get("phase") in phases and restarts in (None, st.get("restarts")):
                 return st
             time.sleep(0.05)
         raise AssertionError(f"job {self.id} did not reach {phases} in {timeout}s; state: "

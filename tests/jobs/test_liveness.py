@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -79,3 +80,43 @@ def test_status_probe_reports_each_instance_not_only_the_router(submit, dev_clus
     (v,) = ops.status([entry], lambda _r: runner, probe=True)
     assert "decode-0 no answer" in v.health and "prefill-0 ok" in v.health, v.health
     assert "decode-0 no answer" in ops.describe(v)
+
+
+def test_a_lost_node_with_requeue_serves_again_without_that_node(submit, dev_cluster):
+    job = submit(deployment(1, 1, name="t-requeue", liveness=FAST, requeue=1))
+    st = job.wait({"serving", "failed", "cancelled"}, 60)
+    assert st["phase"] == "serving", job.logs()
+    victim = _nodes(job, "decode-0")[0][1]
+    try:
+        dev_cluster.crash_node(victim)
+        st = job.wait({"requeued", "failed", "cancelled", "done"}, 30)
+        assert st["phase"] == "requeued" and f"node {victim} lost" in st["reason"], st
+        st = job.wait({"serving", "failed", "cancelled", "done"}, 120, restarts=1)
+        assert st["phase"] == "serving" and st["restarts"] == 1, job.logs()
+        used = {r[1] for inst in ("prefill-0", "decode-0") for r in _nodes(job, inst)}
+        assert victim not in used, (victim, used)
+    finally:
+        dev_cluster.restart_node(victim)
+
+
+def test_a_node_slurm_ends_the_job_for_fails_it_as_node_lost_not_cancelled(submit, dev_cluster):
+    # hpcserve's own checks are slowed down so that Slurm notices the crash first (SlurmdTimeout)
+    # and ends the job NODE_FAIL with a TERM: the runtime must ask Slurm why, not take the TERM
+    # for a scancel.
+    slow = {**FAST, "node_interval": 600, "failures": 1000}
+    job = submit(deployment(1, 1, name="t-nodefail", liveness=slow))
+    st = job.wait({"serving", "failed", "cancelled"}, 60)
+    assert st["phase"] == "serving", job.logs()
+    victim = _nodes(job, "decode-0")[0][1]
+    try:
+        dev_cluster.crash_node(victim)
+        st = job.wait({"failed", "cancelled", "done"}, 60)
+    finally:
+        dev_cluster.restart_node(victim)
+    f = st["failure"]
+    assert st["phase"] == "failed" and f["reason"] == "node lost", st
+    assert (f["role"], f["instance"], f["node"]) == ("decode", 0, victim), f
+    assert f"node {victim} lost: Slurm reports it down" in st["reason"], st["reason"]
+    assert "Slurm is ending the job" in st["reason"], st["reason"]
+    job.squeue_gone(30)
+    wait_no_job_processes(dev_cluster, 30)

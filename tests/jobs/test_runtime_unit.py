@@ -173,6 +173,102 @@ def test_a_real_usr1_is_a_cancel_and_term_far_from_the_limit_too(make_job, resto
     assert job2.resolve_signal() == "cancelled"
 
 
+@pytest.fixture
+def slurm_says(tmp_path, monkeypatch):
+    """Stand-ins for scontrol, sinfo, squeue and scancel that answer what a test gives and log every
+    call's argv (one line each) to the returned file."""
+    bindir, calls = tmp_path / "slurm-bin", tmp_path / "slurm-calls"
+    bindir.mkdir()
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+
+    def _says(job_records: list[str] = (), sinfo: str = "", left: str = "2:00:00") -> Path:
+        answers = {"scontrol": "\n".join(job_records), "sinfo": sinfo, "squeue": left,
+                   "scancel": ""}
+        for tool, text in answers.items():
+            body = f"echo \"{tool} $*\" >> {calls}\n"
+            if tool == "scontrol":
+                body += 'case "$1 $2 $3" in "-o show job") ;; *) exit 0 ;; esac\n'
+            (bindir / tool).write_text(f"#!/bin/sh\n{body}printf '%b\\n' '{text}'\n")
+            (bindir / tool).chmod(0o755)
+        return calls
+
+    return _says
+
+
+def _term(job) -> jobmod.Stop:
+    job.job_id = "77"
+    job.nodes = {"prefill-0": [["0", "n1", "10.0.0.1", "eth0", "-"]],
+                 "decode-0": [["0", "n2", "10.0.0.2", "eth0", "-"],
+                              ["1", "n3", "10.0.0.3", "eth0", "-"]]}
+    job.on_signal(signal.SIGTERM, None)
+    with pytest.raises(jobmod.Stop) as e:
+        job.check()
+    return e.value
+
+
+def test_a_term_for_a_failed_node_is_node_lost_naming_role_instance_and_node(make_job,
+                                                                            slurm_says):
+    slurm_says(["JobId=77 JobState=RUNNING Reason=None Restarts=0"], "n1 alloc\nn2 alloc\nn3 down*")
+    stop = _term(make_job([]))
+    f = stop.failure
+    assert (stop.phase, f["reason"]) == ("failed", "node lost")
+    assert (f["role"], f["instance"], f["node"], f["node_rank"]) == ("decode", 0, "n3", 1)
+    assert stop.reason == "node n3 lost: Slurm reports it down*; Slurm is ending the job"
+
+
+def test_a_term_with_the_job_ended_nodedown_is_node_lost_though_the_node_is_back(make_job,
+                                                                                slurm_says):
+    # ReturnToService=2 may bring the node back before we ask: the job's reason still says so
+    slurm_says(["JobId=77 JobState=NODE_FAIL Reason=NodeDown Restarts=0"], "n1 alloc\nn2 idle")
+    stop = _term(make_job([]))
+    assert (stop.phase, stop.failure["reason"]) == ("failed", "node lost")
+    assert stop.reason.startswith("a node was lost: Slurm reports it down")
+
+
+def test_a_term_for_a_preemption_is_a_failure_that_requeue_applies_to(make_job, slurm_says):
+    slurm_says(["JobId=77 JobState=PREEMPTED Reason=None PreemptTime=2026-11-23T06:00:00"],
+               "n1 alloc\nn2 alloc")
+    stop = _term(make_job([]))
+    assert (stop.phase, stop.failure["reason"]) == ("failed", "preempted")
+
+
+@pytest.mark.parametrize("left,want", [("1:30", "time_limit"), ("2:00:00", "cancelled")])
+def test_a_term_without_a_slurm_cause_is_the_time_limit_only_near_it(make_job, slurm_says,
+                                                                     left, want):
+    slurm_says(["JobId=77 JobState=RUNNING Reason=None PreemptTime=None"], "n1 alloc", left)
+    stop = _term(make_job([]))
+    assert (stop.phase, stop.reason, stop.failure) == ("cancelled", want, None)
+
+
+def test_a_requeue_keeps_every_component_off_the_lost_node(make_job, slurm_says):
+    calls = slurm_says(["JobId=77 HetJobOffset=0 ExcNodeList=(null) Restarts=0",
+                        "JobId=78 HetJobOffset=1 ExcNodeList=n9 Restarts=0"], "n3 down*")
+    job = make_job([{"index": 0, "name": "prefill"}, {"index": 1, "name": "decode"}], requeue=1)
+    job.job_id = "77"
+    job.excluded_nodes = ["n3"]
+    assert job.requeue_after("node n3 lost", 0)
+    argv = calls.read_text().splitlines()
+    assert "scontrol requeue 77" in argv
+    assert "scontrol update JobId=77+0 ExcNodeList=n3" in argv
+    assert "scontrol update JobId=77+1 ExcNodeList=n9,n3" in argv
+    assert json.loads((Path(job.dir) / "state.json").read_text())["restarts"] == 1
+
+
+@pytest.mark.parametrize("restarts,want", [(0, True), (1, False)])
+def test_a_job_slurm_requeued_itself_is_kept_only_within_requeue_n(make_job, slurm_says,
+                                                                   restarts, want):
+    calls = slurm_says(["JobId=77 JobState=REQUEUED Reason=NodeDown Restarts=%d" % (restarts + 1)],
+                       "n3 down*")
+    job = make_job([], requeue=1)
+    job.job_id = "77"
+    job.why_terminated(time.time())
+    assert job.requeued_by_slurm
+    assert job.requeue_after("node n3 lost", restarts) is want
+    argv = calls.read_text().splitlines()
+    assert "scontrol requeue 77" not in argv  # Slurm did it already
+    assert ("scancel 77" in argv) is not want
+
+
 # ------------------------------------------------------------------------------- requeued srun log
 
 def test_a_retry_is_not_blamed_on_the_previous_tries_srun_lines(make_job):
