@@ -195,6 +195,10 @@ def status(jobs, as_json, probe, follow, remote, jump, identity, known_hosts):
         click.echo(json.dumps([v.as_json() for v in views], indent=1))
     elif views:
         click.echo(ops.status_table(views))
+        for v in views if jobs else []:  # the jobs asked for by name: why each one failed
+            detail = ops.failure_detail(v)
+            if detail:
+                click.echo(detail)
     else:
         click.echo("no deployments")
     failed = [v for v in views if v.summary_phase == "failed" or v.summary_phase.startswith("ended")]

@@ -115,7 +115,7 @@ class View:
     @property
     def summary_phase(self) -> str:
         """The phase a person should see: state.json's, or Slurm's when the job never started."""
-        if self.phase and (self.phase in TERMINAL_PHASES or self.slurm_state in (None, "RUNNING",
+        if self.phase and (self.phase in TERMINAL_PHASES or self.slurm_state in ("RUNNING",
                                                                                  "COMPLETING")):
             return self.phase
         if self.slurm_state == "PENDING":
@@ -123,6 +123,10 @@ class View:
         if self.slurm_state and self.slurm_state not in ACTIVE_SLURM:
             # Slurm ended the job but the job never wrote a final phase (killed, node failure...)
             return self.phase if self.phase in TERMINAL_PHASES else f"ended ({self.slurm_state})"
+        if self.slurm_state is None and self.phase not in TERMINAL_PHASES:
+            # Gone from the queue (and from accounting) without a final phase: whatever the job
+            # last wrote, say "serving at" an endpoint, is no longer true.
+            return "ended (Slurm no longer lists the job)"
         return self.phase or "pending"
 
 
@@ -230,6 +234,17 @@ def describe(v: View) -> str:
     return ph
 
 
+def failure_detail(v: View, lines: int = 10) -> str:
+    """For a failed deployment: which log holds the cause, and its last lines."""
+    f = v.failure or {}
+    tail = f.get("log_tail") or []
+    if v.summary_phase != "failed" or not tail:
+        return ""
+    where = posixpath.join(v.job_dir, f["log"]) if v.job_dir and f.get("log") else "its log"
+    return "\n".join([f"job {v.job_id}: last lines of {where}:"] +
+                     [f"  {ln}" for ln in tail[-lines:]])
+
+
 def status_table(views: list[View]) -> str:
     rows = [("JOB", "NAME", "SLURM", "PHASE")]
     for v in views:
@@ -287,8 +302,13 @@ def log_files(runner, entry: deployments.Entry, role: str | None, instance: int 
 
 def cancel(entry: deployments.Entry, runner, *, wait: bool, echo: Callable[[str], None]) -> int:
     """Stop a deployment through its own graceful path; plain scancel where that cannot work."""
-    q = _squeue(runner).get(entry.job_id)
-    if q is not None and q.state == "RUNNING":
+    (v,) = status([entry], lambda _r: runner)
+    if v.slurm_state not in ACTIVE_SLURM:
+        # Gone from the queue or ended: say how it ended rather than claim a cancel.
+        echo(f"job {entry.job_id} ({entry.name}) had already ended: {describe(v)}; "
+             "nothing to cancel")
+        return 0
+    if v.slurm_state == "RUNNING":
         # Only the batch shell (hpcserve_job.py) gets USR1: it tears down router first, then the
         # engines rank 0 first, and records `cancelled`. A plain scancel would signal every step
         # at once.
@@ -296,7 +316,8 @@ def cancel(entry: deployments.Entry, runner, *, wait: bool, echo: Callable[[str]
         echo(f"cancelling job {entry.job_id} ({entry.name}): orderly teardown requested")
     else:
         runner.run(["scancel", entry.job_id])  # always the leader id: ID+1 is one component
-        echo(f"cancelled job {entry.job_id} ({entry.name})")
+        when = " before it started" if v.slurm_state == "PENDING" else ""
+        echo(f"cancelled job {entry.job_id} ({entry.name}){when}")
         return 0
     if not wait:
         return 0

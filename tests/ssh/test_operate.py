@@ -108,6 +108,9 @@ def test_submit_follow_status_logs_cancel(hs, tmp_path, dev_cluster):
     joblog = Path(st["job_dir"], "logs", "hpcserve-job.log").read_text()
     # router first, then the engines
     assert joblog.index("SIGTERM to router") < joblog.index("SIGTERM to prefill-0, decode-0")
+    # a second cancel finds the job ended: it says so, sends nothing, and is not an error
+    again = hs("cancel", job).stdout.strip()
+    assert again == f"job {job} (ops-demo) had already ended: cancelled; nothing to cancel", again
 
 
 def test_status_names_the_failed_node(hs, tmp_path, dev_cluster):
@@ -121,8 +124,15 @@ def test_status_names_the_failed_node(hs, tmp_path, dev_cluster):
     f = st["failure"]
     assert (f["role"], f["instance"], f["node"], f["node_rank"], f["exit_code"]) == (
         "decode", 0, "node3", 1, 7)
-    line = hs("status", job, check=False).stdout
+    out = hs("status", job, check=False).stdout
+    line, *detail = out.splitlines()[1:]
     assert "failed" in line and "node node3" in line and "exit code 7" in line
+    assert "http://" not in out, out  # the dead endpoint is not offered
+    # why: the failed rank's own log, its last lines
+    assert detail[0] == (f"job {job}: last lines of {st['job_dir']}/logs/"
+                         "decode-0.node1.node3.log:"), out
+    assert any("fault injection: exiting with code 7" in ln for ln in detail[1:]), out
+    assert "had already ended: failed" in hs("cancel", job).stdout
 
 
 def test_unknown_host_key_is_refused_and_nothing_reaches_the_cluster(login_sshd, dev_cluster,

@@ -1,0 +1,41 @@
+"""What `hpcserve status` says for each combination of Slurm's view and the job's state.json."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcserve import ops
+
+
+def _view(slurm: str | None, phase: str | None, **state) -> ops.View:
+    v = ops.View("42", "dep", "/jobs/dep", None, slurm_state=slurm, phase=phase,
+                 endpoint=state.get("endpoint"), failure=state.get("failure"),
+                 state={"phase": phase, **state})
+    return v
+
+
+@pytest.mark.parametrize("slurm,phase,want", [
+    ("PENDING", None, "pending"),
+    ("RUNNING", "serving", "serving at http://n1:8000"),
+    # the job wrote `serving` and then vanished (killed hard, node gone, past MinJobAge): the
+    # endpoint it wrote is dead and must not be offered
+    (None, "serving", "ended (Slurm no longer lists the job)"),
+    (None, None, "ended (Slurm no longer lists the job)"),
+    ("NODE_FAIL", "serving", "ended (NODE_FAIL)"),
+    (None, "cancelled", "cancelled"),
+])
+def test_status_words(slurm, phase, want):
+    assert ops.describe(_view(slurm, phase, endpoint="http://n1:8000")) == want
+
+
+def test_a_failed_job_names_its_log_and_shows_the_last_lines():
+    f = {"role": "decode", "instance": 0, "node": "n3", "node_rank": 1, "exit_code": 7,
+         "log": "logs/decode-0.node1.n3.log", "log_tail": [f"line {i}" for i in range(30)]}
+    v = _view(None, "failed", reason="step decode-0 exited with code 7", failure=f,
+              endpoint="http://n1:8000")
+    assert ops.describe(v) == ("failed: step decode-0 exited with code 7 "
+                               "[decode 0 node n3 rank 1, exit code 7]")
+    lines = ops.failure_detail(v).splitlines()
+    assert lines[0] == "job 42: last lines of /jobs/dep/logs/decode-0.node1.n3.log:"
+    assert lines[1:] == [f"  line {i}" for i in range(20, 30)]
+    assert ops.failure_detail(_view("RUNNING", "serving")) == ""
