@@ -135,6 +135,8 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
             in_container=plan.container.runtime != "none",
             env=[(k, quote(v)) for k, v in envs],
             rank_args=[" ".join(quote(w) for w in r) for r in inst.rank_argv],
+            own_ports=_port_list(inst.port, *(p for _, p in inst.ports)),
+            own_timeout=plan.readiness.engine_timeout + 60,
             command=_argv_lines(cmd, inst.argv)), 0o755)
 
     if plan.router:
@@ -155,6 +157,8 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
             router=r.name, mode="PD" if r.pd else "plain", workers=workers, job_dir=jd,
             env=[(k, quote(v)) for k, v in r.env],
             files=[(name, [quote(w) for w in lines]) for name, lines in r.files],
+            own_ports=_port_list(r.port, r.prometheus_port),
+            own_timeout=plan.readiness.router_timeout + 60,
             command=_argv_lines(list(r.command), r.argv)), 0o755)
 
     files.update(container_files(plan, jd))
@@ -165,6 +169,11 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
         files["hpcserve_sim.py"] = (sim.read_text(encoding="utf-8"), 0o755)
         files[SIM_CORE.name] = (SIM_CORE.read_text(encoding="utf-8"), 0o755)
     return files
+
+
+def _port_list(serving: int, *others: int | None) -> str:
+    """own-port's --ports: the serving port first, then the others the process binds."""
+    return ",".join(str(p) for p in dict.fromkeys([serving, *others]) if p)
 
 
 def check_job_dir(job_dir: str) -> None:

@@ -116,6 +116,115 @@ def cmd_discover(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------ who owns a port
+
+def listening_inodes(port: int) -> set:
+    """Socket inodes listening on TCP `port` in this network namespace (/proc/net/tcp{,6})."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                next(fh, None)
+                for line in fh:
+                    f = line.split()
+                    if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                        found.add(f[9])
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def socket_inodes(pid: int) -> set:
+    """The sockets process pid holds open, as far as this user may see."""
+    out = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(target[8:-1])
+    return out
+
+
+def process_tree(root: int) -> set:
+    """root and every process descended from it (engines bind in a child process too)."""
+    children: dict = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    tree, todo = set(), [root]
+    while todo:
+        p = todo.pop()
+        if p not in tree:
+            tree.add(p)
+            todo.extend(children.get(p, []))
+    return tree
+
+
+def owner_of(inodes: set) -> str:
+    """Who holds a socket: 'process PID (comm) of Slurm job J' as far as /proc shows it; another
+    user's processes are not readable."""
+    for d in os.listdir("/proc"):
+        if d.isdigit() and socket_inodes(int(d)) & inodes:
+            try:
+                with open(f"/proc/{d}/comm") as fh:
+                    comm = fh.read().strip()
+                with open(f"/proc/{d}/environ", "rb") as fh:
+                    env = fh.read().split(b"\0")
+            except OSError:
+                return f"process {d}"
+            job = next((e[13:].decode() for e in env if e.startswith(b"SLURM_JOB_ID=")), None)
+            return f"process {d} ({comm})" + (f" of Slurm job {job}" if job else "")
+    return "another user's process"
+
+
+def port_verdict(pid: int, ports: list) -> str | None:
+    """'ours' once the first port listens in pid's process tree; 'taken PORT by OWNER' once
+    any of the ports listens elsewhere first; None while neither."""
+    listening = {p: listening_inodes(p) for p in ports}
+    if not any(listening.values()):
+        return None
+    ours = set().union(*(socket_inodes(p) for p in process_tree(pid)))
+    for p, inodes in listening.items():
+        if inodes and not inodes & ours:
+            return f"taken {p} by {owner_of(inodes)}"
+    return "ours" if listening[ports[0]] else None
+
+
+def cmd_own_port(a: argparse.Namespace) -> int:
+    """Runs beside an engine or router on the node where it serves (its launch script starts
+    it with the script's own PID, which the engine takes over by exec). It records in a file
+    whether what listens on the ports is this process tree ("ours") or another one ("taken P
+    by ...": another deployment on a shared node). The orchestrator counts the instance ready
+    only on "ours": another job's engine can never answer for this one."""
+    ports = [int(p) for p in a.ports.split(",")]
+    deadline = time.monotonic() + a.timeout
+    verdict = None
+    while verdict is None and time.monotonic() < deadline:
+        alive = os.path.exists(f"/proc/{a.pid}")
+        verdict = port_verdict(a.pid, ports)
+        if verdict is None and not alive:
+            return 1  # ended before it listened; its step's exit says why
+        time.sleep(0.2 if verdict is None else 0)
+    if verdict is None:
+        return 1
+    tmp = f"{a.out}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(verdict + "\n")
+    os.replace(tmp, a.out)
+    return 0
+
+
 # ------------------------------------------------------------------------------------------ state
 
 class State:
@@ -228,6 +337,7 @@ class Job:
         self.signal_stop: Stop | None = None   # what signal_reason means, set with it
         self.requeued_by_slurm = False          # Slurm put the job back in the queue itself
         self.excluded_nodes: list[str] = []     # lost nodes a requeue must not land on again
+        self.router_node: str | None = None     # known once the router's step starts
         self.signal_seen: tuple[int, float] | None = None  # (signum, when), set by on_signal
         try:
             self.t0 = float(os.environ.get("HPCSERVE_BATCH_T0", ""))
@@ -325,6 +435,8 @@ class Job:
                     raise self.signal_stop
                 # a step that ended on a node Slurm now calls down ended with its node
                 self.check_nodes()
+                # one that could not bind its port: its launch script's check names the holder
+                self.owns_port(name, wait=1.0)
                 raise Stop("failed", f"step {name} exited with code {rc}", self.failure_of(name, rc))
             if self.step_terminating(name):
                 # srun reported a task's end and is ending the step but has not exited after
@@ -650,6 +762,10 @@ class Job:
 
     def serve(self) -> None:
         plan = self.plan
+        ports_dir = os.path.join(self.dir, "run", "ports")
+        os.makedirs(ports_dir, exist_ok=True)
+        for f in os.listdir(ports_dir):  # an earlier try's verdicts say nothing about this one
+            os.unlink(os.path.join(ports_dir, f))
         found = self.discover()
         heads = {}
         for inst in plan["instances"]:
@@ -678,6 +794,7 @@ class Job:
         with open(os.path.join(self.dir, "run", "endpoints.env"), "w") as f:
             f.write("\n".join(env_lines) + "\n")
         rnode = found[router["component"]][router["node_offset"]]
+        self.router_node = rnode[0]
         self.start_step("router", "steps/router.sh", [rnode[0]])
         url = f"http://{rnode[1]}:{router['port']}"
         self.wait_router(url, router["readiness"], rd)
@@ -686,7 +803,6 @@ class Job:
             self.smoke(url, rd)
         self.state.update("serving", endpoint=url, serving_after_s=round(now() - self.t0, 3))
         self.log(f"serving at {url}")
-        self.router_node = rnode[0]
         self.watch(heads, url)
 
     @staticmethod
@@ -737,7 +853,7 @@ class Job:
     def probe_failure(self, name: str, kind: str, url: str, detail: str) -> dict:
         if name == "router":
             f = {"step": "router", "role": "router", "instance": None,
-                 "node": getattr(self, "router_node", None), "node_rank": 0}
+                 "node": self.router_node, "node_rank": 0}
         else:
             role, _, idx = name.rpartition("-")
             lead = self.nodes[name][0][1]
@@ -791,10 +907,33 @@ class Job:
                      "node_rank": rank, "reason": "node lost", "exit_code": None,
                      "slurm_state": state})
 
+    def owns_port(self, name: str, wait: float = 0.0) -> bool:
+        """Whether the launch script of `name` (an instance or the router) found its own
+        process listening on its port (run/ports/NAME). Raises the port clash it found instead:
+        another process, another deployment's on a shared node, holds one of its ports."""
+        path = os.path.join(self.dir, "run", "ports", name)
+        end = now() + wait
+        verdict = _read_from(path, 0).strip()
+        while not verdict and now() < end:
+            time.sleep(0.1)
+            verdict = _read_from(path, 0).strip()
+        if not verdict.startswith("taken "):
+            return verdict == "ours"
+        port, _, holder = verdict[6:].partition(" by ")
+        node = self.router_node if name == "router" else self.nodes[name][0][1]
+        role, _, idx = name.rpartition("-")
+        raise Stop("failed", f"port {port} on node {node} is taken by {holder}: {name} cannot "
+                             "serve there (another deployment on a shared node?)",
+                   {"step": name, "role": role or "router",
+                    "instance": int(idx) if idx.isdigit() else None, "node": node,
+                    "node_rank": 0, "reason": "port taken", "port": int(port),
+                    "holder": holder, "exit_code": None})
+
     def wait_engines(self, heads: dict, rd: dict) -> None:
         pending = {i["name"]: f"http://{heads[i['name']]}:{i['port']}{i['health_path']}"
                    for i in self.plan["instances"]}
         total = len(pending)
+        answered: set = set()  # answered /health, whoever's process that was
         deadline = now() + rd["engine_timeout"]
         self.state.update(engines_ready_count=0, engines_total=total)
         while pending:
@@ -807,13 +946,19 @@ class Job:
                 except (OSError, ValueError, urllib.error.URLError):
                     continue
                 if code == 200:
+                    answered.add(name)
+                if code == 200 and self.owns_port(name):
                     del pending[name]
                     self.log(f"{name} healthy ({url})")
                     self.state.update(engines_ready_count=total - len(pending))
             if pending:
                 if now() > deadline:
+                    unowned = sorted(answered & set(pending))
                     raise Stop("failed", f"not healthy within {rd['engine_timeout']} s: "
-                                         + ", ".join(sorted(pending)),
+                                         + ", ".join(sorted(pending)) + (
+                                             f" ({', '.join(unowned)} answered, but its launch "
+                                             "script never confirmed that it was its own "
+                                             "process: see its log)" if unowned else ""),
                                {"role": sorted(pending)[0].rpartition("-")[0],
                                 "instance": int(sorted(pending)[0].rpartition("-")[2]),
                                 "reason": "readiness timeout"})
@@ -832,7 +977,8 @@ class Job:
                 seen = body
                 counts = [_dotted(body, f) for f in ready["count"]]
                 counts = [c for c in counts if isinstance(c, int)]
-                if code == 200 and (not counts or sum(counts) >= expected):
+                if code == 200 and (not counts or sum(counts) >= expected) and \
+                        self.owns_port("router"):
                     self.log(f"router ready with {expected} worker(s) at {url}")
                     return
             except urllib.error.HTTPError as e:
@@ -1157,9 +1303,16 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("discover", help="print this node's address line")
     d.add_argument("--iface", default="auto")
     d.add_argument("--ib", default="none")
+    o = sub.add_parser("own-port", help="record whose process listens on a port (launch scripts)")
+    o.add_argument("--pid", type=int, required=True)
+    o.add_argument("--ports", required=True, help="the serving port first, comma-separated")
+    o.add_argument("--out", required=True)
+    o.add_argument("--timeout", type=float, default=3600)
     a = ap.parse_args(argv)
     if a.cmd == "discover":
         return cmd_discover(a)
+    if a.cmd == "own-port":
+        return cmd_own_port(a)
     try:
         job = Job(a.job_dir)
     except SpecError as e:

@@ -47,16 +47,30 @@ def test_every_node_rank_zero_fails_like_nccl_init(submit, dev_cluster):
     wait_no_job_processes(dev_cluster, 15)
 
 
-def test_wrong_dist_init_address_fails_with_init_timeout(submit, dev_cluster):
-    # Each node believes it is the leader's address: rank 1 finds no rendezvous there.
-    dep = deployment(1, 2, name="t-addr", readiness={"engine_timeout": 6, "poll_interval": 0.1})
-    job = submit(dep, edit=_edit("launch/decode-0.sh", '--dist-init-addr "${LEADER_IP}"',
-                                 '--dist-init-addr "${NODE_IP}"'))
+def test_wrong_dist_init_address_fails_naming_the_node_rank_and_address(submit, dev_cluster):
+    # Each node believes it is the leader's address: rank 1 looks for the rendezvous at its own
+    # address, where nothing listens. It gives up first (3 s, the leader waits 30 s), so the
+    # failure must name rank 1, its node and the address it tried.
+    dep = deployment(1, 2, name="t-addr", readiness={"engine_timeout": 30, "poll_interval": 0.1})
+
+    def edit(job_dir: Path) -> None:
+        _edit("launch/decode-0.sh", '--dist-init-addr "${LEADER_IP}"',
+              '--dist-init-addr "${NODE_IP}"')(job_dir)
+        _edit("launch/decode-0.sh", "\nexec \\\n",
+              '\nexport HPCSERVE_SIM_INIT_TIMEOUT=$([ "$NODE_RANK" = 1 ] && echo 3 || echo 30)'
+              "\nexec \\\n")(job_dir)
+
+    job = submit(dep, edit=edit)
     st = job.wait({"failed", "serving", "cancelled"}, 60)
     assert st["phase"] == "failed", job.logs()
-    assert st["failure"]["role"] == "decode"
-    logs = _decode_logs(job)
-    assert "timed out" in logs, logs
+    rows = [ln.split() for ln in (job.dir / "run" / "decode-0.nodes").read_text().splitlines()]
+    f = st["failure"]
+    assert st["reason"] == "step decode-0 exited with code 1", st["reason"]  # not a timeout
+    assert (f["role"], f["instance"], f["node"], f["node_rank"], f["exit_code"]) == (
+        "decode", 0, rows[1][1], 1, 1)
+    # the address it tried is its own, not the leader's
+    assert any(f"connecting to {rows[1][2]}:5757" in ln and "node_rank=1" in ln
+               for ln in f["log_tail"]), f["log_tail"]
     wait_no_job_processes(dev_cluster, 15)
 
 
@@ -103,7 +117,11 @@ def test_dead_router_ends_the_deployment(submit, dev_cluster):
     os.kill(pid, signal.SIGKILL)
     st = job.wait({"failed", "cancelled", "done"}, 10)
     assert time.time() - t0 < 5
-    assert st["phase"] == "failed" and st["failure"]["role"] == "router", st
+    f = st["failure"]
+    assert st["phase"] == "failed" and f["role"] == "router", st
+    # where it ran and how it ended, as srun reported it
+    assert (f["node"], f["exit_code"]) == ("node1", 128 + 9), f
+    assert st["reason"] == "step router exited with code 137", st["reason"]
     wait_no_job_processes(dev_cluster, 15)
     # both engines (one per het component) were signalled as Slurm steps, not as srun clients
     log = (job.dir / "logs" / "hpcserve-job.log").read_text()

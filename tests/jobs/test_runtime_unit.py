@@ -613,3 +613,49 @@ def test_each_nodes_slurmd_address_comes_from_scontrol(make_job, tmp_path, monke
                              ["1", "n8", "10.0.0.8", "eth0", "-"]]
     # a node's own Port= where slurm.conf gives one, else the cluster's SlurmdPort
     assert job.slurmd_addresses() == {"n7": ("10.0.0.7", 29312), "n8": ("10.0.0.8", 7000)}
+
+
+# ------------------------------------------------------------------------------ port ownership
+
+def test_own_port_tells_this_process_tree_from_another_holder(tmp_path):
+    import socket
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    free = _closed_port()
+    other = __import__("subprocess").Popen(["sleep", "30"])
+    try:
+        # this test process listens: ours when the tree is ours, the holder named otherwise
+        assert jobmod.port_verdict(os.getpid(), [port]) == "ours"
+        assert jobmod.port_verdict(other.pid, [port]) == \
+            f"taken {port} by process {os.getpid()} ({Path('/proc/self/comm').read_text().strip()})"
+        # a secondary port held elsewhere is a clash even before the serving port listens
+        assert jobmod.port_verdict(other.pid, [free, port]).startswith(f"taken {port} by ")
+        assert jobmod.port_verdict(other.pid, [free]) is None
+        out = tmp_path / "verdict"
+        rc = jobmod.main(["own-port", "--pid", str(other.pid), "--ports", f"{port}",
+                          "--out", str(out), "--timeout", "5"])
+        assert rc == 0 and out.read_text().startswith(f"taken {port} by process ")
+    finally:
+        other.kill()
+        other.wait()
+        srv.close()
+
+
+def test_a_port_another_process_holds_fails_the_instance_naming_port_node_and_holder(make_job):
+    job = make_job([])
+    job.nodes["decode-0"] = [["0", "n2", "10.0.0.2", "eth0", "-"]]
+    ports = Path(job.dir) / "run" / "ports"
+    ports.mkdir()
+    assert job.owns_port("decode-0") is False  # nothing recorded yet
+    (ports / "decode-0").write_text("taken 30000 by process 41 (python3) of Slurm job 9\n")
+    with pytest.raises(jobmod.Stop) as e:
+        job.owns_port("decode-0")
+    f = e.value.failure
+    assert e.value.reason.startswith("port 30000 on node n2 is taken by process 41 (python3) of "
+                                     "Slurm job 9: decode-0 cannot serve there")
+    assert (f["role"], f["instance"], f["node"], f["reason"], f["port"]) == (
+        "decode", 0, "n2", "port taken", 30000)
+    (ports / "decode-0").write_text("ours\n")
+    assert job.owns_port("decode-0") is True

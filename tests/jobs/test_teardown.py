@@ -43,6 +43,9 @@ def test_time_limit_tears_down_through_the_term_trap(submit, dev_cluster):
     assert st["phase"] == "serving", job.logs()
     st = job.wait({"cancelled", "failed", "done"}, 90)
     assert st["phase"] == "cancelled" and st["reason"] == "time_limit", st
+    # the TERM was told from a scancel's (the scancel test above records `cancelled`) by what
+    # Slurm said was left of the time limit when it came
+    assert "received SIGTERM: time_limit" in (job.dir / "logs" / "hpcserve-job.log").read_text()
     stopping = [h["at"] for h in st["history"] if h["phase"] == "stopping"][0]
     assert st["finished_at"] - stopping < GRACE
     wait_no_job_processes(dev_cluster, 5)

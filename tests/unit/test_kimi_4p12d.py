@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import time
 
 import pytest
 
@@ -217,3 +218,23 @@ def test_router_names_node_0_of_each_instance(job, stubs):
     assert argv[j + 1] == f"http://{D_NODES[0][2]}:30000"
     assert argv.count("--prefill") == 1 and argv.count("--decode") == 1
     assert argv[argv.index("--port") + 1] == "8000"
+
+
+@pytest.mark.parametrize("inst,nodes,ports", [("prefill-0", P_NODES, "30000,8998,5757"),
+                                              ("decode-0", D_NODES, "30000,5757")])
+def test_only_the_serving_node_checks_who_holds_its_ports(job, stubs, inst, nodes, ports):
+    bindir, log = stubs
+    jd = job["dir"]
+    for rank, name, *_ in nodes:
+        run_bash(jd / "launch" / f"{inst}.sh",
+                 stub_env(bindir, log, job["base"], SLURMD_NODENAME=name), cwd=job["base"])
+    deadline = time.time() + 5  # the check runs in the background
+    while time.time() < deadline and len(read_stub_log(log, own_port=True)) < len(nodes) + 1:
+        time.sleep(0.05)
+    checks = [c for c in read_stub_log(log, own_port=True) if "own-port" in c["argv"]]
+    assert len(checks) == 1, checks  # node rank 0 only: the others serve no HTTP
+    a = checks[0]["argv"]
+    opt = {a[i]: a[i + 1] for i in range(1, len(a) - 1) if a[i].startswith("--")}
+    assert a[0] == f"{jd}/hpcserve_job.py"
+    assert opt["--ports"] == ports and opt["--out"] == f"{jd}/run/ports/{inst}"
+    assert checks[0]["env"]["SLURMD_NODENAME"] == nodes[0][1]

@@ -44,7 +44,9 @@ def test_secrets_are_named_in_files_and_expanded_only_in_the_task(tmp_path, monk
     # in the task the shell expands the name: the engine gets the value
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "python3").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGV_OUT"\n')
+    # (the launch script's background port-owner check is a python3 call too: not the engine)
+    (bindir / "python3").write_text('#!/bin/sh\n[ "$2" = own-port ] && exit 0\n'
+                                    'printf "%s\\n" "$@" > "$ARGV_OUT"\n')
     (bindir / "python3").chmod(0o755)
     (job / "run" / "prefill-0.nodes").write_text("0 n1 10.0.0.1 eth0 -\n")
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "SLURMD_NODENAME": "n1",

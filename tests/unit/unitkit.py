@@ -204,10 +204,11 @@ STUB_NAMES = ("srun", "python3", "scancel", "squeue", "apptainer", "enroot", "sb
 # Appends one record to $HPCSERVE_STUB_LOG: a marker, its path, working directory, argc, the argv
 # words and `env -0`, all NUL-separated (bash, not python: the tests run hundreds of these).
 # `enroot import --output F` creates F (as enroot would); a program named in HPCSERVE_STUB_FAIL
-# exits 1 instead of 0.
+# exits 1 instead of 0. A lock keeps records whole when stubs run at once (a launch script's
+# background port check beside its engine).
 _MARK = "HPCSERVE-STUB-RECORD"
 _STUB = f"""#!/bin/bash
-{{ printf '%s\\0' {_MARK} "$0" "$PWD" "$#" "$@"; env -0; }} >> "$HPCSERVE_STUB_LOG"
+{{ flock 9; {{ printf '%s\\0' {_MARK} "$0" "$PWD" "$#" "$@"; env -0; }} >&9; }} 9>> "$HPCSERVE_STUB_LOG"
 me=${{0##*/}}
 case ",${{HPCSERVE_STUB_FAIL:-}}," in *",$me,"*) exit 1 ;; esac
 if [ "$me" = enroot ] && [ "${{1:-}}" = import ]; then
@@ -233,8 +234,9 @@ def install_stubs(bindir: Path) -> Path:
     return bindir
 
 
-def read_stub_log(log: Path) -> list[dict]:
-    """The stubs' calls in order: {prog, path, cwd, argv, env}."""
+def read_stub_log(log: Path, own_port: bool = False) -> list[dict]:
+    """The stubs' calls in order: {prog, path, cwd, argv, env}; the launch scripts' background
+    port-owner checks (hpcserve_job.py own-port) only when asked for."""
     if not log.exists():
         return []
     toks = [t.decode("utf-8", "surrogateescape") for t in log.read_bytes().split(b"\0")]
@@ -256,7 +258,7 @@ def read_stub_log(log: Path) -> list[dict]:
             i += 1
         calls.append({"prog": os.path.basename(path), "path": path, "cwd": cwd, "argv": argv,
                       "env": env})
-    return calls
+    return [c for c in calls if own_port or "own-port" not in c["argv"][1:2]]
 
 
 def stub_env(bindir: Path, log: Path, home: Path, **extra: str) -> dict[str, str]:
