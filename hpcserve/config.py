@@ -15,15 +15,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from . import engines
+from . import engines, package_data
 from .engines.base import setting_names
 from .errors import ConfigError
 from .schema import FieldProblem, Validator, doc, json_schema, schema_ref, shorten
 from .values import ENV_NAME, FLAG_NAME, NAME, ArgValue, EnvValue, check_secrets
 from .yamlsrc import Origin, Positions, check_string, format_path, load_file, load_text
 
-BUNDLED_SITES = Path(__file__).resolve().parent / "site_configs"
-BUNDLED_PROFILES = Path(__file__).resolve().parent / "models"
+BUNDLED_SITES = package_data.path("site_configs")
+BUNDLED_PROFILES = package_data.path("models")
 
 TIME = r"(\d+-)?\d{1,3}:\d{2}:\d{2}"
 # Job directories become sbatch's --output: % starts a Slurm filename pattern (%j, %x...) and a

@@ -38,9 +38,9 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import package_data
 from .errors import ConfigError
 from .templates import jinja
 from .words import Word
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 RUNTIMES = ("pyxis", "enroot", "apptainer", "none")
 TASK_SCRIPT = "launch/container-task.sh"
 IMPORT_HELPER = "hpcserve_enroot_import.sh"
-IMPORT_SOURCE = Path(__file__).resolve().parent / "container_recipes" / "enroot-import.sh"
+IMPORT_SOURCE = package_data.path("container_recipes", "enroot-import.sh")
 IMAGE_CACHE = ".hpcserve-images"
 CONTAINERS_MADE = "run/containers"  # enroot: one file per container not yet removed
 

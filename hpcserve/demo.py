@@ -19,12 +19,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-from . import config, deployments, ops, plan
+from . import config, deployments, ops, package_data, plan
 from .devcluster.cluster import DevCluster
 from .errors import HpcserveError
 from .slurm.runner import LocalRunner
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = package_data.path().parent  # the checkout: the demo's deployments are its examples/
 
 
 def wait_phase(job_dir: Path, want: set[str], timeout: float) -> dict:
@@ -49,7 +49,7 @@ def write_tiny_model(file: str) -> None:
     """The tiny model the real deployment names, written by the engine's own python (it has the
     `tokenizers` library the model's tokenizer is trained with)."""
     p = plan.build(config.load(file))
-    tiny = Path(__file__).resolve().parent / "devcluster" / "tiny_model.py"
+    tiny = package_data.path("devcluster", "tiny_model.py")
     print(f"0. writing the tiny Llama-shaped model to {p.model_path} (dummy weights)")
     subprocess.run([p.engine_python, str(tiny), p.model_path, "--shape", "llama"], check=True,
                    timeout=300)

@@ -76,6 +76,7 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
                 if remote is not None:
                     runner.run(["rm", "-rf", "--", target], check=False)
         return (res.err or res.out).strip()
+    check_router_python(p, runner)
     if remote is None:
         write_job(files, job_dir)
     else:
@@ -87,6 +88,29 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
     job_id = parse_job_id(res.out)
     deployments.record(deployments.new_entry(job_id, p.name, job_dir, remote))
     return Submitted(job_id, job_dir, p.name, remote)
+
+
+def check_router_python(p, runner) -> None:
+    """Outside containers the router runs as `PYTHON -m MODULE` with the environment sbatch
+    exports from this shell: a PYTHON here that cannot import MODULE would fail in the job,
+    after the queue and the engines' start. Say what to install before submitting instead."""
+    cmd = list(p.router.command) if p.router else []
+    if p.container.runtime != "none" or len(cmd) < 3 or cmd[1] != "-m" or \
+            not all(isinstance(w, str) for w in cmd[:3]):
+        return
+    python, module = cmd[0], cmd[2].split(".")[0]
+    try:
+        why = "" if runner.run([python, "-c", f"import {module}"], check=False).rc == 0 else \
+            f"cannot import {module}"
+    except HpcserveError:  # no such program
+        why = "is not found"
+    if why:
+        raise HpcserveError(
+            f"the router runs as `{python} -m {cmd[2]}`, and {python} here {why}: install "
+            f"{module} into that python (pip install {p.router.name}; "
+            "`pip install 'hpcserve[dev]'` brings the routers hpcserve is tested with, for the "
+            "local test cluster), or point router.python / site.paths.router_python at a "
+            "python that has it")
 
 
 # ------------------------------------------------------------------------------------- status

@@ -12,7 +12,7 @@ import re
 import shlex
 from pathlib import Path
 
-from . import __version__, engines
+from . import __version__, engines, package_data
 from .containers import container_files, wrap_task
 from .errors import HpcserveError
 from .plan import Instance, Plan
@@ -21,8 +21,8 @@ from .runtime.spec import job_spec
 from .templates import jinja
 from .words import Var, Word, quote
 
-RUNTIME = Path(__file__).resolve().parent / "runtime" / "job.py"
-SIM_CORE = Path(__file__).resolve().parent / "sim" / "hpcserve_simcore.py"  # every stand-in's
+RUNTIME = package_data.path("runtime", "job.py")
+SIM_CORE = package_data.path("sim", "hpcserve_simcore.py")  # every stand-in's
 
 
 def _directive(key: str, value: str | None) -> str:

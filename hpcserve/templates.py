@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 import shlex
-from pathlib import Path
 
+from . import package_data
 from .words import quote
 
-TEMPLATES = Path(__file__).resolve().parent / "sbatch_templates"
+TEMPLATES = package_data.path("sbatch_templates")
 
 _env = None
 

@@ -25,6 +25,26 @@ _active_clusters: list[Any] = []
 
 
 @pytest.fixture(scope="session")
+def installed_wheel(tmp_path_factory) -> Any:
+    """The install users do: a wheel built from the checkout, installed with pip (and the
+    `dev` extra, the local cluster's routers) into a fresh venv outside the checkout. The
+    venv's bin/ directory."""
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    base = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                    str(base / "dist"), str(root)], check=True, capture_output=True, timeout=300)
+    (wheel,) = (base / "dist").glob("hpcserve-*.whl")
+    venv = base / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", f"{wheel}[dev]"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return venv / "bin"
+
+
+@pytest.fixture(scope="session")
 def devcluster_slot() -> Iterator[int]:
     """A small integer no other live pytest session on this machine holds."""
     for k in range(_SLOTS):

@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .. import package_data
 from ..values import check_secrets
 from ..words import Word
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, arg_words, check_not_empty
 
-SIM_DIR = Path(__file__).resolve().parent.parent / "sim"
+SIM_DIR = package_data.path("sim")
 
 
 class SettingsBase:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from .. import package_data
 from ..words import Var, Word
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = package_data.path("engines", "data")
 
 
 class FlagError(Exception):

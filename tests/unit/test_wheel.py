@@ -1,9 +1,12 @@
 """The install users do first: a wheel built from the checkout, installed with pip into a fresh
-venv, run from outside the checkout, renders exactly the golden job directories (templates,
-site configs, container recipes, profiles and stand-ins all ship in the package)."""
+venv, run from outside the checkout, renders every example exactly as its golden job directory
+(templates, site configs, container recipes, profiles and stand-ins all ship in the package and
+are read through importlib.resources); a submit whose router python lacks the router says what
+to install before anything reaches Slurm."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,22 +17,13 @@ ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
-    base = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                    str(base / "dist"), str(ROOT)], check=True, capture_output=True, timeout=300)
-    (wheel,) = (base / "dist").glob("hpcserve-*.whl")
-    venv = base / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return venv / "bin" / "hpcserve"
+@pytest.fixture
+def installed(installed_wheel) -> Path:
+    return installed_wheel / "hpcserve"
 
 
-@pytest.mark.parametrize("stem", ["kimi-k2-instruct-4p12d", "vllm-kimi-k2-pd-nixl", "demo"])
-def test_the_installed_wheel_renders_the_golden_job_directory(installed, tmp_path, stem):
+@pytest.mark.parametrize("stem", sorted(p.stem for p in (ROOT / "examples").glob("*.yaml")))
+def test_the_installed_wheel_renders_every_example_as_its_golden(installed, tmp_path, stem):
     out = tmp_path / "job"
     # from a directory that is not the checkout, with the example copied there (and its site
     # taken from the package, not from a site_configs/ beside the file)
@@ -38,6 +32,7 @@ def test_the_installed_wheel_renders_the_golden_job_directory(installed, tmp_pat
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     gold = GOLDEN / stem
+    assert gold.is_dir(), f"every example has a golden job directory: {stem}"
     for g in gold.rglob("*"):
         if g.is_file():
             rel = g.relative_to(gold)
@@ -52,3 +47,18 @@ def test_the_installed_wheel_answers_for_sites_profiles_and_schema(installed, tm
         r = subprocess.run([str(installed), *args], cwd=tmp_path, capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 0 and want in r.stdout, (args, r.stderr)
+
+
+def test_submit_says_what_to_install_when_the_router_python_lacks_it(installed, tmp_path):
+    bare = tmp_path / "bare"  # a python without sglang_router
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    (tmp_path / "d.yaml").write_text((ROOT / "examples" / "demo.yaml").read_text())
+    r = subprocess.run([str(installed), "submit", "d.yaml", "--out", str(tmp_path / "job"),
+                        "--set", f"router.python={bare}/bin/python"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "HPCSERVE_STATE_DIR": str(tmp_path / "state"),
+                            "PATH": "/nonexistent"})  # no sbatch: it must not get that far
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("hpcserve: error: the router runs as "), r.stderr
+    assert "cannot import sglang_router" in r.stderr and "hpcserve[dev]" in r.stderr
+    assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "job").exists()

@@ -1,0 +1,48 @@
+"""The demo deployment run with nothing but the installed wheel (`pip install 'hpcserve[dev]'`
+into a fresh venv, outside the checkout): submit, serve through the real sglang-router it
+brought, answer a request, cancel. The job's python3 is the venv's, as a user's would be."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobkit import chat, wait_no_job_processes
+
+pytestmark = pytest.mark.slurm
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_installed_wheel_runs_the_demo_deployment(installed_wheel, dev_cluster, tmp_path):
+    hs = str(installed_wheel / "hpcserve")
+    # the checkout's venv off PATH: python3 (the job's, the router's) can only be the wheel's
+    checkout_bin = str(Path(sys.executable).parent)
+    path = [installed_wheel, *(d for d in os.environ["PATH"].split(":") if d != checkout_bin)]
+    env = {**dev_cluster.client_env(), "HPCSERVE_STATE_DIR": str(tmp_path / "state"),
+           "PATH": ":".join(map(str, path))}
+    dep = tmp_path / "demo.yaml"
+    dep.write_text((ROOT / "examples" / "demo.yaml").read_text())
+    jobs = str(Path(dev_cluster.state_dir).parent / "jobs" / "wheel-demo")
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        p = subprocess.run([hs, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=180)
+        assert not check or p.returncode == 0, (args, p.stdout, p.stderr)
+        return p
+
+    out = run("submit", "demo.yaml", "--set", f"jobs_dir={jobs}", "--follow").stdout
+    job = out.split("submitted job ")[1].split(":")[0]
+    try:
+        st = json.loads(run("status", job, "--json").stdout)[0]
+        assert st["phase"] == "serving", out
+        assert chat(st["endpoint"], 5)["usage"]["completion_tokens"] == 5
+    finally:
+        done = run("cancel", job, "--wait", check=False)
+    assert done.returncode == 0 and done.stdout.strip().endswith("cancelled"), done.stdout
+    wait_no_job_processes(dev_cluster, 15)
