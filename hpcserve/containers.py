@@ -9,7 +9,10 @@ Every engine and router step (runtime other than `none`) runs the same task on e
 holds everything runtime-specific that happens in the task:
 
 - pyxis: the container exists before the task starts (srun's --container-* flags); the script
-  runs inside it and only raises the memlock limit before it execs the launch script.
+  runs inside it and only raises the memlock limit before it execs the launch script. A docker
+  image is imported once per job, by hpcserve_job.py on the batch node before any step starts,
+  into the shared cache (the same enroot-import.sh), and every step's --container-image names
+  that squashfs file: nodes never pull from the registry themselves.
 - apptainer: the script runs on the host and execs `apptainer exec --nv --bind ... IMAGE`.
 - enroot: the script runs on the host: `enroot create` of a container named after the job, step,
   task and node, `enroot start --rw`, and `enroot remove --force` once the task ends, also after a
@@ -119,11 +122,12 @@ def _env_names(plan: "Plan") -> list[str]:
 
 
 def enroot_image(plan: "Plan", job_dir: str) -> tuple[str | None, str]:
-    """(URI to import or None, squashfs path enroot creates the container from).
+    """(URI to import or None, squashfs path enroot or pyxis creates the container from).
 
-    A path is used as it is. Anything else is an enroot/pyxis docker URI ([docker://][USER@]
-    [REGISTRY#]IMAGE[:TAG]), imported once into a cache next to the job directory that every job
-    in the same jobs folder shares (enroot-import.sh makes concurrent imports safe).
+    A path (a site's prebuilt .sqsh) is used as it is. Anything else is an enroot/pyxis docker
+    URI ([docker://][USER@][REGISTRY#]IMAGE[:TAG]), imported once into a cache next to the job
+    directory that every job in the same jobs folder shares (enroot-import.sh makes concurrent
+    imports safe), so that nodes do not each pull the image from the registry.
     """
     image = plan.image or ""
     if image.startswith(("/", "./", "../")):
@@ -166,7 +170,8 @@ def wrap_task(plan: "Plan", job_dir: str, task: str) -> tuple[list[Word], list[W
     if c.runtime != "pyxis":
         return [], prefix
     flags: list[Word] = [
-        f"--container-image={plan.image}",
+        # the squashfs hpcserve_job.py imported once for every node (or the site's own .sqsh)
+        f"--container-image={enroot_image(plan, job_dir)[1]}",
         "--container-mounts=" + ",".join(m.pyxis() for m in ms),
         f"--container-workdir={c.workdir or job_dir}",
         "--no-container-mount-home",
@@ -197,17 +202,19 @@ def container_files(plan: "Plan", job_dir: str) -> dict[str, tuple[str, int]]:
     ms = mounts(plan, job_dir)
     names = _env_names(plan)
     ctx: dict = {"runtime": c.runtime, "job_dir": job_dir, "workdir": c.workdir or job_dir,
-                 "env_names": names, "ib": bool(plan.ib_devices), "image": plan.image,
+                 "env_names": names, "ib": bool(plan.ib_devices),
+                 "image": enroot_image(plan, job_dir)[1] if c.runtime == "pyxis" else plan.image,
                  "import_uri": None, "sqsh": None, "import_helper": None,
                  "stop_timeout": stop_timeout(plan)}
     files: dict[str, tuple[str, int]] = {}
+    if c.runtime in ("enroot", "pyxis") and enroot_image(plan, job_dir)[0]:
+        files[IMPORT_HELPER] = (IMPORT_SOURCE.read_text(encoding="utf-8"), 0o755)
     if c.runtime == "enroot":
         uri, sqsh = enroot_image(plan, job_dir)
         ctx.update(import_uri=uri, sqsh=sqsh, mounts=[m.enroot() for m in ms],
                    made=f"{job_dir}/{CONTAINERS_MADE}")
         if uri:
             ctx["import_helper"] = f"{job_dir}/{IMPORT_HELPER}"
-            files[IMPORT_HELPER] = (IMPORT_SOURCE.read_text(encoding="utf-8"), 0o755)
     elif c.runtime == "apptainer":
         ctx.update(image=apptainer_image(plan), mounts=[m.apptainer() for m in ms])
     else:

@@ -28,7 +28,7 @@ import urllib.request
 
 # The plan.json contract this runtime understands (hpcserve/runtime/spec.py declares it).
 SPEC = "hpcserve-job"
-SPEC_VERSION = 2
+SPEC_VERSION = 3
 
 PHASES = ("pending", "starting", "engines_ready", "router_ready", "serving", "stopping", "requeued",
           "done", "cancelled", "failed")
@@ -332,6 +332,7 @@ class Job:
         self.lost_steps: set[str] = set()  # steps with a node that is gone
         self.hung_steps: set[str] = set()  # steps whose engine stopped answering
         self.discovery: dict[int, subprocess.Popen] = {}
+        self.image_import: subprocess.Popen | None = None   # pyxis: the once-per-job import
         self.nodes: dict[str, list[list[str]]] = {}   # instance -> [[rank, name, ip, iface, ib]]
         self.signal_reason: str | None = None
         self.signal_stop: Stop | None = None   # what signal_reason means, set with it
@@ -574,6 +575,54 @@ class Job:
                                                 env=env, stdout=out, stderr=subprocess.STDOUT,
                                                 stdin=subprocess.DEVNULL)
 
+    def start_image_import(self) -> subprocess.Popen | None:
+        """pyxis with a registry image: import it once, here on the batch node, into the shared
+        squashfs every step's --container-image names, beside address discovery (the helper
+        locks, validates and renames, so other jobs importing the same image wait for it)."""
+        imp = (self.plan.get("container") or {}).get("import")
+        if not imp:
+            return None
+        self.log(f"importing {imp['uri']} into {imp['sqsh']} once for every node")
+        with open(os.path.join(self.dir, "logs", "import-image.log"), "ab") as log:
+            self.image_import = subprocess.Popen(
+                ["bash", imp["helper"], imp["uri"], imp["sqsh"]], stdout=log, stderr=log,
+                stdin=subprocess.DEVNULL, start_new_session=True)
+        return self.image_import
+
+    def wait_image_import(self, p: subprocess.Popen | None) -> None:
+        if p is None:
+            return
+        imp = self.plan["container"]["import"]
+        while p.poll() is None:
+            self.check()
+            time.sleep(0.2)
+        if p.returncode != 0:
+            tail = _tail(os.path.join(self.dir, "logs", "import-image.log"), 5)
+            raise Stop("failed", f"importing {imp['uri']} into {imp['sqsh']} failed (exit "
+                                 f"{p.returncode}); see logs/import-image.log",
+                       {"step": "import-image", "role": None, "instance": None,
+                        "node": os.uname().nodename, "reason": "image import failed",
+                        "exit_code": p.returncode, "log": "logs/import-image.log",
+                        "log_tail": tail})
+        self.log(f"image ready: {imp['sqsh']}")
+
+    def stop_image_import(self) -> None:
+        """An import still running when the deployment ends: TERM its process group (the
+        helper and enroot under it), KILL after 3 s. Its temporary file is never the target."""
+        p = self.image_import
+        if p is None or p.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
+            try:
+                os.killpg(p.pid, sig)
+            except OSError:
+                return
+            try:
+                p.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
     def discover(self) -> dict[int, list[list[str]]]:
         comps = self.plan["components"]
         outs = {}
@@ -766,7 +815,9 @@ class Job:
         os.makedirs(ports_dir, exist_ok=True)
         for f in os.listdir(ports_dir):  # an earlier try's verdicts say nothing about this one
             os.unlink(os.path.join(ports_dir, f))
+        importing = self.start_image_import()
         found = self.discover()
+        self.wait_image_import(importing)
         heads = {}
         for inst in plan["instances"]:
             names = found[inst["component"]][inst["node_offset"]:inst["node_offset"] + inst["nodes"]]
@@ -1139,6 +1190,7 @@ class Job:
 
     def teardown(self) -> None:
         self.stop_discovery()
+        self.stop_image_import()
         budget, hard_end = self.teardown_budget()
         end = now() + budget
         live = [n for n, p in self.steps.items() if p.poll() is None]

@@ -8,7 +8,8 @@ marked "for people" (argv, env, parallel sizes) describe the plan and are not re
 A word (argv, env values) is a string, or a list of parts: strings and {"var": NAME}, a variable
 known only in the task (the node's address, its rank), as the launch scripts expand it.
 
-Versions: 1 was hpcserve 0.1.0's undeclared dump of the plan; 2 is this one.
+Versions: 1 was hpcserve 0.1.0's undeclared dump of the plan; 2 declared it; 3 adds
+container.import (pyxis: the image imported once per job before any step).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .. import __version__
 from ..words import Var, Word
 
 SPEC = "hpcserve-job"
-SPEC_VERSION = 2
+SPEC_VERSION = 3
 
 
 def dumps(spec: dict) -> str:
@@ -61,7 +62,8 @@ def job_spec(plan, job_dir: str) -> dict:
                       ("engine_timeout", "router_timeout", "poll_interval", "smoke_tokens")},
         "liveness": {k: getattr(plan.liveness, k) for k in
                      ("interval", "timeout", "failures", "node_interval")},
-        "container": {"runtime": plan.container.runtime, "image": plan.image},
+        "container": {"runtime": plan.container.runtime, "image": plan.image,
+                      "import": _image_import(plan, job_dir)},
         # the engines' private temporary directories, to be removed from every node at the end
         "scratch": plan.scratch,
         "network": {"interface": plan.interface, "ib_devices": plan.ib_devices},
@@ -73,6 +75,16 @@ def job_spec(plan, job_dir: str) -> dict:
         "secret_env": list(plan.secret_env),
         "warnings": list(plan.warnings), "notes": list(plan.notes),
     }
+
+
+def _image_import(plan, job_dir: str) -> dict | None:
+    """pyxis: the image URI hpcserve_job.py imports once, before any step, into the squashfs
+    file every step's --container-image names (enroot tasks import it themselves)."""
+    from ..containers import IMPORT_HELPER, enroot_image
+    if plan.container.runtime != "pyxis":
+        return None
+    uri, sqsh = enroot_image(plan, job_dir)
+    return {"uri": uri, "sqsh": sqsh, "helper": f"{job_dir}/{IMPORT_HELPER}"} if uri else None
 
 
 def _instance(plan, i) -> dict:
@@ -133,7 +145,9 @@ SCHEMA = {
         "liveness": _obj({"interval": {"type": "number"}, "timeout": {"type": "number"},
                           "failures": _INT, "node_interval": {"type": "number"}}),
         "container": _obj({"runtime": {"enum": ["pyxis", "enroot", "apptainer", "none"]},
-                           "image": _OPT_STR}),
+                           "image": _OPT_STR,
+                           "import": {"anyOf": [{"type": "null"}, _obj({
+                               "uri": _STR, "sqsh": _STR, "helper": _STR})]}}),
         "scratch": {"type": "boolean"},
         "network": _obj({"interface": _STR, "ib_devices": {}}),
         "components": {"type": "array", "items": _obj({

@@ -8,6 +8,7 @@ launch scripts really execute and the python3 stub records the engine's argv and
 
 from __future__ import annotations
 
+import json
 import resource
 import signal
 import subprocess
@@ -78,6 +79,15 @@ def assert_memlock_raised(engine: dict) -> None:
 
 # ------------------------------------------------------------------------------------- pyxis
 
+def import_as_the_runtime_does(fakes: Fakes, job: Path) -> str:
+    """What hpcserve_job.py runs once per pyxis job before any step: plan.json's import."""
+    imp = json.loads((job / "plan.json").read_text())["container"]["import"]
+    r = fakes.run(["bash", imp["helper"], imp["uri"], imp["sqsh"]])
+    assert r.returncode == 0, r.stderr
+    assert [c["uri"] for c in enroot_calls(fakes, "import")] == [imp["uri"]]
+    return imp["sqsh"]
+
+
 def test_pyxis_step(tmp_path: Path, fakes: Fakes) -> None:
     lustre = tmp_path / "lustre"
     lustre.mkdir()
@@ -86,12 +96,16 @@ def test_pyxis_step(tmp_path: Path, fakes: Fakes) -> None:
                                f"site.container.mounts=[{lustre}:{lustre}]",
                                "site.container.env=[NCCL_DEBUG]"])
     fakes.image_env(IMAGE_ENV)
+    # without the image imported, pyxis has nothing to start from
+    r = run_step(fakes, job, "decode-0")
+    assert r.returncode != 0 and "is not a squashfs file" in r.stderr, r.stderr
+    sqsh = import_as_the_runtime_does(fakes, job)
     r = run_step(fakes, job, "decode-0")
     assert r.returncode == 0, r.stderr
-    [srun] = fakes.calls("srun")
-    assert srun["ok"] and srun["container"] and srun["nodes"] == ["nodeA", "nodeB"]
+    [srun] = [c for c in fakes.calls("srun") if c["ok"]]
+    assert srun["container"] and srun["nodes"] == ["nodeA", "nodeB"]
     px = srun["pyxis"]
-    assert px["image"] == "lmsysorg/sglang:v0.5.23"
+    assert px["image"] == sqsh  # the squashfs imported once, not the registry on every node
     assert px["mounts"] == [[str(lustre), str(lustre), "x-create=auto,rbind"],
                             [str(job), str(job), "x-create=auto,rbind"],
                             [str(tmp_path / "model"), str(tmp_path / "model"),
@@ -275,6 +289,8 @@ def test_router_step(tmp_path: Path, fakes: Fakes, runtime: str, request) -> Non
         sif.write_bytes(b"SIF")
         sets.append(f"site.container.image={sif}")
     job = write_job(tmp_path, sets)
+    if runtime == "pyxis":
+        import_as_the_runtime_does(fakes, job)
     r = run_step(fakes, job, "router")
     assert r.returncode == 0, r.stderr
     [router] = fakes.calls("engine")

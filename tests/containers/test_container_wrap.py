@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 from pathlib import Path
@@ -13,6 +14,11 @@ from hpcserve import containers, render
 from hpcserve.errors import ConfigError
 
 JD = "/shared/jobs/demo-1"
+
+
+def containers_spec(p) -> str:
+    from hpcserve.runtime.spec import dumps, job_spec
+    return dumps(job_spec(p, JD))
 
 
 def plan(runtime: str, *sets: str):
@@ -32,7 +38,8 @@ def test_pyxis_flags_and_prefix() -> None:
              "site.container.workdir=/lustre/work")
     flags, prefix = containers.wrap_task(p, JD, "decode-0")
     assert flags == [
-        "--container-image=lmsysorg/sglang:v0.5.23",
+        # the squashfs the job imports once (next to the jobs folder), not the registry URI
+        "--container-image=/shared/jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sqsh",
         "--container-mounts=/lustre:/lustre,/scratch:/scratch:rw,"
         f"{JD}:{JD},/models/Kimi-K2-Instruct:/models/Kimi-K2-Instruct:ro",
         "--container-workdir=/lustre/work",
@@ -113,6 +120,20 @@ def test_stop_timeout_leaves_room_before_the_kill(grace: int, want: int) -> None
     assert containers.stop_timeout(p) == want
     # hpcserve_job.py KILLs an engine tier at the earliest (grace - 5) / 2 s after its TERM
     assert want < max(1.0, (grace - 5) / 2)
+
+
+def test_pyxis_starts_from_the_job_imported_squashfs_or_the_sites_own() -> None:
+    spec = json.loads(containers_spec(plan("pyxis")))
+    assert spec["container"]["import"] == {
+        "uri": "docker://lmsysorg/sglang:v0.5.23",
+        "sqsh": "/shared/jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sqsh",
+        "helper": f"{JD}/{containers.IMPORT_HELPER}"}
+    assert containers.IMPORT_HELPER in containers.container_files(plan("pyxis"), JD)
+    # a site's prebuilt squashfs: used as it is, nothing imported
+    own = plan("pyxis", "site.container.image=/lustre/images/sglang.sqsh")
+    assert containers.wrap_task(own, JD, "x")[0][0] == "--container-image=/lustre/images/sglang.sqsh"
+    assert json.loads(containers_spec(own))["container"]["import"] is None
+    assert containers.IMPORT_HELPER not in containers.container_files(own, JD)
 
 
 def test_import_helper_is_shipped_only_for_uri_images() -> None:

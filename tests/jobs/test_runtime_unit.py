@@ -659,3 +659,32 @@ def test_a_port_another_process_holds_fails_the_instance_naming_port_node_and_ho
         "decode", 0, "n2", "port taken", 30000)
     (ports / "decode-0").write_text("ours\n")
     assert job.owns_port("decode-0") is True
+
+
+# ------------------------------------------------------------------------- pyxis image import
+
+@pytest.mark.parametrize("rc", [0, 3])
+def test_the_pyxis_image_is_imported_once_before_any_step(make_job, tmp_path, rc):
+    helper = tmp_path / "import.sh"
+    calls = tmp_path / "calls"
+    helper.write_text(f'#!/bin/bash\necho "$@" >> {calls}\necho "pulling layers"\nexit {rc}\n')
+    imp = {"uri": "docker://lmsysorg/sglang:v0.5.23", "sqsh": "/cache/sglang.sqsh",
+           "helper": str(helper)}
+    job = make_job([], container={"runtime": "pyxis", "image": "lmsysorg/sglang:v0.5.23",
+                                  "import": imp})
+    p = job.start_image_import()
+    if rc == 0:
+        job.wait_image_import(p)
+        assert "image ready: /cache/sglang.sqsh" in (Path(job.dir) / "logs" /
+                                                     "hpcserve-job.log").read_text()
+    else:
+        with pytest.raises(jobmod.Stop) as e:
+            job.wait_image_import(p)
+        f = e.value.failure
+        assert e.value.reason.startswith("importing docker://lmsysorg/sglang:v0.5.23 into "
+                                         "/cache/sglang.sqsh failed (exit 3)")
+        assert (f["reason"], f["exit_code"], f["log_tail"]) == (
+            "image import failed", 3, ["pulling layers"])
+    assert calls.read_text() == "docker://lmsysorg/sglang:v0.5.23 /cache/sglang.sqsh\n"
+    # other runtimes, or a site's own squashfs: nothing to import
+    assert make_job([]).start_image_import() is None

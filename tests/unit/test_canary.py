@@ -139,7 +139,7 @@ CANARY: dict[tuple, tuple[Any, list[tuple[str | None, str]]]] = {
 VARIANT: dict[tuple, tuple[Any, list, dict]] = {
     # engine.image wins over the site's image
     ("site", "container", "image"): ("canary-site-image",
-                                     [("steps/prefill-0.sh", "--container-image=canary-site-image")],
+                                     [(F_PLAN, '"uri": "docker://canary-site-image"')],
                                      {("engine", "image"): None}),
     # pattern-checked (no % or backslash), so not an automatic canary
     ("jobs_dir",): ("/canary/dep/jobs", [(F_PLAN, '"/canary/dep/jobs"')], {}),

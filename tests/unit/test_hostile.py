@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -198,6 +199,9 @@ class Run:
         env = stub_env(self.bin, self.log, self.home, NODELIST="n1,n2", SLURM_JOB_ID="77",
                        SLURM_STEP_ID="3")
         runs = [("job.sbatch", [], {}, True)]
+        imp = json.loads(self.files["plan.json"][0])["container"].get("import")
+        if imp:  # pyxis: what hpcserve_job.py runs once before any step
+            runs.append((os.path.basename(imp["helper"]), [imp["uri"], imp["sqsh"]], {}, True))
         runs += [(rel, [], {}, True) for rel in sorted(self.files) if rel.startswith("steps/")]
         tasks = [(i.name, nodes[i.name][0][1]) for i in self.plan.instances]
         if self.plan.router:
@@ -262,6 +266,8 @@ class Run:
         """Apptainer and enroot take a pyxis-style REGISTRY#IMAGE as a docker:// URI."""
         if self.runtime == "apptainer" and not re.match(r"/|\./|\.\./|[a-z][a-z0-9+.-]*:", v):
             return "docker://" + v.replace("#", "/", 1)
+        if self.runtime == "pyxis" and not re.match(r"/|\./|\.\./|[a-z][a-z0-9+.-]*:", v):
+            return "docker://" + v  # imported once per job by the helper, as enroot does
         return v
 
     def _exact(self) -> list[str]:

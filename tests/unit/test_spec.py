@@ -14,6 +14,7 @@ import pytest
 
 from hpcserve.runtime import job as jobmod
 from hpcserve.runtime import spec
+from hpcserve.runtime.spec import SPEC_VERSION
 from unitkit import EXAMPLES, ROOT, install_stubs, read_stub_log, render
 
 
@@ -44,8 +45,9 @@ def _job_dir(tmp_path: Path, edit) -> Path:
 
 
 @pytest.mark.parametrize("edit,says", [
-    (lambda p: p.update(spec_version=1), "is run-time spec 1"),
-    (lambda p: p.update(spec_version=3, hpcserve_version="9.9"), "rendered by hpcserve 9.9"),
+    (lambda p: p.update(spec_version=SPEC_VERSION - 1), f"is run-time spec {SPEC_VERSION - 1}"),
+    (lambda p: p.update(spec_version=SPEC_VERSION + 1, hpcserve_version="9.9"),
+     "rendered by hpcserve 9.9"),
     (lambda p: p.pop("spec"), "is run-time spec"),
 ], ids=["older", "newer", "undeclared"])
 def test_a_job_directory_of_another_spec_is_refused_before_anything_runs(tmp_path, edit, says):
@@ -57,7 +59,7 @@ def test_a_job_directory_of_another_spec_is_refused_before_anything_runs(tmp_pat
     r = subprocess.run([sys.executable, str(jd / "hpcserve_job.py"), "run", str(jd)], env=env,
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2, r.stderr
-    assert says in r.stderr and "understands spec 2 only" in r.stderr
+    assert says in r.stderr and f"understands spec {SPEC_VERSION} only" in r.stderr
     state = json.loads((jd / "state.json").read_text())
     assert state["phase"] == "failed" and says in state["reason"]
     assert state["failure"] == {"reason": "incompatible job directory"}

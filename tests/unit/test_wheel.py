@@ -36,7 +36,9 @@ def test_the_installed_wheel_renders_every_example_as_its_golden(installed, tmp_
     for g in gold.rglob("*"):
         if g.is_file():
             rel = g.relative_to(gold)
-            got = (out / rel).read_text().replace(str(out), f"/jobs/{stem}")
+            # the job directory, and the shared image cache beside it
+            got = (out / rel).read_text().replace(str(out), f"/jobs/{stem}").replace(
+                f"{tmp_path}/.hpcserve-images", "/jobs/.hpcserve-images")
             assert got == g.read_text(), rel
     assert (out / "hpcserve_job.py").is_file()
 

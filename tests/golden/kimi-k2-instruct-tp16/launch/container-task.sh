@@ -1,8 +1,10 @@
 #!/bin/bash
 # The task of every engine and router step: `container-task.sh TASK COMMAND...`, where TASK is the
 # instance name (or "router") and COMMAND runs its launch script.
-# Runs inside the container pyxis made for this task from the step's --container-* flags (image
-# lmsysorg/sglang:v0.5.23); pyxis removes the container after the task, as it is unnamed.
+# Runs inside the container pyxis made for this task from the step's --container-* flags, from
+#   /jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sqsh
+# (hpcserve_job.py imported a registry image there once for every node); pyxis removes the
+# container after the task, as it is unnamed.
 set -uo pipefail
 task=${1:?usage: container-task.sh TASK COMMAND...}
 shift

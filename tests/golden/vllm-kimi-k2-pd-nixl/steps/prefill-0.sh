@@ -11,7 +11,7 @@ exec srun \
   --overlap \
   --job-name=prefill-0 \
   --kill-on-bad-exit=1 \
-  --container-image=vllm/vllm-openai:v0.33.0 \
+  --container-image=/jobs/.hpcserve-images/vllm+vllm-openai+v0.33.0.sqsh \
   --container-mounts=/lustre:/lustre,/jobs/vllm-kimi-k2-pd-nixl:/jobs/vllm-kimi-k2-pd-nixl \
   --container-workdir=/jobs/vllm-kimi-k2-pd-nixl \
   --no-container-mount-home \

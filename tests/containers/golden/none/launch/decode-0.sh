@@ -32,6 +32,15 @@ export HPCSERVE_SIM_PREFILL_S_PER_TOKEN=0.0
 export HPCSERVE_SIM_DECODE_S_PER_TOKEN=0.01
 export HPCSERVE_SIM_INIT_TIMEOUT=60
 
+if [ "$NODE_RANK" = 0 ]; then
+  # Where the instance serves, another deployment sharing the node could hold its ports and
+  # answer for it: hpcserve_job.py records whose process listens on them (this script's PID
+  # is the engine's after exec), and the instance counts as ready only when it is its own.
+  mkdir -p -- "$JOB_DIR/run/ports"
+  (exec python3 "$JOB_DIR/hpcserve_job.py" own-port --pid $$ --ports 30000,5757 \
+    --out "$JOB_DIR/run/ports/decode-0" --timeout 180 </dev/null &)
+fi
+
 exec \
   python3 /shared/hpcserve-jobs/demo-golden/hpcserve_sim.py \
   --model-path /models/Kimi-K2-Instruct \
