@@ -47,7 +47,10 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
            ) -> Submitted | str:
     from . import config, plan as planner
     from .render import render_files, write_job
-    p = planner.build(config.load(file, sets))
+    cfg = config.load(file, sets)
+    p = planner.build(cfg)
+    if not cfg.site.slurm.exclusive and not dry_run and not check:
+        p = clear_of_my_other_deployments(p, cfg, runner, remote, warn)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     job_dir = runner.expand_path(out) if out else posixpath.join(runner.expand_path(p.jobs_dir),
                                                                  f"{p.name}-{stamp}")
@@ -88,6 +91,56 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
     job_id = parse_job_id(res.out)
     deployments.record(deployments.new_entry(job_id, p.name, job_dir, remote))
     return Submitted(job_id, job_dir, p.name, remote)
+
+
+def plan_ports(p) -> set[int]:
+    """The ports a plan binds: its engines' and its router's."""
+    r = {p.router.port, p.router.prometheus_port} if p.router else set()
+    return {i.port for i in p.instances} | {port for i in p.instances for _, port in i.ports} | r
+
+
+def ports_in_use(runner, remote: str | None) -> set[int]:
+    """Every port of this user's hpcserve deployments that Slurm still runs or queues on this
+    cluster (from their plan.json files)."""
+    mine = [e for e in deployments.entries() if e.remote == remote and e.job_dir]
+    if not mine:
+        return set()
+    queue = _squeue(runner)
+    used: set[int] = set()
+    for e in mine:
+        q = queue.get(e.job_id)
+        text = runner.read_text(posixpath.join(e.job_dir, "plan.json")) if q and \
+            q.state in ACTIVE_SLURM else None
+        try:
+            spec = json.loads(text) if text else {}
+            for i in spec.get("instances", []):
+                used |= {int(i["port"]), *map(int, i.get("ports", {}).values())}
+            r = spec.get("router") or {}
+            used |= {int(r[k]) for k in ("port", "prometheus_port") if r.get(k)}
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue  # not a plan we can read: nothing known about its ports
+    return used
+
+
+def clear_of_my_other_deployments(p, cfg, runner, remote: str | None, warn):
+    """On nodes other jobs may share, two of this user's deployments with the same ports
+    would clash on a node both get. Move this one's ports (those its file does not set) by the
+    smallest multiple of PORT_SHIFT_STEP that clears the ports the others use (or most of them,
+    where the file itself sets one that is taken)."""
+    from . import plan as planner
+    used = ports_in_use(runner, remote)
+    best, best_shift, clashes = p, 0, len(used & plan_ports(p))
+    for k in range(1, planner.PORT_SHIFTS):
+        if not clashes:
+            break
+        q = planner.build(cfg, port_shift=k * planner.PORT_SHIFT_STEP)
+        if len(used & plan_ports(q)) < clashes:
+            best, best_shift, clashes = q, k * planner.PORT_SHIFT_STEP, len(used & plan_ports(q))
+    if best_shift:
+        warn(f"ports moved by +{best_shift} (those the file does not set), clear of your other "
+             "deployments on these shared nodes")
+    # a port the file sets that another deployment holds remains: the job names that clash
+    return best
 
 
 def check_router_python(p, runner) -> None:

@@ -243,10 +243,21 @@ class _Draft:
     router_component: int | None = None
     prometheus_port: int | None = None
     router_words: list = field(default_factory=list)   # what the instances need of the router
+    port_shift: int = 0
+    router_port: int | None = None
 
 
-def build(cfg: Resolved) -> Plan:
+# On nodes other jobs share, `hpcserve submit` moves a deployment's ports by a multiple of
+# this, clear of this user's other deployments' ports; the HTTP ports stay below Linux's
+# ephemeral range (32768+) at the largest shift.
+PORT_SHIFT_STEP = 20
+PORT_SHIFTS = 64
+
+
+def build(cfg: Resolved, port_shift: int = 0) -> Plan:
+    """The plan of a deployment; `port_shift` moves every port the deployment does not set."""
     d = _start(cfg)
+    d.port_shift = port_shift
     _reserve_router_ports(d)
     for ci, role in enumerate(d.roles):
         _plan_role(d, ci, role)
@@ -289,8 +300,16 @@ def _reserve_router_ports(d: _Draft) -> None:
     r = d.cfg.deployment.router
     if r.enabled:
         d.router_component = 0 if r.placement == "prefill" else len(d.roles)
-        d.ports.take(d.router_component, range(1), r.port)
-        d.prometheus_port = d.ports.take(d.router_component, range(1), r.prometheus_port)
+        d.router_port = d.ports.take(d.router_component, range(1),
+                                     r.port + _shift_unless_set(d, ("router", "port")))
+        d.prometheus_port = d.ports.take(
+            d.router_component, range(1),
+            r.prometheus_port + _shift_unless_set(d, ("router", "prometheus_port")))
+
+
+def _shift_unless_set(d: _Draft, path: tuple) -> int:
+    """The port shift, for a port the deployment file does not name."""
+    return 0 if path in d.cfg.positions.table else d.port_shift
 
 
 def _role_context(d: _Draft, role: str) -> tuple[RoleContext, int, int]:
@@ -360,7 +379,7 @@ def _plan_role(d: _Draft, ci: int, role: str) -> None:
         span = range(off, off + ctx.nodes)
         ports, labels = {}, []
         for req in a.ports(ctx, layout):
-            first = (getattr(r, req.field) if req.field else None) or req.preferred
+            first = (getattr(r, req.field) if req.field else None) or req.preferred + d.port_shift
             ports[req.kind] = d.ports.take(ci, span, first, stride=req.stride, width=req.width)
             if req.label:
                 labels.append((req.label, ports[req.kind]))
@@ -403,7 +422,8 @@ def _plan_router(d: _Draft) -> RouterPlan | None:
                 prefill=[(heads[i.name], i.port_of("bootstrap")) for i in d.instances
                          if i.role == "prefill"],
                 decode=[heads[i.name] for i in d.instances if i.role == "decode"],
-                workers=[heads[i.name] for i in d.instances if i.role == "worker"], port=rc.port)
+                workers=[heads[i.name] for i in d.instances if i.role == "worker"],
+                port=d.router_port)
     try:
         argv = router.argv(**urls, prometheus_port=d.prometheus_port, policy=rc.policy,
                            args=rc.args)
@@ -412,7 +432,7 @@ def _plan_router(d: _Draft) -> RouterPlan | None:
     except FlagError as e:
         raise _err(d.cfg, ("router",) + e.key, e.message) from None
     python = rc.python or d.cfg.site.paths.router_python or _engine_python(d)
-    return RouterPlan(component=d.router_component, node_offset=0, port=rc.port,
+    return RouterPlan(component=d.router_component, node_offset=0, port=d.router_port,
                       prometheus_port=d.prometheus_port, command=tuple(router.command(python)),
                       argv=tuple(argv),
                       env=tuple((k, _env_word(v)) for k, v in

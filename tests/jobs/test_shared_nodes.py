@@ -5,11 +5,16 @@ first job), and the first keeps serving untouched."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
-from jobkit import chat, deployment
+from jobkit import Job, chat, deployment
 
 pytestmark = pytest.mark.slurm
 
@@ -50,3 +55,54 @@ def test_a_second_deployment_on_the_same_nodes_never_answers_from_the_first(subm
     assert first.state()["phase"] == "serving"
     out = chat(first.state()["endpoint"], 3)
     assert out["usage"]["completion_tokens"] == 3
+
+
+def _requests(job_dir: Path) -> int:
+    """Chat requests the job's own engine logged."""
+    return sum(p.read_text(errors="replace").count('"POST /v1/chat/completions"')
+               for p in (job_dir / "logs").glob("worker-0.node*.log"))
+
+
+def test_two_of_my_deployments_on_one_shared_node_both_serve_each_from_its_own_engine(
+        dev_cluster, tmp_path, monkeypatch):
+    from hpcserve import ops
+    from hpcserve.slurm.runner import LocalRunner
+    monkeypatch.setenv("HPCSERVE_STATE_DIR", str(tmp_path / "state"))
+    runner = LocalRunner({**dev_cluster.client_env(),
+                          "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    jobs_dir = Path(dev_cluster.state_dir).parent / "jobs" / "shared"
+    dep = deployment(name="t-share", jobs_dir=str(jobs_dir),
+                     site={"base": "local",
+                           "slurm": {"extra_directives": {"nodelist": "node3"}}})
+    dep["roles"] = {"worker": {"nodes": 1}}
+    del dep["router"]  # no router port in the file: hpcserve may choose it
+    f = tmp_path / "d.yaml"
+    f.write_text(yaml.safe_dump(dep))
+    warned: list[str] = []
+    subs = []
+    try:
+        for _ in range(2):
+            subs.append(ops.submit(str(f), (), runner=runner, remote=None, out=None,
+                                   dry_run=False, check=False, warn=warned.append))
+            st = Job(dev_cluster, Path(subs[-1].job_dir), subs[-1].job_id, {}).wait(
+                {"serving", "failed", "cancelled"}, 60)
+            assert st["phase"] == "serving", st
+        a, b = (Job(dev_cluster, Path(s.job_dir), s.job_id, {}).state() for s in subs)
+        # the second moved clear of the first: its own engine and router ports on node3
+        assert warned == ["ports moved by +20 (those the file does not set), clear of your "
+                          "other deployments on these shared nodes"]
+        assert a["endpoint"].endswith(":8000") and b["endpoint"].endswith(":8020")
+        assert a["health_urls"]["worker-0"].endswith(":30000/health")
+        assert b["health_urls"]["worker-0"].endswith(":30020/health")
+        # a request through each endpoint reaches that job's engine and no other
+        da, db = Path(subs[0].job_dir), Path(subs[1].job_dir)
+        before = (_requests(da), _requests(db))
+        assert chat(b["endpoint"], 2)["usage"]["completion_tokens"] == 2
+        assert (_requests(da), _requests(db)) == (before[0], before[1] + 1)
+        assert chat(a["endpoint"], 2)["usage"]["completion_tokens"] == 2
+        assert (_requests(da), _requests(db)) == (before[0] + 1, before[1] + 1)
+    finally:
+        for s in subs:
+            subprocess.run(["scancel", s.job_id], env=dev_cluster.client_env())
+        for s in subs:
+            Job(dev_cluster, Path(s.job_dir), s.job_id, dev_cluster.client_env()).squeue_gone(60)

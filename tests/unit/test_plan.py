@@ -9,7 +9,7 @@ import pytest
 from hpcserve.errors import ConfigError
 from hpcserve.plan import PortRegistry
 from hpcserve.words import Var, show
-from unitkit import ROOT, plan_of, render, small_pd
+from unitkit import ROOT, plan_of, render, small_pd, write_yaml
 
 KIMI_4P12D = ROOT / "examples" / "kimi-k2-instruct-4p12d.yaml"
 
@@ -275,3 +275,21 @@ def test_model_path_must_be_mountable(tmp_path, runtime):
     doc = small_pd("none")
     doc["model"]["path"] = "models/a b,c:d"
     assert plan_of(tmp_path, doc).model_path == "models/a b,c:d"
+
+
+def test_a_port_shift_moves_every_port_the_file_does_not_set(tmp_path):
+    from hpcserve import config, plan as planner
+    doc = small_pd()
+    doc["roles"]["decode"]["dist_init_port"] = 42000
+    doc["router"] = {"prometheus_port": 29500}
+    cfg = config.load(write_yaml(tmp_path / "d.yaml", doc))
+    base, moved = planner.build(cfg), planner.build(cfg, port_shift=40)
+    for a, b in zip(base.instances, moved.instances):
+        for (kind, pa), (_, pb) in zip(a.ports, b.ports):
+            set_in_file = a.role == "decode" and kind == "dist_init"
+            assert pb == (pa if set_in_file else pa + 40), (a.name, kind)
+        assert _opt(b.argv, "--port") == str(a.port + 40)
+    assert (moved.router.port, moved.router.prometheus_port) == (base.router.port + 40, 29500)
+    # the router's worker URLs follow the engines
+    assert f":{base.instances[0].port + 40}" in " ".join(show(w, {}) for w in moved.router.argv)
+    _assert_no_collision(moved)
