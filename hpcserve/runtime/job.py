@@ -411,7 +411,8 @@ class Job:
                                  capture_output=True, text=True, timeout=10).stdout
         except (OSError, subprocess.TimeoutExpired):
             return []
-        return [dict(re.findall(r"(?:^| )(\w+)=(\S*)", ln)) for ln in out.splitlines() if ln.strip()]
+        return [dict(re.findall(r"(?:^| )(\w+)=(\S*)", ln))
+                for ln in out.splitlines() if ln.strip()]
 
     def _near_time_limit(self, at: float) -> bool:
         if not self.job_id:

@@ -131,7 +131,8 @@ def test_pyxis_starts_from_the_job_imported_squashfs_or_the_sites_own() -> None:
     assert containers.IMPORT_HELPER in containers.container_files(plan("pyxis"), JD)
     # a site's prebuilt squashfs: used as it is, nothing imported
     own = plan("pyxis", "site.container.image=/lustre/images/sglang.sqsh")
-    assert containers.wrap_task(own, JD, "x")[0][0] == "--container-image=/lustre/images/sglang.sqsh"
+    assert containers.wrap_task(own, JD, "x")[0][0] == \
+        "--container-image=/lustre/images/sglang.sqsh"
     assert json.loads(containers_spec(own))["container"]["import"] is None
     assert containers.IMPORT_HELPER not in containers.container_files(own, JD)
 
