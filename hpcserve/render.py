@@ -22,6 +22,7 @@ from .templates import jinja
 from .words import Var, Word, quote
 
 RUNTIME = package_data.path("runtime", "job.py")
+OWNPORT = package_data.path("runtime", "ownport.py")  # beside each engine: whose is its port
 SIM_CORE = package_data.path("sim", "hpcserve_simcore.py")  # every stand-in's
 
 
@@ -164,6 +165,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
     files.update(container_files(plan, jd))
     files["plan.json"] = (spec_dumps(job_spec(plan, jd)), 0o644)
     files["hpcserve_job.py"] = (RUNTIME.read_text(encoding="utf-8"), 0o755)
+    files["hpcserve_ownport.py"] = (OWNPORT.read_text(encoding="utf-8"), 0o755)
     if plan.simulate:
         sim = engines.get(plan.engine).sim_source()
         files["hpcserve_sim.py"] = (sim.read_text(encoding="utf-8"), 0o755)

@@ -116,115 +116,6 @@ def cmd_discover(args: argparse.Namespace) -> int:
     return 0
 
 
-# ------------------------------------------------------------------------------ who owns a port
-
-def listening_inodes(port: int) -> set:
-    """Socket inodes listening on TCP `port` in this network namespace (/proc/net/tcp{,6})."""
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as fh:
-                next(fh, None)
-                for line in fh:
-                    f = line.split()
-                    if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
-                        found.add(f[9])
-        except (OSError, ValueError):
-            continue
-    return found
-
-
-def socket_inodes(pid: int) -> set:
-    """The sockets process pid holds open, as far as this user may see."""
-    out = set()
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return out
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            out.add(target[8:-1])
-    return out
-
-
-def process_tree(root: int) -> set:
-    """root and every process descended from it (engines bind in a child process too)."""
-    children: dict = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as fh:
-                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(d))
-    tree, todo = set(), [root]
-    while todo:
-        p = todo.pop()
-        if p not in tree:
-            tree.add(p)
-            todo.extend(children.get(p, []))
-    return tree
-
-
-def owner_of(inodes: set) -> str:
-    """Who holds a socket: 'process PID (comm) of Slurm job J' as far as /proc shows it; another
-    user's processes are not readable."""
-    for d in os.listdir("/proc"):
-        if d.isdigit() and socket_inodes(int(d)) & inodes:
-            try:
-                with open(f"/proc/{d}/comm") as fh:
-                    comm = fh.read().strip()
-                with open(f"/proc/{d}/environ", "rb") as fh:
-                    env = fh.read().split(b"\0")
-            except OSError:
-                return f"process {d}"
-            job = next((e[13:].decode() for e in env if e.startswith(b"SLURM_JOB_ID=")), None)
-            return f"process {d} ({comm})" + (f" of Slurm job {job}" if job else "")
-    return "another user's process"
-
-
-def port_verdict(pid: int, ports: list) -> str | None:
-    """'ours' once the first port listens in pid's process tree; 'taken PORT by OWNER' once
-    any of the ports listens elsewhere first; None while neither."""
-    listening = {p: listening_inodes(p) for p in ports}
-    if not any(listening.values()):
-        return None
-    ours = set().union(*(socket_inodes(p) for p in process_tree(pid)))
-    for p, inodes in listening.items():
-        if inodes and not inodes & ours:
-            return f"taken {p} by {owner_of(inodes)}"
-    return "ours" if listening[ports[0]] else None
-
-
-def cmd_own_port(a: argparse.Namespace) -> int:
-    """Runs beside an engine or router on the node where it serves (its launch script starts
-    it with the script's own PID, which the engine takes over by exec). It records in a file
-    whether what listens on the ports is this process tree ("ours") or another one ("taken P
-    by ...": another deployment on a shared node). The orchestrator counts the instance ready
-    only on "ours": another job's engine can never answer for this one."""
-    ports = [int(p) for p in a.ports.split(",")]
-    deadline = time.monotonic() + a.timeout
-    verdict = None
-    while verdict is None and time.monotonic() < deadline:
-        alive = os.path.exists(f"/proc/{a.pid}")
-        verdict = port_verdict(a.pid, ports)
-        if verdict is None and not alive:
-            return 1  # ended before it listened; its step's exit says why
-        time.sleep(0.2 if verdict is None else 0)
-    if verdict is None:
-        return 1
-    tmp = f"{a.out}.tmp{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(verdict + "\n")
-    os.replace(tmp, a.out)
-    return 0
-
-
 # ------------------------------------------------------------------------------------------ state
 
 class State:
@@ -967,7 +858,7 @@ class Job:
         end = now() + wait
         verdict = _read_from(path, 0).strip()
         while not verdict and now() < end:
-            time.sleep(0.1)
+            time.sleep(0.02)
             verdict = _read_from(path, 0).strip()
         if not verdict.startswith("taken "):
             return verdict == "ours"
@@ -999,7 +890,8 @@ class Job:
                     continue
                 if code == 200:
                     answered.add(name)
-                if code == 200 and self.owns_port(name):
+                # it answers: its launch script's port check follows within moments
+                if code == 200 and self.owns_port(name, wait=0.5):
                     del pending[name]
                     self.log(f"{name} healthy ({url})")
                     self.state.update(engines_ready_count=total - len(pending))
@@ -1030,7 +922,7 @@ class Job:
                 counts = [_dotted(body, f) for f in ready["count"]]
                 counts = [c for c in counts if isinstance(c, int)]
                 if code == 200 and (not counts or sum(counts) >= expected) and \
-                        self.owns_port("router"):
+                        self.owns_port("router", wait=0.5):
                     self.log(f"router ready with {expected} worker(s) at {url}")
                     return
             except urllib.error.HTTPError as e:
@@ -1356,16 +1248,9 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("discover", help="print this node's address line")
     d.add_argument("--iface", default="auto")
     d.add_argument("--ib", default="none")
-    o = sub.add_parser("own-port", help="record whose process listens on a port (launch scripts)")
-    o.add_argument("--pid", type=int, required=True)
-    o.add_argument("--ports", required=True, help="the serving port first, comma-separated")
-    o.add_argument("--out", required=True)
-    o.add_argument("--timeout", type=float, default=3600)
     a = ap.parse_args(argv)
     if a.cmd == "discover":
         return cmd_discover(a)
-    if a.cmd == "own-port":
-        return cmd_own_port(a)
     try:
         job = Job(a.job_dir)
     except SpecError as e:

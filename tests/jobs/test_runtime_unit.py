@@ -18,6 +18,7 @@ import pytest
 
 from hpcserve import config, plan, render
 from hpcserve.runtime import job as jobmod
+from hpcserve.runtime import ownport
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKES = ROOT / "tests" / "fakes"
@@ -627,15 +628,14 @@ def test_own_port_tells_this_process_tree_from_another_holder(tmp_path):
     other = __import__("subprocess").Popen(["sleep", "30"])
     try:
         # this test process listens: ours when the tree is ours, the holder named otherwise
-        assert jobmod.port_verdict(os.getpid(), [port]) == "ours"
-        assert jobmod.port_verdict(other.pid, [port]) == \
+        assert ownport.port_verdict(os.getpid(), [port]) == "ours"
+        assert ownport.port_verdict(other.pid, [port]) == \
             f"taken {port} by process {os.getpid()} ({Path('/proc/self/comm').read_text().strip()})"
         # a secondary port held elsewhere is a clash even before the serving port listens
-        assert jobmod.port_verdict(other.pid, [free, port]).startswith(f"taken {port} by ")
-        assert jobmod.port_verdict(other.pid, [free]) is None
+        assert ownport.port_verdict(other.pid, [free, port]).startswith(f"taken {port} by ")
+        assert ownport.port_verdict(other.pid, [free]) is None
         out = tmp_path / "verdict"
-        rc = jobmod.main(["own-port", "--pid", str(other.pid), "--ports", f"{port}",
-                          "--out", str(out), "--timeout", "5"])
+        rc = ownport.main([str(other.pid), f"{free},{port}", str(out), "5"])
         assert rc == 0 and out.read_text().startswith(f"taken {port} by process ")
     finally:
         other.kill()

@@ -25,7 +25,8 @@ def test_auto_hcas_reach_engine_flags_and_environment(tmp_path):
     (job / "run" / "prefill-0.nodes").write_text("0 n1 10.0.0.1 ib0 mlx5_0,mlx5_3\n")
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "python3").write_text('#!/bin/sh\n[ "$2" = own-port ] && exit 0\n'  # not the engine
+    # (the launch script's background port-owner check is a python3 call too: not the engine)
+    (bindir / "python3").write_text('#!/bin/sh\ncase "$3" in *hpcserve_ownport.py) exit 0;; esac\n'
                                     'env > "$OUT.env"\nprintf "%s\\n" "$@" > "$OUT.argv"\n')
     (bindir / "python3").chmod(0o755)
     out = tmp_path / "engine"

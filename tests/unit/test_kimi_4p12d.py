@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from unitkit import (EXAMPLES, ROOT, read_stub_log, run_bash, sbatch_components,
+from unitkit import (EXAMPLES, ROOT, is_own_port, read_stub_log, run_bash, sbatch_components,
                      sbatch_options, stub_env, write_nodes)
 
 EXAMPLE = ROOT / "examples" / "kimi-k2-instruct-4p12d.yaml"
@@ -231,10 +231,10 @@ def test_only_the_serving_node_checks_who_holds_its_ports(job, stubs, inst, node
     deadline = time.time() + 5  # the check runs in the background
     while time.time() < deadline and len(read_stub_log(log, own_port=True)) < len(nodes) + 1:
         time.sleep(0.05)
-    checks = [c for c in read_stub_log(log, own_port=True) if "own-port" in c["argv"]]
+    checks = [c for c in read_stub_log(log, own_port=True) if is_own_port(c)]
     assert len(checks) == 1, checks  # node rank 0 only: the others serve no HTTP
     a = checks[0]["argv"]
-    opt = {a[i]: a[i + 1] for i in range(1, len(a) - 1) if a[i].startswith("--")}
-    assert a[0] == f"{jd}/hpcserve_job.py"
-    assert opt["--ports"] == ports and opt["--out"] == f"{jd}/run/ports/{inst}"
+    # no site-packages, no PYTHON* variables: it needs neither and starts faster without
+    assert a[:3] == ["-S", "-I", f"{jd}/hpcserve_ownport.py"]
+    assert a[4:6] == [ports, f"{jd}/run/ports/{inst}"] and int(a[3]) > 1
     assert checks[0]["env"]["SLURMD_NODENAME"] == nodes[0][1]

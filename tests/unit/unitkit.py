@@ -236,7 +236,7 @@ def install_stubs(bindir: Path) -> Path:
 
 def read_stub_log(log: Path, own_port: bool = False) -> list[dict]:
     """The stubs' calls in order: {prog, path, cwd, argv, env}; the launch scripts' background
-    port-owner checks (hpcserve_job.py own-port) only when asked for."""
+    port-owner checks (hpcserve_ownport.py) only when asked for."""
     if not log.exists():
         return []
     toks = [t.decode("utf-8", "surrogateescape") for t in log.read_bytes().split(b"\0")]
@@ -258,7 +258,11 @@ def read_stub_log(log: Path, own_port: bool = False) -> list[dict]:
             i += 1
         calls.append({"prog": os.path.basename(path), "path": path, "cwd": cwd, "argv": argv,
                       "env": env})
-    return [c for c in calls if own_port or "own-port" not in c["argv"][1:2]]
+    return [c for c in calls if own_port or not is_own_port(c)]
+
+
+def is_own_port(call: dict) -> bool:
+    return any(a.endswith("/hpcserve_ownport.py") for a in call["argv"][:3])
 
 
 def stub_env(bindir: Path, log: Path, home: Path, **extra: str) -> dict[str, str]:

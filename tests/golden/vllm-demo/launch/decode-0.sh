@@ -35,11 +35,11 @@ export HPCSERVE_SIM_INIT_TIMEOUT=60
 
 if [ "$NODE_RANK" = 0 ]; then
   # Where the instance serves, another deployment sharing the node could hold its ports and
-  # answer for it: hpcserve_job.py records whose process listens on them (this script's PID
-  # is the engine's after exec), and the instance counts as ready only when it is its own.
+  # answer for it: hpcserve_ownport.py records whose process listens on them (this script's
+  # PID is the engine's after exec), and the instance counts as ready only when it is its own.
   mkdir -p -- "$JOB_DIR/run/ports"
-  (exec python3 "$JOB_DIR/hpcserve_job.py" own-port --pid $$ --ports 8100,29550,5600 \
-    --out "$JOB_DIR/run/ports/decode-0" --timeout 180 </dev/null &)
+  (exec python3 -S -I "$JOB_DIR/hpcserve_ownport.py" $$ 8100,29550,5600 \
+    "$JOB_DIR/run/ports/decode-0" 180 </dev/null &)
 fi
 
 # What each node rank adds to the command, computed by hpcserve from the plan.

@@ -36,11 +36,11 @@ export VLLM_HOST_IP="${NODE_IP}"
 
 if [ "$NODE_RANK" = 0 ]; then
   # Where the instance serves, another deployment sharing the node could hold its ports and
-  # answer for it: hpcserve_job.py records whose process listens on them (this script's PID
-  # is the engine's after exec), and the instance counts as ready only when it is its own.
+  # answer for it: hpcserve_ownport.py records whose process listens on them (this script's
+  # PID is the engine's after exec), and the instance counts as ready only when it is its own.
   mkdir -p -- "$JOB_DIR/run/ports"
-  (exec python3 "$JOB_DIR/hpcserve_job.py" own-port --pid $$ --ports 8100,29550 \
-    --out "$JOB_DIR/run/ports/worker-0" --timeout 5460 </dev/null &)
+  (exec python3 -S -I "$JOB_DIR/hpcserve_ownport.py" $$ 8100,29550 \
+    "$JOB_DIR/run/ports/worker-0" 5460 </dev/null &)
 fi
 
 # What each node rank adds to the command, computed by hpcserve from the plan.

@@ -9,11 +9,12 @@ exec >"$JOB_DIR/logs/router.log" 2>&1
 
 export PYTHONUNBUFFERED=1
 
-# Another deployment's router on this node could answer for this one: hpcserve_job.py records
-# whose process listens on the router's ports (this script's PID is the router's after exec).
+# Another deployment's router on this node could answer for this one: hpcserve_ownport.py
+# records whose process listens on the router's ports (this script's PID is the router's after
+# exec).
 mkdir -p -- "$JOB_DIR/run/ports"
-(exec python3 "$JOB_DIR/hpcserve_job.py" own-port --pid $$ --ports 8000,29000 \
-  --out "$JOB_DIR/run/ports/router" --timeout 660 </dev/null &)
+(exec python3 -S -I "$JOB_DIR/hpcserve_ownport.py" $$ 8000,29000 "$JOB_DIR/run/ports/router" \
+  660 </dev/null &)
 
 exec \
   python3 -m vllm_router.launch_router \

@@ -32,11 +32,11 @@ export HPCSERVE_SIM_INIT_TIMEOUT=60
 
 if [ "$NODE_RANK" = 0 ]; then
   # Where the instance serves, another deployment sharing the node could hold its ports and
-  # answer for it: hpcserve_job.py records whose process listens on them (this script's PID
-  # is the engine's after exec), and the instance counts as ready only when it is its own.
+  # answer for it: hpcserve_ownport.py records whose process listens on them (this script's
+  # PID is the engine's after exec), and the instance counts as ready only when it is its own.
   mkdir -p -- "$JOB_DIR/run/ports"
-  (exec python3 "$JOB_DIR/hpcserve_job.py" own-port --pid $$ --ports 30000,8998,5757 \
-    --out "$JOB_DIR/run/ports/prefill-0" --timeout 180 </dev/null &)
+  (exec python3 -S -I "$JOB_DIR/hpcserve_ownport.py" $$ 30000,8998,5757 \
+    "$JOB_DIR/run/ports/prefill-0" 180 </dev/null &)
 fi
 
 exec \

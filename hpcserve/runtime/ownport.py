@@ -1,0 +1,136 @@
+"""hpcserve_ownport.py: whose process listens on a serving port (stdlib only, Python 3.7+).
+
+Copied into every job directory. Each launch script starts it in the background, on the node
+where its engine (or the router) serves, with the script's own PID, which the engine takes over
+by exec:
+
+    python3 -S -I hpcserve_ownport.py PID PORT[,PORT...] OUT [TIMEOUT]
+
+Once something listens on one of the ports it writes OUT: "ours" when it is PID's process tree
+on the first (serving) port, or "taken PORT by OWNER" when any of them is held by another
+process (another deployment on a shared node, a stale engine), named as far as /proc shows
+it. hpcserve_job.py counts the instance ready only on "ours". It exits 1 without writing when
+PID ends before anything listens (its step's exit says why), or at TIMEOUT.
+
+A file of its own, small and without third-party or heavy imports, so that it starts in a few
+milliseconds beside an engine that may bind its port within a second.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+
+def listening_inodes(port: int) -> set:
+    """Socket inodes listening on TCP `port` in this network namespace (/proc/net/tcp{,6})."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                next(fh, None)
+                for line in fh:
+                    f = line.split()
+                    if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                        found.add(f[9])
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def socket_inodes(pid: int) -> set:
+    """The sockets process pid holds open, as far as this user may see."""
+    out = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(target[8:-1])
+    return out
+
+
+def process_tree(root: int) -> set:
+    """root and every process descended from it (engines bind in a child process too)."""
+    children: dict = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    tree, todo = set(), [root]
+    while todo:
+        p = todo.pop()
+        if p not in tree:
+            tree.add(p)
+            todo.extend(children.get(p, []))
+    return tree
+
+
+def owner_of(inodes: set) -> str:
+    """Who holds a socket: 'process PID (comm) of Slurm job J' as far as /proc shows it; another
+    user's processes are not readable."""
+    for d in os.listdir("/proc"):
+        if d.isdigit() and socket_inodes(int(d)) & inodes:
+            try:
+                with open(f"/proc/{d}/comm") as fh:
+                    comm = fh.read().strip()
+                with open(f"/proc/{d}/environ", "rb") as fh:
+                    env = fh.read().split(b"\0")
+            except OSError:
+                return f"process {d}"
+            job = next((e[13:].decode() for e in env if e.startswith(b"SLURM_JOB_ID=")), None)
+            return f"process {d} ({comm})" + (f" of Slurm job {job}" if job else "")
+    return "another user's process"
+
+
+def port_verdict(pid: int, ports: list) -> str | None:
+    """'ours' once the first port listens in pid's process tree; 'taken PORT by OWNER' once
+    any of the ports listens elsewhere first; None while neither."""
+    listening = {p: listening_inodes(p) for p in ports}
+    if not any(listening.values()):
+        return None
+    ours = set().union(*(socket_inodes(p) for p in process_tree(pid)))
+    for p, inodes in listening.items():
+        if inodes and not inodes & ours:
+            return f"taken {p} by {owner_of(inodes)}"
+    return "ours" if listening[ports[0]] else None
+
+
+def main(argv: list) -> int:
+    try:
+        pid, ports = int(argv[0]), [int(p) for p in argv[1].split(",")]
+        out, timeout = argv[2], float(argv[3]) if len(argv) > 3 else 3600.0
+    except (IndexError, ValueError):
+        sys.stderr.write("usage: hpcserve_ownport.py PID PORT[,PORT...] OUT [TIMEOUT]\n")
+        return 2
+    start = time.monotonic()
+    verdict = None
+    while verdict is None and time.monotonic() < start + timeout:
+        alive = os.path.exists(f"/proc/{pid}")
+        verdict = port_verdict(pid, ports)
+        if verdict is None and not alive:
+            return 1
+        # two /proc tables are cheap to read: look often while a fast engine may bind, then
+        # settle for a slower pace through a long weight load
+        time.sleep(0 if verdict else 0.02 if time.monotonic() - start < 10 else 0.2)
+    if verdict is None:
+        return 1
+    tmp = f"{out}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(verdict + "\n")
+    os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
