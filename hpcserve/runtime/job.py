@@ -329,7 +329,7 @@ class Job:
                 # a step that ended on a node Slurm now calls down ended with its node
                 self.check_nodes()
                 # one that could not bind its port: its launch script's check names the holder
-                self.owns_port(name, wait=1.0)
+                self.owns_port(name, wait=0.5)
                 raise Stop("failed", f"step {name} exited with code {rc}", self.failure_of(name, rc))
             if self.step_terminating(name):
                 # srun reported a task's end and is ending the step but has not exited after
