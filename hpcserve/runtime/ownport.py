@@ -106,6 +106,28 @@ def port_verdict(pid: int, ports: list) -> str | None:
     return "ours" if listening[ports[0]] else None
 
 
+def alive(pid: int) -> bool:
+    """pid runs (a zombie has closed its sockets already)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def settled(pid: int, ports: list, verdict: str | None) -> str | None:
+    """A "taken" verdict that holds while pid lives, three looks 50 ms apart: the listening
+    socket of an engine that is dying stays listed for a moment after its process let go of
+    it, and would look like somebody else's."""
+    if not verdict or verdict == "ours":
+        return verdict
+    for _ in range(3):
+        time.sleep(0.05)
+        if not alive(pid) or port_verdict(pid, ports) != verdict:
+            return None
+    return verdict
+
+
 def main(argv: list) -> int:
     try:
         pid, ports = int(argv[0]), [int(p) for p in argv[1].split(",")]
@@ -116,9 +138,9 @@ def main(argv: list) -> int:
     start = time.monotonic()
     verdict = None
     while verdict is None and time.monotonic() < start + timeout:
-        alive = os.path.exists(f"/proc/{pid}")
-        verdict = port_verdict(pid, ports)
-        if verdict is None and not alive:
+        running = alive(pid)
+        verdict = settled(pid, ports, port_verdict(pid, ports))
+        if verdict is None and not running:
             return 1
         # two /proc tables are cheap to read: look often while a fast engine may bind, then
         # settle for a slower pace through a long weight load

@@ -637,6 +637,14 @@ def test_own_port_tells_this_process_tree_from_another_holder(tmp_path):
         out = tmp_path / "verdict"
         rc = ownport.main([str(other.pid), f"{free},{port}", str(out), "5"])
         assert rc == 0 and out.read_text().startswith(f"taken {port} by process ")
+        # an engine that is dying still has its listening socket listed for a moment, no
+        # longer in its own fd table: that must not read as another's
+        gone = __import__("subprocess").Popen(["true"])
+        gone.wait()
+        assert ownport.settled(gone.pid, [port], f"taken {port} by another user's process") \
+            is None
+        assert ownport.main([str(gone.pid), f"{free}", str(tmp_path / "none"), "5"]) == 1
+        assert not (tmp_path / "none").exists()
     finally:
         other.kill()
         other.wait()
