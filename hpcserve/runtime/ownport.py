@@ -90,16 +90,23 @@ def owner_of(inodes: set) -> str:
                 return f"process {d}"
             job = next((e[13:].decode() for e in env if e.startswith(b"SLURM_JOB_ID=")), None)
             return f"process {d} ({comm})" + (f" of Slurm job {job}" if job else "")
-    return "another user's process"
+    return UNKNOWN
 
 
-def port_verdict(pid: int, ports: list) -> str | None:
+UNKNOWN = "another user's process"  # what owner_of says when no readable process holds it
+
+
+def port_verdict(pid: int, ports: list, seen: set | None = None) -> str | None:
     """'ours' once the first port listens in pid's process tree; 'taken PORT by OWNER' once
-    any of the ports listens elsewhere first; None while neither."""
+    any of the ports listens elsewhere first; None while neither. `seen` collects the sockets
+    found in the tree so far, which stay ours: a dying engine's socket outlives its fd table."""
     listening = {p: listening_inodes(p) for p in ports}
     if not any(listening.values()):
         return None
     ours = set().union(*(socket_inodes(p) for p in process_tree(pid)))
+    if seen is not None:
+        seen |= ours
+        ours = ours | seen
     for p, inodes in listening.items():
         if inodes and not inodes & ours:
             return f"taken {p} by {owner_of(inodes)}"
@@ -115,15 +122,16 @@ def alive(pid: int) -> bool:
         return False
 
 
-def settled(pid: int, ports: list, verdict: str | None) -> str | None:
-    """A "taken" verdict that holds while pid lives, three looks 50 ms apart: the listening
-    socket of an engine that is dying stays listed for a moment after its process let go of
-    it, and would look like somebody else's."""
-    if not verdict or verdict == "ours":
+def settled(pid: int, ports: list, verdict: str | None, seen: set) -> str | None:
+    """A "taken" verdict whose holder no readable process is must hold while pid lives, three
+    looks 50 ms apart: it may be the socket of an engine of ours that is dying (still listed a
+    moment after its process let go of it) rather than another user's. A holder that is found
+    is a live process outside the tree: that needs no second look."""
+    if not verdict or not verdict.endswith(UNKNOWN):
         return verdict
     for _ in range(3):
         time.sleep(0.05)
-        if not alive(pid) or port_verdict(pid, ports) != verdict:
+        if not alive(pid) or port_verdict(pid, ports, seen) != verdict:
             return None
     return verdict
 
@@ -137,9 +145,10 @@ def main(argv: list) -> int:
         return 2
     start = time.monotonic()
     verdict = None
+    seen: set = set()
     while verdict is None and time.monotonic() < start + timeout:
         running = alive(pid)
-        verdict = settled(pid, ports, port_verdict(pid, ports))
+        verdict = settled(pid, ports, port_verdict(pid, ports, seen), seen)
         if verdict is None and not running:
             return 1
         # two /proc tables are cheap to read: look often while a fast engine may bind, then

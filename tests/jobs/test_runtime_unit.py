@@ -641,8 +641,11 @@ def test_own_port_tells_this_process_tree_from_another_holder(tmp_path):
         # longer in its own fd table: that must not read as another's
         gone = __import__("subprocess").Popen(["true"])
         gone.wait()
-        assert ownport.settled(gone.pid, [port], f"taken {port} by another user's process") \
-            is None
+        assert ownport.settled(gone.pid, [port], f"taken {port} by another user's process",
+                               set()) is None
+        # one seen in the tree before stays its own
+        seen = ownport.socket_inodes(os.getpid())
+        assert ownport.port_verdict(other.pid, [port], seen) == "ours"
         assert ownport.main([str(gone.pid), f"{free}", str(tmp_path / "none"), "5"]) == 1
         assert not (tmp_path / "none").exists()
     finally:
