@@ -22,6 +22,8 @@ import os
 import sys
 import time
 
+UNKNOWN = "another user's process"  # what owner_of says when no readable process holds it
+
 
 def listening_inodes(port: int) -> set:
     """Socket inodes listening on TCP `port` in this network namespace (/proc/net/tcp{,6})."""
@@ -91,9 +93,6 @@ def owner_of(inodes: set) -> str:
             job = next((e[13:].decode() for e in env if e.startswith(b"SLURM_JOB_ID=")), None)
             return f"process {d} ({comm})" + (f" of Slurm job {job}" if job else "")
     return UNKNOWN
-
-
-UNKNOWN = "another user's process"  # what owner_of says when no readable process holds it
 
 
 def port_verdict(pid: int, ports: list, seen: set | None = None) -> str | None:
