@@ -413,9 +413,7 @@ class Job:
 
     # -- failure details
     def failure_of(self, name: str, rc: int) -> dict:
-        role, _, idx = name.rpartition("-")
-        f = {"step": name, "role": role if name != "router" else "router",
-             "instance": int(idx) if idx.isdigit() else None, "exit_code": rc}
+        f = {**step_identity(name), "exit_code": rc}
         srun_log = os.path.join(self.dir, "logs", f"{name}.srun.log")
         # After a requeue the file still holds the earlier tries' lines: read only this try's.
         offset = self.log_offsets.get(name, 0)
@@ -794,13 +792,7 @@ class Job:
                 next_nodes = now() + lv["node_interval"]
 
     def probe_failure(self, name: str, kind: str, url: str, detail: str) -> dict:
-        if name == "router":
-            f = {"step": "router", "role": "router", "instance": None,
-                 "node": self.router_node, "node_rank": 0}
-        else:
-            role, _, idx = name.rpartition("-")
-            lead = self.nodes[name][0][1]
-            f = {"step": name, "role": role, "instance": int(idx), "node": lead, "node_rank": 0}
+        f = {**step_identity(name), "node": self.leader_node(name), "node_rank": 0}
         f.update(reason=kind, probe=url, detail=detail, exit_code=None,
                  log=self._log_file(name, 0, f["node"]))
         f["log_tail"] = _tail(os.path.join(self.dir, f["log"]))
@@ -838,17 +830,14 @@ class Job:
         inst = next((n for n, rows in self.nodes.items() if any(r[1] == node for r in rows)),
                     None)
         rank = next((int(r[0]) for r in self.nodes.get(inst, []) if r[1] == node), None)
-        role, _, idx = (inst or "-").rpartition("-")
         self.lost_steps.update(n for n, rows in self.nodes.items()
                                if any(r[1] == node for r in rows))
         if node:
             self.excluded_nodes.append(node)
         what = f"node {node} lost" if node else "a node was lost"
         return Stop("failed", f"{what}: Slurm reports it {state}" + (f"; {how}" if how else ""),
-                    {"step": inst, "role": role or None,
-                     "instance": int(idx) if idx.isdigit() else None, "node": node,
-                     "node_rank": rank, "reason": "node lost", "exit_code": None,
-                     "slurm_state": state})
+                    {**step_identity(inst), "node": node, "node_rank": rank,
+                     "reason": "node lost", "exit_code": None, "slurm_state": state})
 
     def owns_port(self, name: str, wait: float = 0.0) -> bool:
         """Whether the launch script of `name` (an instance or the router) found its own
@@ -863,14 +852,16 @@ class Job:
         if not verdict.startswith("taken "):
             return verdict == "ours"
         port, _, holder = verdict[6:].partition(" by ")
-        node = self.router_node if name == "router" else self.nodes[name][0][1]
-        role, _, idx = name.rpartition("-")
+        node = self.leader_node(name)
         raise Stop("failed", f"port {port} on node {node} is taken by {holder}: {name} cannot "
                              "serve there (another deployment on a shared node?)",
-                   {"step": name, "role": role or "router",
-                    "instance": int(idx) if idx.isdigit() else None, "node": node,
-                    "node_rank": 0, "reason": "port taken", "port": int(port),
-                    "holder": holder, "exit_code": None})
+                   {**step_identity(name), "node": node, "node_rank": 0,
+                    "reason": "port taken", "port": int(port), "holder": holder,
+                    "exit_code": None})
+
+    def leader_node(self, name: str) -> str | None:
+        """Where `name` (an instance or the router) serves: its node rank 0."""
+        return self.router_node if name == "router" else self.nodes[name][0][1]
 
     def wait_engines(self, heads: dict, rd: dict) -> None:
         pending = {i["name"]: f"http://{heads[i['name']]}:{i['port']}{i['health_path']}"
@@ -1225,6 +1216,16 @@ def _seconds(s: str) -> int | None:
         return None
     d, h, mi, se = (int(x) if x else 0 for x in m.groups())
     return ((d * 24 + h) * 60 + mi) * 60 + se
+
+
+def step_identity(name: str | None) -> dict:
+    """The step, role and instance a failure names, from a step name: "decode-0", "router",
+    or None where no step is known."""
+    if name is None:
+        return {"step": None, "role": None, "instance": None}
+    role, _, idx = name.rpartition("-")
+    return {"step": name, "role": role or name,
+            "instance": int(idx) if idx.isdigit() else None}
 
 
 def _read_from(path: str, offset: int = 0) -> str:
