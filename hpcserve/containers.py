@@ -201,16 +201,16 @@ def container_files(plan: "Plan", job_dir: str) -> dict[str, tuple[str, int]]:
         return {}
     ms = mounts(plan, job_dir)
     names = _env_names(plan)
+    uri, sqsh = enroot_image(plan, job_dir)
     ctx: dict = {"runtime": c.runtime, "job_dir": job_dir, "workdir": c.workdir or job_dir,
                  "env_names": names, "ib": bool(plan.ib_devices),
-                 "image": enroot_image(plan, job_dir)[1] if c.runtime == "pyxis" else plan.image,
+                 "image": sqsh if c.runtime == "pyxis" else plan.image,
                  "import_uri": None, "sqsh": None, "import_helper": None,
                  "stop_timeout": stop_timeout(plan)}
     files: dict[str, tuple[str, int]] = {}
-    if c.runtime in ("enroot", "pyxis") and enroot_image(plan, job_dir)[0]:
+    if c.runtime in ("enroot", "pyxis") and uri:
         files[IMPORT_HELPER] = (IMPORT_SOURCE.read_text(encoding="utf-8"), 0o755)
     if c.runtime == "enroot":
-        uri, sqsh = enroot_image(plan, job_dir)
         ctx.update(import_uri=uri, sqsh=sqsh, mounts=[m.enroot() for m in ms],
                    made=f"{job_dir}/{CONTAINERS_MADE}")
         if uri:

@@ -134,8 +134,9 @@ def clear_of_my_other_deployments(p, cfg, runner, remote: str | None, warn):
         if not clashes:
             break
         q = planner.build(cfg, port_shift=k * planner.PORT_SHIFT_STEP)
-        if len(used & plan_ports(q)) < clashes:
-            best, best_shift, clashes = q, k * planner.PORT_SHIFT_STEP, len(used & plan_ports(q))
+        left = len(used & plan_ports(q))
+        if left < clashes:
+            best, best_shift, clashes = q, k * planner.PORT_SHIFT_STEP, left
     if best_shift:
         warn(f"ports moved by +{best_shift} (those the file does not set), clear of your other "
              "deployments on these shared nodes")
