@@ -69,6 +69,11 @@ class Job:
         raise AssertionError(f"job {self.id} did not reach {phases} in {timeout}s; state: "
                              f"{json.dumps(self.state(), indent=1)}\n{self.logs()}")
 
+    def node_rows(self, inst: str) -> list[list[str]]:
+        """run/<inst>.nodes as the runtime wrote it: [rank, node, address, interface, ib]."""
+        text = (self.dir / "run" / f"{inst}.nodes").read_text()
+        return [ln.split() for ln in text.splitlines()]
+
     def logs(self) -> str:
         out = []
         for p in sorted((self.dir / "logs").glob("*")):

@@ -37,7 +37,7 @@ def test_every_node_rank_zero_fails_like_nccl_init(submit, dev_cluster):
     st = job.wait({"failed", "serving", "cancelled"}, 60)
     assert st["phase"] == "failed", job.logs()
     f = st["failure"]
-    rows = [ln.split() for ln in (job.dir / "run" / "decode-0.nodes").read_text().splitlines()]
+    rows = job.node_rows("decode-0")
     # The second node, told it is rank 0, tries to host the rendezvous on the leader's address,
     # which is not its own: like torch's TCPStore it cannot bind, and the job names that node.
     assert (f["role"], f["instance"], f["node"], f["node_rank"]) == ("decode", 0, rows[1][1], 1)
@@ -63,7 +63,7 @@ def test_wrong_dist_init_address_fails_naming_the_node_rank_and_address(submit, 
     job = submit(dep, edit=edit)
     st = job.wait({"failed", "serving", "cancelled"}, 60)
     assert st["phase"] == "failed", job.logs()
-    rows = [ln.split() for ln in (job.dir / "run" / "decode-0.nodes").read_text().splitlines()]
+    rows = job.node_rows("decode-0")
     f = st["failure"]
     assert st["reason"] == "step decode-0 exited with code 1", st["reason"]  # not a timeout
     assert (f["role"], f["instance"], f["node"], f["node_rank"], f["exit_code"]) == (
@@ -91,7 +91,7 @@ def test_killed_decode_engine_ends_the_job_within_5s(submit, dev_cluster):
     job = submit(deployment(1, 2, name="t-kill"))
     st = job.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", job.logs()
-    rows = [ln.split() for ln in (job.dir / "run" / "decode-0.nodes").read_text().splitlines()]
+    rows = job.node_rows("decode-0")
     victim_node = rows[1][1]  # decode node-rank 1
     pid = find_pid(dev_cluster, victim_node, r"hpcserve_sim\.py")
     t0 = time.time()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
 import pytest
@@ -19,10 +18,6 @@ pytestmark = pytest.mark.slurm
 FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1}
 
 
-def _nodes(job, inst: str) -> list[list[str]]:
-    return [ln.split() for ln in (job.dir / "run" / f"{inst}.nodes").read_text().splitlines()]
-
-
 @pytest.mark.parametrize("how", ["fault", "sigstop"])
 def test_a_hung_decode_leader_ends_the_deployment_as_hung(submit, dev_cluster, how):
     dep = deployment(1, 2, name=f"t-hung-{how}", liveness=FAST)
@@ -31,7 +26,7 @@ def test_a_hung_decode_leader_ends_the_deployment_as_hung(submit, dev_cluster, h
     job = submit(dep)
     st = job.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", job.logs()
-    leader = _nodes(job, "decode-0")[0]
+    leader = job.node_rows("decode-0")[0]
     t0 = time.time()
     if how == "sigstop":
         os.kill(find_pid(dev_cluster, leader[1], r"hpcserve_sim\.py"), signal.SIGSTOP)
@@ -49,7 +44,7 @@ def test_a_crashed_node_ends_the_deployment_as_node_lost(submit, dev_cluster):
     job = submit(deployment(1, 2, name="t-crash", liveness=FAST))
     st = job.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", job.logs()
-    victim = _nodes(job, "decode-0")[1][1]  # decode node rank 1
+    victim = job.node_rows("decode-0")[1][1]  # decode node rank 1
     t0 = time.time()
     try:
         dev_cluster.crash_node(victim)
@@ -75,7 +70,7 @@ def test_status_probe_reports_each_instance_not_only_the_router(submit, dev_clus
     runner = LocalRunner(dev_cluster.client_env())
     (v,) = ops.status([entry], lambda _r: runner, probe=True)
     assert v.health == "router ok, prefill-0 ok, decode-0 ok", v.health
-    leader = _nodes(job, "decode-0")[0]
+    leader = job.node_rows("decode-0")[0]
     os.kill(find_pid(dev_cluster, leader[1], r"hpcserve_sim\.py"), signal.SIGSTOP)
     (v,) = ops.status([entry], lambda _r: runner, probe=True)
     assert "decode-0 no answer" in v.health and "prefill-0 ok" in v.health, v.health
@@ -86,14 +81,14 @@ def test_a_lost_node_with_requeue_serves_again_without_that_node(submit, dev_clu
     job = submit(deployment(1, 1, name="t-requeue", liveness=FAST, requeue=1))
     st = job.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", job.logs()
-    victim = _nodes(job, "decode-0")[0][1]
+    victim = job.node_rows("decode-0")[0][1]
     try:
         dev_cluster.crash_node(victim)
         st = job.wait({"requeued", "failed", "cancelled", "done"}, 30)
         assert st["phase"] == "requeued" and f"node {victim} lost" in st["reason"], st
         st = job.wait({"serving", "failed", "cancelled", "done"}, 120, restarts=1)
         assert st["phase"] == "serving" and st["restarts"] == 1, job.logs()
-        used = {r[1] for inst in ("prefill-0", "decode-0") for r in _nodes(job, inst)}
+        used = {r[1] for inst in ("prefill-0", "decode-0") for r in job.node_rows(inst)}
         assert victim not in used, (victim, used)
     finally:
         dev_cluster.restart_node(victim)
@@ -107,7 +102,7 @@ def test_a_node_slurm_ends_the_job_for_fails_it_as_node_lost_not_cancelled(submi
     job = submit(deployment(1, 1, name="t-nodefail", liveness=slow))
     st = job.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", job.logs()
-    victim = _nodes(job, "decode-0")[0][1]
+    victim = job.node_rows("decode-0")[0][1]
     try:
         dev_cluster.crash_node(victim)
         st = job.wait({"failed", "cancelled", "done"}, 60)

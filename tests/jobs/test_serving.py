@@ -29,7 +29,7 @@ def test_pd_deployment_serves_and_answers(submit, dev_cluster, p_nodes, d_nodes)
     # the router runs on the prefill head node, which is the first node of component 0
     assert st["endpoint"] == f"http://{addrs['node1']}:8000"
     # the decode instance's nodes received ranks 0..n-1 and the leader's address
-    rows = [ln.split() for ln in (job.dir / "run" / "decode-0.nodes").read_text().splitlines()]
+    rows = job.node_rows("decode-0")
     assert [r[0] for r in rows] == [str(i) for i in range(d_nodes)]
     for r in rows:
         log = (job.dir / "logs" / f"decode-0.node{r[0]}.{r[1]}.log").read_text()

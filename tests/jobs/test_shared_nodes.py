@@ -29,18 +29,14 @@ def _pin(nodes: list[str]):
     return edit
 
 
-def _nodes(job, inst: str) -> list[str]:
-    return [ln.split()[1] for ln in (job.dir / "run" / f"{inst}.nodes").read_text().splitlines()]
-
-
 def test_a_second_deployment_on_the_same_nodes_never_answers_from_the_first(submit):
     first = submit(deployment(1, 1, name="t-share-a"))
     st = first.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", first.logs()
-    a_nodes = [_nodes(first, "prefill-0")[0], _nodes(first, "decode-0")[0]]
+    a_nodes = [first.node_rows("prefill-0")[0][1], first.node_rows("decode-0")[0][1]]
     second = submit(deployment(1, 1, name="t-share-b"), edit=_pin(a_nodes))
     st2 = second.wait({"serving", "failed", "cancelled"}, 60)
-    assert [_nodes(second, "prefill-0")[0], _nodes(second, "decode-0")[0]] == a_nodes
+    assert [second.node_rows("prefill-0")[0][1], second.node_rows("decode-0")[0][1]] == a_nodes
     f = st2["failure"]
     assert st2["phase"] == "failed" and f["reason"] == "port taken", st2
     inst = f"{f['role']}-{f['instance']}"

@@ -28,12 +28,8 @@ def _edit(rel: str, old: str, new: str):
     return edit
 
 
-def _nodes(job, inst: str) -> list[list[str]]:
-    return [ln.split() for ln in (job.dir / "run" / f"{inst}.nodes").read_text().splitlines()]
-
-
 def _log(job, inst: str, rank: int) -> str:
-    rows = _nodes(job, inst)
+    rows = job.node_rows(inst)
     return (job.dir / "logs" / f"{inst}.node{rank}.{rows[rank][1]}.log").read_text()
 
 
@@ -63,16 +59,16 @@ def test_vllm_layout_serves_through_vllm_router(submit, dev_cluster, layout):
     _serves_chat(st)
     if layout == "tp16-2nodes":
         # rank 1 joined rank 0's torch.distributed store at the leader's address, headless
-        rows = _nodes(job, "worker-0")
+        rows = job.node_rows("worker-0")
         assert f"head node address {rows[0][2]}:29501" in _log(job, "worker-0", 1)
         assert "Starting vLLM server" not in _log(job, "worker-0", 1)
     if layout == "dp4-2nodes":
-        rows = _nodes(job, "worker-0")
+        rows = job.node_rows("worker-0")
         assert (f"Launching 2 data parallel engine(s) in headless mode, with head node address "
                 f"tcp://{rows[0][2]}:29550") in _log(job, "worker-0", 1)
     if layout == "1p1d":
         # every request's KV came from the prefill node's own side channel
-        prefill_ip = _nodes(job, "prefill-0")[0][2]
+        prefill_ip = job.node_rows("prefill-0")[0][2]
         assert f"read from {prefill_ip}:5600" in _log(job, "decode-0", 0)
     t0 = time.time()
     job.scancel()
@@ -89,7 +85,7 @@ def test_wrong_start_rank_fails_on_the_head_for_that_reason(submit, dev_cluster)
     st = job.wait({"failed", "serving", "cancelled"}, 60)
     assert st["phase"] == "failed", job.logs()
     f = st["failure"]
-    rows = _nodes(job, "worker-0")
+    rows = job.node_rows("worker-0")
     assert (f["role"], f["instance"], f["node"], f["node_rank"]) == ("worker", 0, rows[0][1], 0)
     assert any("HELLO message from remote engine 1, expected it to be local" in ln
                for ln in f["log_tail"]), f["log_tail"]
@@ -104,7 +100,7 @@ def test_wrong_master_addr_fails_for_that_reason(submit, dev_cluster):
     st = job.wait({"failed", "serving", "cancelled"}, 60)
     assert st["phase"] == "failed", job.logs()
     f = st["failure"]
-    rows = _nodes(job, "worker-0")
+    rows = job.node_rows("worker-0")
     assert (f["role"], f["instance"], f["node"], f["node_rank"]) == ("worker", 0, rows[0][1], 0)
     assert any(f"cannot bind {rows[1][2]}:29501" in ln for ln in f["log_tail"]), f["log_tail"]
     wait_no_job_processes(dev_cluster, 15)
@@ -131,7 +127,7 @@ def test_killed_headless_rank_ends_the_job_naming_it(submit, dev_cluster):
     job = submit(vllm_deployment({"worker": {"nodes": 2, "dp": 4}}, name="t-v-kill"))
     st = job.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", job.logs()
-    victim = _nodes(job, "worker-0")[1][1]
+    victim = job.node_rows("worker-0")[1][1]
     pid = find_pid(dev_cluster, victim, r"hpcserve_sim\.py")
     t0 = time.time()
     os.kill(pid, signal.SIGKILL)
