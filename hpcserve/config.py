@@ -31,9 +31,10 @@ TIME = r"(\d+-)?\d{1,3}:\d{2}:\d{2}"
 JOB_PATH = r"[^%\\]+"
 JOB_PATH_HELP = ("a job directory path cannot hold % or \\: sbatch reads them as filename "
                  "patterns in --output")
-VERSION = r"\d+\.\d+\.\d+(\.\d+)?(\.?post\d+)?"
+VERSION = r"\d+\.\d+(\.\d+){0,2}(rc\d+)?(\.?post\d+)?"
 # Literal[...] of the engines hpcserve has adapters for; the annotation below is evaluated here.
 EngineName = Literal[engines.names()]
+ROUTER_FLAG = r"[a-z0-9][a-z0-9_-]*"  # trtllm-serve disaggregated spells its options with _
 
 
 # ------------------------------------------------------------------------------------------ site
@@ -70,6 +71,16 @@ class NodeFacts:
     gpus: int = field(default=8, metadata=doc("GPUs per node", ge=1, le=64))
     gpu_type: str = field(default="H200", metadata=doc("GPU model, informational"))
     gpu_memory_gb: float = field(default=141.0, metadata=doc("memory per GPU in GB", ge=1))
+    cpu_cores: int | None = field(default=None, metadata=doc(
+        "physical CPU cores per node (engines that compute on CPUs, KTransformers, plan their "
+        "threads from it)", ge=1, le=4096))
+    cpus: int | None = field(default=None, metadata=doc(
+        "CPUs per node as Slurm counts them (hardware threads where they are enabled); "
+        "default: cpu_cores", ge=1, le=16384))
+    numa_nodes: int | None = field(default=None, metadata=doc("NUMA nodes per node", ge=1,
+                                                               le=64))
+    memory_gb: float | None = field(default=None, metadata=doc(
+        "host memory per node in GB (checked against what CPU-side experts need)", ge=1))
 
 
 @dataclass(frozen=True)
@@ -188,7 +199,7 @@ class Engine:
     version: str | None = field(default=None, metadata=doc(
         "the engine release in the image; flags are spelled for it (default: the newest "
         "release hpcserve knows)", pattern=VERSION,
-        pattern_help="a release such as 0.5.23, 0.10.1.1 or 0.4.9.post6"))
+        pattern_help="a release such as 0.5.23, 0.10.1.1, 0.4.9.post6 or 1.2.0rc2"))
     image: str | None = field(default=None, metadata=doc("overrides site.container.image"))
     simulate: bool = field(default=False, metadata=doc(
         "run hpcserve's stand-in engine with the same plan and argv (no GPU needed)"))
@@ -212,7 +223,7 @@ class Router:
         "python that has the engine's router (default: site.paths.router_python, else the "
         "engine's python)"))
     args: dict[str, ArgValue] = field(default_factory=dict, metadata=doc(
-        "more router flags", key_pattern=FLAG_NAME))
+        "more router flags", key_pattern=ROUTER_FLAG))
     env: dict[str, EnvValue] = field(default_factory=dict, metadata=doc("", key_pattern=ENV_NAME))
 
     def validate(self) -> None:
@@ -310,6 +321,10 @@ class Architecture:
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
+    moe_intermediate_size: int | None = field(default=None, metadata=doc(
+        "hidden size of one routed expert (config.json moe_intermediate_size)", ge=1))
+    dense_layers: int = field(default=0, metadata=doc(
+        "leading layers without experts (config.json first_k_dense_replace)", ge=0))
     weight_dtype: Literal["fp8", "int4", "bf16", "fp16"] = "fp8"
     context_length: int = field(default=131072, metadata=doc("", ge=1))
 
@@ -317,6 +332,15 @@ class Architecture:
     def weight_bytes(self) -> float:
         per = {"fp8": 1.0, "int4": 0.5, "bf16": 2.0, "fp16": 2.0}[self.weight_dtype]
         return self.parameters_b * 1e9 * per
+
+    @property
+    def expert_parameters(self) -> float | None:
+        """Parameters of all routed experts: gate, up and down projections of every expert of
+        every MoE layer (None when the profile lacks moe_intermediate_size)."""
+        if not (self.experts and self.moe_intermediate_size):
+            return None
+        return (self.experts * (self.layers - self.dense_layers) * 3 * self.hidden_size
+                * self.moe_intermediate_size)
 
 
 @lru_cache(maxsize=None)
@@ -563,7 +587,9 @@ def merged_settings(settings_cls: type, *layers: Any) -> dict[str, Any]:
     for layer in layers:
         for n in names:
             v = getattr(layer, n)
-            if v is not None:
+            if isinstance(v, dict) and isinstance(out[n], dict):
+                out[n] = {**out[n], **v}  # a mapping setting (an options file) merges by key
+            elif v is not None:
                 out[n] = copy.copy(v)
         for k, v in layer.args.items():
             if v is None:

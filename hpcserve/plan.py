@@ -27,7 +27,7 @@ OWNED_DIRECTIVES = {
     "job-name": "name", "output": "the job directory's logs/", "error": "the job directory's logs/",
     "signal": "site.slurm.signal_grace", "open-mode": "(append: a requeue keeps the log)", "requeue": "requeue", "no-requeue": "requeue",
     "time": "time_limit", "nodes": "roles.<role>.nodes and instances",
-    "ntasks": "one task per node", "ntasks-per-node": "one task per node",
+    "ntasks": "one task per node", "ntasks-per-node": "one task per node (per GPU for MPI engines)",
     "partition": "site.slurm.partition", "account": "site.slurm.account",
     "qos": "site.slurm.qos", "constraint": "site.slurm.constraint",
     "reservation": "site.slurm.reservation", "exclusive": "site.slurm.exclusive",
@@ -62,6 +62,8 @@ class Instance:
     env: tuple[tuple[str, Word], ...]
     tasks_per_node: int = 1
     mpi: str | None = None
+    cpus_per_task: int | None = None
+    srun_args: tuple[str, ...] = ()
     fault: Any = None
 
     @property
@@ -127,6 +129,7 @@ class Plan:
     jobs_dir: str
     requeue: int
     secret_env: tuple[str, ...] = ()
+    files: tuple[tuple[str, str], ...] = ()   # job-dir path -> text: the engine's own files
     sim: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
@@ -167,7 +170,10 @@ def _err(cfg: Resolved, path: tuple, message: str) -> ConfigError:
                        field=format_path(path))
 
 
-def _directives(cfg: Resolved, name: str, nodes: int, first: bool, job_dir_out: str) -> tuple:
+def _directives(cfg: Resolved, name: str, nodes: int, first: bool, job_dir_out: str,
+                engine: tuple = ()) -> tuple:
+    """The #SBATCH lines of one component; `engine`: what its engine adds (the CPUs it
+    computes on), unless the site's extra directives say otherwise."""
     s = cfg.site.slurm
     d: list[tuple[str, str | None]] = []
     if first:
@@ -181,7 +187,10 @@ def _directives(cfg: Resolved, name: str, nodes: int, first: bool, job_dir_out: 
                      ("constraint", s.constraint), ("reservation", s.reservation)):
         if val:
             d.append((key, val))
-    d += [("time", cfg.deployment.time_limit), ("nodes", str(nodes)), ("ntasks-per-node", "1")]
+    mine = dict(engine)
+    # one task per node, or the engine's (one per GPU) so that its step fits the allocation
+    d += [("time", cfg.deployment.time_limit), ("nodes", str(nodes)),
+          ("ntasks-per-node", mine.pop("ntasks-per-node", "1"))]
     if s.exclusive:
         d.append(("exclusive", None))
     if s.gres and name != "router":
@@ -190,6 +199,7 @@ def _directives(cfg: Resolved, name: str, nodes: int, first: bool, job_dir_out: 
         d.append(("gpus-per-node", str(cfg.site.node.gpus)))
     if s.mem is not None:
         d.append(("mem", s.mem))
+    d += [(k, v) for k, v in mine.items() if k not in s.extra_directives]
     for k, v in s.extra_directives.items():
         if k in OWNED_DIRECTIVES:
             raise _err(cfg, ("site", "slurm", "extra_directives", k),
@@ -243,6 +253,7 @@ class _Draft:
     router_component: int | None = None
     prometheus_port: int | None = None
     router_words: list = field(default_factory=list)   # what the instances need of the router
+    files: dict[str, str] = field(default_factory=dict)  # job-dir path -> text
     port_shift: int = 0
     router_port: int | None = None
 
@@ -336,7 +347,7 @@ def _role_context(d: _Draft, role: str) -> tuple[RoleContext, int, int]:
     own = frozenset(n for n in settings if n not in ("args", "env") and getattr(r, n) is not None)
     ctx = RoleContext(role=role, pd=d.pd, settings=settings, own=own, gpus=gpus_inst,
                       nodes=inst_nodes, shared=per_node > 1,
-                      architecture=cfg.profile.architecture)
+                      architecture=cfg.profile.architecture, node=cfg.site.node)
     return ctx, per_node, comp_nodes
 
 
@@ -354,12 +365,13 @@ def _check_model_fits(d: _Draft, ctx: RoleContext, layout: Layout) -> None:
     if arch:
         site = cfg.site
         have = ctx.gpus * site.node.gpu_memory_gb * 1e9
-        if arch.weight_bytes > have:
+        if arch.weight_bytes - layout.host_weight_bytes > have:
             r = cfg.deployment.roles[ctx.role]
             raise _err(cfg, rp + (("nodes",) if r.gpus is None else ("gpus",)),
-                       f"{cfg.profile.name} weights ({arch.weight_bytes / 1e9:.0f} GB "
-                       f"{arch.weight_dtype}) do not fit in one {ctx.role} instance's "
-                       f"{ctx.gpus} x {site.node.gpu_memory_gb:g} GB of GPU memory")
+                       f"{cfg.profile.name} weights "
+                       f"({(arch.weight_bytes - layout.host_weight_bytes) / 1e9:.0f} GB "
+                       f"{arch.weight_dtype} on the GPUs) do not fit in one {ctx.role} "
+                       f"instance's {ctx.gpus} x {site.node.gpu_memory_gb:g} GB of GPU memory")
 
 
 def _plan_role(d: _Draft, ci: int, role: str) -> None:
@@ -373,7 +385,11 @@ def _plan_role(d: _Draft, ci: int, role: str) -> None:
     except FlagError as e:
         raise _err(cfg, rp + e.key, e.message) from None
     _check_model_fits(d, ctx, layout)
-    d.components.append(Component(ci, role, comp_nodes, ()))
+    # What the engine itself needs of each node beyond the site's request.
+    own = ((("ntasks-per-node", str(layout.tasks_per_node)),) if layout.tasks_per_node > 1
+           else ()) + ((("cpus-per-task", str(layout.cpus_per_task)),) if layout.cpus_per_task
+                       else ())
+    d.components.append(Component(ci, role, comp_nodes, own))
     for i in range(r.instances):
         off = i // per_node if r.gpus else i * ctx.nodes
         span = range(off, off + ctx.nodes)
@@ -390,6 +406,9 @@ def _plan_role(d: _Draft, ci: int, role: str) -> None:
             raise _err(cfg, rp + e.key, e.message) from None
         if i == 0:
             d.warnings += [f"{role}: {w}" for w in ln.warnings]
+        for path, text in ln.files:
+            if d.files.setdefault(path, text) != text:  # an adapter's bug, not the user's
+                raise AssertionError(f"{a.name}: two different texts for the job file {path}")
         d.router_words += [w for w in ln.router_args if w not in d.router_words]
         slot = i % per_node
         gpu_ids = (",".join(str(g) for g in range(slot * ctx.gpus, (slot + 1) * ctx.gpus))
@@ -401,7 +420,8 @@ def _plan_role(d: _Draft, ci: int, role: str) -> None:
             gpus_per_node=ctx.gpus // ctx.nodes, gpu_ids=gpu_ids, ports=tuple(ports.items()),
             port_labels=tuple(labels), parallel=layout.parallel, argv=ln.argv,
             rank_argv=ln.rank_argv, env=tuple(_instance_env(cfg, ctx, ln, gpu_ids)),
-            tasks_per_node=layout.tasks_per_node, mpi=layout.mpi, fault=fault))
+            tasks_per_node=layout.tasks_per_node, mpi=layout.mpi,
+            cpus_per_task=layout.cpus_per_task, srun_args=layout.srun_args, fault=fault))
     node_gpus = cfg.site.node.gpus
     if comp_nodes * node_gpus != r.instances * ctx.gpus:
         d.notes.append(f"{role}: {comp_nodes * node_gpus - r.instances * ctx.gpus} GPU(s) of "
@@ -417,7 +437,7 @@ def _plan_router(d: _Draft) -> RouterPlan | None:
         d.components.append(Component(len(d.components), "router", 1, ()))
     heads = {i.name: ("http://", Var(f"{i.role.upper()}_{i.index}_IP"), f":{i.port}")
              for i in d.instances}
-    router = d.adapter.router
+    router = d.adapter.router_for(d.pd)
     urls = dict(pd=d.pd,
                 prefill=[(heads[i.name], i.port_of("bootstrap")) for i in d.instances
                          if i.role == "prefill"],
@@ -426,14 +446,20 @@ def _plan_router(d: _Draft) -> RouterPlan | None:
                 port=d.router_port)
     try:
         argv = router.argv(**urls, prometheus_port=d.prometheus_port, policy=rc.policy,
-                           args=rc.args)
+                           args=rc.args,
+                           start_timeout=d.cfg.deployment.readiness.engine_timeout)
         argv += d.router_words
         files = router.config_files(**urls)
     except FlagError as e:
         raise _err(d.cfg, ("router",) + e.key, e.message) from None
-    python = rc.python or d.cfg.site.paths.router_python or _engine_python(d)
+    if d.cfg.deployment.engine.simulate and router.stand_in is not None:
+        # The real router is part of the engine: the stand-in runs in its place.
+        command = [_engine_python(d), (Var("JOB_DIR"), "/hpcserve_sim.py"), *router.stand_in]
+    else:
+        command = router.command(rc.python or d.cfg.site.paths.router_python
+                                 or _engine_python(d))
     return RouterPlan(component=d.router_component, node_offset=0, port=d.router_port,
-                      prometheus_port=d.prometheus_port, command=tuple(router.command(python)),
+                      prometheus_port=d.prometheus_port, command=tuple(command),
                       argv=tuple(argv),
                       env=tuple((k, _env_word(v)) for k, v in
                                 {"PYTHONUNBUFFERED": "1", **rc.env}.items()),
@@ -485,7 +511,8 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
     cfg, a = d.cfg, d.adapter
     dep, site, prof = cfg.deployment, cfg.site, cfg.profile
     components = tuple(Component(c.index, c.name, c.nodes,
-                                 _directives(cfg, c.name, c.nodes, c.index == 0, "@OUTPUT@"))
+                                 _directives(cfg, c.name, c.nodes, c.index == 0, "@OUTPUT@",
+                                             c.directives))
                        for c in d.components)
     image = _image(cfg)
     return Plan(
@@ -502,6 +529,7 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
         jobs_dir=dep.jobs_dir or site.paths.jobs_dir, requeue=dep.requeue,
         secret_env=tuple(dict.fromkeys(_secret_names(dep) + _secret_names(site)
                                        + _secret_names(prof))),
+        files=tuple(sorted(d.files.items())),
         sim={"startup_delay": dep.engine.sim_startup_delay,
              "prefill_s_per_token": dep.engine.sim_prefill_s_per_token,
              "decode_s_per_token": dep.engine.sim_decode_s_per_token},

@@ -65,15 +65,21 @@ def topology(plan: Plan) -> list[str]:
 
 
 def _srun(plan: Plan, component: int, nodes: int | None, name: str, *, nodelist: bool,
-          overlap: bool, tasks_per_node: int = 1, mpi: str | None = None) -> list[Word]:
+          overlap: bool, inst: Instance | None = None) -> list[Word]:
     w: list[Word] = []
+    tasks_per_node = inst.tasks_per_node if inst else 1
     if len(plan.components) > 1:
         w.append(f"--het-group={component}")
     if nodes is not None:
         w += [f"--nodes={nodes}", f"--ntasks={nodes * tasks_per_node}",
               f"--ntasks-per-node={tasks_per_node}"]
-    if mpi:
-        w.append(f"--mpi={mpi}")
+    if inst and inst.cpus_per_task:
+        # Slurm 22.05-23.02 srun does not take it from the allocation: say it again.
+        w.append(f"--cpus-per-task={inst.cpus_per_task}")
+    if inst and inst.mpi:
+        w.append(f"--mpi={inst.mpi}")
+    if inst:
+        w += list(inst.srun_args)
     if nodelist:
         w.append(("--nodelist=", Var("NODELIST")))
     if overlap:
@@ -122,8 +128,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
         files[f"steps/{inst.name}.sh"] = (step.render(
             title=f"{inst.name}: {_title(plan, inst)}", needs_nodelist=True,
             srun=[quote(w) for w in _srun(plan, inst.component, inst.nodes, inst.name,
-                                          nodelist=True, overlap=True,
-                                          tasks_per_node=inst.tasks_per_node, mpi=inst.mpi)
+                                          nodelist=True, overlap=True, inst=inst)
                   + srun_extra],
             command=[quote(w) for w in prefix + ["bash", f"{jd}/launch/{inst.name}.sh"]]), 0o755)
         cmd = ([plan.engine_python, f"{jd}/hpcserve_sim.py"] if plan.simulate
@@ -162,6 +167,8 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
             own_timeout=plan.readiness.router_timeout + 60,
             command=_argv_lines(list(r.command), r.argv)), 0o755)
 
+    for path, text in plan.files:
+        files[path] = (text, 0o644)
     files.update(container_files(plan, jd))
     files["plan.json"] = (spec_dumps(job_spec(plan, jd)), 0o644)
     files["hpcserve_job.py"] = (RUNTIME.read_text(encoding="utf-8"), 0o755)

@@ -174,12 +174,15 @@ class DevCluster:
 
     # ------------------------------------------------------------------ environment for clients
     def slurm_env(self) -> dict[str, str]:
-        """What to add to a subprocess's environment so Slurm's commands talk to this cluster."""
-        return {"SLURM_CONF": str(self.conf_path)}
+        """What to add to a subprocess's environment so Slurm's commands talk to this cluster,
+        and so that MPI jobs run on it: the nodes share one kernel, hostname and /dev/shm, where
+        OpenMPI's shared-memory transport (vader) names its segments by hostname and local
+        rank, so two "nodes" would map each other's segments; its TCP transport is used."""
+        return {"SLURM_CONF": str(self.conf_path), "OMPI_MCA_btl": "^vader"}
 
     def env(self) -> str:
         """Shell lines for `eval`, pointing Slurm's commands at this cluster."""
-        return f"export SLURM_CONF={shlex.quote(str(self.conf_path))}\n"
+        return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in self.slurm_env().items())
 
     def client_env(self) -> dict[str, str]:
         """os.environ for running Slurm's commands against this cluster (e.g. subprocess env=).

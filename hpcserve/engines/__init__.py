@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from .base import EngineAdapter
 from .sglang import ADAPTER as _SGLANG
+from .trtllm import ADAPTER as _TRTLLM
 from .vllm import ADAPTER as _VLLM
 
-ADAPTERS: dict[str, EngineAdapter] = {a.name: a for a in (_SGLANG, _VLLM)}
+ADAPTERS: dict[str, EngineAdapter] = {a.name: a for a in (_SGLANG, _VLLM, _TRTLLM)}
 DEFAULT = _SGLANG.name  # engine.name when a deployment names none
 
 

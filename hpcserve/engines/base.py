@@ -14,11 +14,12 @@ An adapter owns, for its engine:
   computed here, rendered as they are, never computed in shell;
 - its environment, the readiness probe, how it stops, and its router (`RouterAdapter`).
 
-How the engines still to come fit: TensorRT-LLM runs one task per GPU (Layout.tasks_per_node,
-Layout.mpi = "pmix"; every task's log is its own) as `trtllm-llmapi-launch trtllm-serve ...`,
+TensorRT-LLM runs one task per GPU (Layout.tasks_per_node, Layout.mpi = "pmix"; every task's
+log is its own) with an LLM API options file that Launch.files writes into the job directory;
 its front server `trtllm-serve disaggregated -c FILE` takes the workers from a file that
 RouterAdapter.config_files writes in the task once the addresses are known. KTransformers is
-SGLang with `--kt-*` settings and a CPU share of the node: a vocabulary and a layout.
+SGLang with `--kt-*` settings and the node's CPUs: a vocabulary, and a layout whose
+cpus_per_task and srun_args reach the Slurm request.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class RoleContext:
     nodes: int                    # nodes per instance
     shared: bool                  # several instances share a node
     architecture: Any = None      # the model profile's architecture, if any
+    node: Any = None              # the site's node facts (GPUs, CPU cores, NUMA, memory)
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,9 @@ class Layout:
     settings: Mapping[str, Any] = field(default_factory=dict)  # settings as they are spelled
     tasks_per_node: int = 1                 # >1: one task per GPU
     mpi: str | None = None                  # "pmix": srun --mpi=pmix
+    cpus_per_task: int | None = None        # CPUs the engine computes on (sbatch and srun)
+    host_weight_bytes: float = 0.0          # weights kept in host memory, not on the GPUs
+    srun_args: tuple[str, ...] = ()         # e.g. --cpu-bind=none: the engine pins itself
 
     def size(self, name: str) -> int | None:
         return dict(self.parallel).get(name)
@@ -110,6 +115,9 @@ class Launch:
     late_env: tuple[tuple[str, Word], ...] = ()  # set last unless the user set them
     router_args: tuple[Word, ...] = ()          # what the router needs for this instance
     warnings: tuple[str, ...] = ()
+    # Files the engine reads, by path relative to the job directory -> text, written at render
+    # time (an options file, fixed by the plan; what needs addresses is written in the task).
+    files: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,6 +132,10 @@ class RouterReadiness:
 class RouterAdapter:
     name: str               # as shown to people: "sglang-router"
     owned: frozenset        # flags the plan writes; router.args may not repeat them
+    # Where the real router cannot run without the engine (TensorRT-LLM's front server is part
+    # of TensorRT-LLM), a simulated deployment runs the engine's stand-in with these arguments
+    # in its place; None: the real router runs in front of simulated engines too.
+    stand_in: tuple[str, ...] | None = None
 
     def readiness(self, pd: bool) -> RouterReadiness:
         raise NotImplementedError
@@ -133,7 +145,9 @@ class RouterAdapter:
 
     def argv(self, *, pd: bool, prefill: list[tuple[Word, int | None]], decode: list[Word],
              workers: list[Word], port: int, prometheus_port: int, policy: str,
-             args: dict[str, Any]) -> list[Word]:
+             args: dict[str, Any], start_timeout: int) -> list[Word]:
+        """The router's argv; `start_timeout` is how long the engines may take to load (a
+        router that waits for its workers at start must wait that long)."""
         raise NotImplementedError
 
     def config_files(self, *, pd: bool, prefill: list[tuple[Word, int | None]],
@@ -154,6 +168,27 @@ class RouterAdapter:
             check_not_empty(("args", name), "--" + name, value)
             w += arg_words("--" + name, value)
         return w
+
+
+class NoRouter(RouterAdapter):
+    """For a deployment that cannot have a router: `router.enabled: true` is refused, saying
+    why."""
+
+    name = "none"
+    owned = frozenset()
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def command(self, python: str) -> list[Word]:
+        return []
+
+    def readiness(self, pd: bool) -> RouterReadiness:
+        return RouterReadiness("/health", ())
+
+    def argv(self, **_) -> list[Word]:
+        raise FlagError(("enabled",), f"{self.why}: set router.enabled: false (each instance "
+                                      "serves at its leader node's address)")
 
 
 class EngineAdapter:
@@ -191,6 +226,10 @@ class EngineAdapter:
     def describe(self, parallel: tuple[tuple[str, int], ...]) -> str:
         """The parallel layout for people: "TP 16, DP-attention 16, EP 16"."""
         raise NotImplementedError
+
+    def router_for(self, pd: bool) -> RouterAdapter:
+        """The router in front of the instances (an engine may use another one for PD)."""
+        return self.router
 
     def sim_source(self) -> Path:
         return SIM_DIR / self.sim_file

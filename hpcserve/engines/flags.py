@@ -32,11 +32,15 @@ class FlagError(Exception):
 
 
 def vkey(v: str) -> tuple:
+    """Sort key of a release: 1.0.0rc3 < 1.0.0 < 1.0.0.post1 < 1.0.1."""
+    base, rc, pre = v.partition("rc")
     out = []
-    for part in v.replace("post", ".post.").split("."):
+    for part in base.replace("post", ".post.").split("."):
         if part == "post" or not part:
             continue
         out.append(int(part))
+    if rc:
+        return tuple(out[:3]) + (-2, int(pre or 0))
     # 0.5.2 < 0.5.2.post1: pad so a post release sorts after its base
     return tuple(out[:3]) + ((out[3],) if len(out) > 3 else (-1,))
 
@@ -71,6 +75,9 @@ class Release:
 class FlagMatrix:
     title: str      # "SGLang"
     filename: str   # under engines/data/
+    # A release older than every one in the table is checked against the oldest (with a note)
+    # instead of refused: for a table that could only be extracted from a later release.
+    older_uses_oldest: bool = False
 
     def versions(self) -> dict:
         return _load(self.filename)
@@ -87,13 +94,14 @@ class FlagMatrix:
         use = version
         if version not in m:
             older = [v for v in self.known_versions() if vkey(v) <= vkey(version)]
-            if not older:
+            if not older and not self.older_uses_oldest:
                 raise FlagError(("engine", "version"),
                                 f"{self.title} {version} is older than every release hpcserve "
                                 f"knows ({', '.join(self.known_versions())})")
-            use = older[-1]
+            use = older[-1] if older else self.known_versions()[0]
             note = (f"{self.title} {version} is not in hpcserve's flag matrix; flags are checked "
-                    f"against {use}, the closest older release it knows")
+                    f"against {use}, the closest {'older' if older else 'newer'} release it "
+                    "knows")
         d = m[use]
         return Release(self.title, version, use, frozenset(d["flags"]),
                        frozenset(d.get("deprecated", [])), d.get("choices", {}), note)

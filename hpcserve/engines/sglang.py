@@ -145,7 +145,8 @@ class SGLangRouter(RouterAdapter):
     def readiness(self, pd: bool) -> RouterReadiness:
         return RouterReadiness("/readiness", ("healthy_workers",))
 
-    def argv(self, *, pd, prefill, decode, workers, port, prometheus_port, policy, args):
+    def argv(self, *, pd, prefill, decode, workers, port, prometheus_port, policy, args,
+             start_timeout):
         w: list[Word] = []
         if pd:
             w.append("--pd-disaggregation")

@@ -155,7 +155,8 @@ class VLLMRouter(RouterAdapter):
         return RouterReadiness("/readiness", ("prefill.healthy", "decode.healthy") if pd
                                else ("healthy_workers",))
 
-    def argv(self, *, pd, prefill, decode, workers, port, prometheus_port, policy, args):
+    def argv(self, *, pd, prefill, decode, workers, port, prometheus_port, policy, args,
+             start_timeout):
         w: list[Word] = []
         if pd:
             # Without --vllm-pd-disaggregation vllm-router ignores --prefill/--decode and

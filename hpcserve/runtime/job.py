@@ -423,12 +423,14 @@ class Job:
         # signal death (OOM killer, segfault) ranks first, then an unusual exit code.
         tasks = []
         stop_at = re.search(r"_step_signal: Terminating|Force Terminated", text)
-        for m in re.finditer(r"error: (\S+): task (\d+): (Exited with exit code (\d+)|Killed|"
-                             r"Terminated|Segmentation fault|Aborted|Bus error)", text):
+        # "task 3:", or for several ranks of one node "tasks 2-3:" (MPI engines)
+        for m in re.finditer(r"error: (\S+): tasks? (\d+)[\d,-]*: (Exited with exit code (\d+)|"
+                             r"Killed|Terminated|Segmentation fault|Aborted|Bus error)", text):
             code = int(m.group(4)) if m.group(4) else None
             rank = next((int(r) for r, nname, *_ in self.nodes.get(name, []) if nname == m.group(1)),
                         None)
-            tasks.append({"node": m.group(1), "node_rank": rank, "how": m.group(3),
+            tasks.append({"node": m.group(1), "node_rank": rank, "task": int(m.group(2)),
+                          "how": m.group(3),
                           "exit_code": code if code is not None else 128 + _SIGNALS.get(
                               m.group(3), 9),
                           "cause": stop_at is None or m.start() < stop_at.start()})
@@ -439,20 +441,35 @@ class Job:
                                                 1 if t["exit_code"] not in (0, 1) else 2))
             f.update(node=primary["node"], node_rank=primary["node_rank"],
                      exit_code=primary["exit_code"])
+            if self.tasks_per_node(name) > 1:  # one MPI rank per GPU: name the rank too
+                f["rank"] = primary["task"]
         elif name in self.nodes and len(self.nodes[name]) == 1:
             f["node"] = self.nodes[name][0][1]
             f["node_rank"] = 0
-        f["log"] = self._log_file(name, f.get("node_rank"), f.get("node"))
+        f["log"] = self._log_file(name, f.get("node_rank"), f.get("node"), f.get("rank"))
         path = os.path.join(self.dir, f["log"]) if f["log"] else srun_log
         f["log_tail"] = _tail(path, offset=offset if path == srun_log else 0)
         return f
 
-    def _log_file(self, name: str, rank, node) -> str | None:
+    def tasks_per_node(self, name: str) -> int:
+        return next((i.get("tasks_per_node", 1) for i in self.plan["instances"]
+                     if i["name"] == name), 1)
+
+    def _log_file(self, name: str, node_rank, node, rank=None) -> str | None:
         if name == "router":
             return "logs/router.log"
-        if rank is None:
+        if node_rank is None:
             return f"logs/{name}.srun.log"
-        return f"logs/{name}.node{rank}.{node}.log"
+        t = self.tasks_per_node(name)
+        if t > 1:
+            base = f"logs/{name}.node{node_rank}.{node}.task"
+            if rank is not None:  # the task log whose first line names this rank
+                for local in range(64):
+                    if f"(rank {rank})" in _first_line(os.path.join(self.dir,
+                                                                    f"{base}{local}.log")):
+                        return f"{base}{local}.log"
+            return f"{base}0.log"
+        return f"logs/{name}.node{node_rank}.{node}.log"
 
     # -- steps
     def start_step(self, name: str, script: str, nodelist: list[str]) -> None:
@@ -1233,6 +1250,14 @@ def _read_from(path: str, offset: int = 0) -> str:
         with open(path, "rb") as f:
             f.seek(offset)
             return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _first_line(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.readline()
     except OSError:
         return ""
 

@@ -231,7 +231,8 @@ def test_up_then_down_leaves_nothing_behind(devcluster_slot, devcluster_subnet):
         assert [(n["name"], n["state"], n["address"]) for n in info["nodes"]] == [
             ("node1", "idle", f"{net}.11"), ("node2", "idle", f"{net}.12")]
         env = subprocess.run([*CLI, "env", "--state-dir", sd], capture_output=True, text=True)
-        assert env.stdout == f"export SLURM_CONF={shlex.quote(sd + '/slurm.conf')}\n"
+        assert env.stdout == (f"export SLURM_CONF={shlex.quote(sd + '/slurm.conf')}\n"
+                              "export OMPI_MCA_btl='^vader'\n")
 
         # A job still running at `down` must not survive it.
         sub = subprocess.run(["sbatch", "--parsable", "-N2", "-o", "/dev/null", "--wrap", "srun sleep 600"],

@@ -203,6 +203,12 @@ ALLOW = {
     ("site", "slurm", "max_nodes"): "only the planner's node-count check (test_broken_configs)",
     ("engine", "name"): "the engine's own tests cover each (tests/unit/test_vllm_plan.py)",
     ("roles", "decode", "bootstrap_port"): "decode instances run no bootstrap server",
+    # The CPU facts of a node reach the job only through an engine that computes on CPUs.
+    ("site", "node", "cpu_cores"): "KTransformers' --kt-cpuinfer (tests/unit/test_kt_plan.py)",
+    ("site", "node", "cpus"): "KTransformers' --cpus-per-task (tests/unit/test_kt_plan.py)",
+    ("site", "node", "numa_nodes"): "KTransformers' --kt-threadpool-count "
+                                    "(tests/unit/test_kt_plan.py)",
+    ("site", "node", "memory_gb"): "KTransformers' host memory check (tests/unit/test_kt_plan.py)",
 }
 # Prefixes whose values are mapping entries checked by key and value (auto canaries below).
 AUTO_MAPS = {("env",), ("router", "env"), ("site", "network", "env"), ("roles", "prefill", "env"),

@@ -45,7 +45,9 @@ def test_components_ask_for_the_configured_resources(example):
             assert opts["nodes"] == [str(want_nodes)], f"component {i} ({roles[i]})"
         assert opts.get("partition") == ([slurm.partition] if slurm.partition else None)
         assert opts["time"] == [dep.time_limit]
-        assert opts["ntasks-per-node"] == ["1"]
+        # one task per node; one per GPU for an engine of MPI ranks (TensorRT-LLM)
+        mpi = [inst for inst in plan.instances_of(i) if inst.mpi]
+        assert opts["ntasks-per-node"] == [str(mpi[0].tasks_per_node if mpi else 1)]
         assert ("exclusive" in opts) == slurm.exclusive
         if slurm.request_gpus and not slurm.gres:
             assert opts["gpus-per-node"] == [str(cfg.site.node.gpus)]

@@ -1,0 +1,21 @@
+#!/bin/bash
+# decode-0: TensorRT-LLM 1.2.1 decode instance 0, TP 16, EP 16, attention-DP 16 (component 1 nodes 0-1)
+# Started by hpcserve_job.py with NODELIST set to this step's nodes.
+set -euo pipefail
+exec srun \
+  --het-group=1 \
+  --nodes=2 \
+  --ntasks=16 \
+  --ntasks-per-node=8 \
+  --mpi=pmix \
+  --nodelist="${NODELIST}" \
+  --overlap \
+  --job-name=decode-0 \
+  --kill-on-bad-exit=1 \
+  --container-image=/jobs/.hpcserve-images/nvcr.io+nvidia+tensorrt-llm+release+1.2.1.sqsh \
+  --container-mounts=/lustre:/lustre,/jobs/trtllm-kimi-k2-disagg:/jobs/trtllm-kimi-k2-disagg \
+  --container-workdir=/jobs/trtllm-kimi-k2-disagg \
+  --no-container-mount-home \
+  --container-writable \
+  --container-env=NCCL_IB_HCA,NCCL_SOCKET_IFNAME,GLOO_SOCKET_IFNAME,UCX_NET_DEVICES \
+  bash /jobs/trtllm-kimi-k2-disagg/launch/container-task.sh decode-0 bash /jobs/trtllm-kimi-k2-disagg/launch/decode-0.sh
