@@ -28,7 +28,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hpcserve_simcore import (TAG, BadRequest, EngineBase, HandlerBase,  # noqa: E402
                               KVTransferError, Rendezvous, bind_socket, count_tokens, env_float,
-                              first_int, log, self_check, serve_http)
+                              fatal, first_int, log, self_check, serve_http)
 
 SGLANG_VERSION = "0.5.23"
 
@@ -60,6 +60,12 @@ def parse_args(argv):
     p.add_argument("--disaggregation-ib-device", default=None)
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
+    # KTransformers: kt-kernel's CPU experts (--kt-amx-* before SGLang 0.5.6)
+    p.add_argument("--kt-weight-path", "--kt-amx-weight-path", dest="kt_weight_path")
+    p.add_argument("--kt-method", "--kt-amx-method", dest="kt_method", default="AMXINT4")
+    p.add_argument("--kt-cpuinfer", type=int, default=None)
+    p.add_argument("--kt-threadpool-count", type=int, default=2)
+    p.add_argument("--kt-num-gpu-experts", type=int, default=None)
     args, unknown = p.parse_known_args(argv)
     args.unknown = unknown
     if args.served_model_name is None:
@@ -383,6 +389,21 @@ class BootstrapHandler(SimHandler):
         self.send_json(404, {"detail": "Not Found"})
 
 
+def start_kt_kernel(args):
+    """KTransformers' CPU experts: the weights must be on this node; the thread pools are
+    split over the CPUs Slurm gave the task (kt-kernel pins one pool per NUMA node)."""
+    if not os.path.isdir(args.kt_weight_path):
+        fatal(1, f"FileNotFoundError: --kt-weight-path {args.kt_weight_path!r} is not a "
+                 "directory on this node")
+    if args.kt_cpuinfer is None or args.kt_cpuinfer < 1:
+        fatal(1, "ValueError: --kt-cpuinfer must be set to the CPU threads for the experts")
+    log(f"kt-kernel {args.kt_method}: {args.kt_cpuinfer} CPU threads in "
+        f"{args.kt_threadpool_count} pool(s), {args.kt_num_gpu_experts} experts per layer on "
+        f"the GPUs; Slurm gave this task SLURM_CPUS_PER_TASK="
+        f"{os.environ.get('SLURM_CPUS_PER_TASK', '-')}, {len(os.sched_getaffinity(0))} CPU(s) "
+        "in its affinity")
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     role = args.disaggregation_mode if args.disaggregation_mode != "null" else "sim"
@@ -396,6 +417,8 @@ def main(argv=None):
     # Ctrl-C through srun reaches every rank; like SGLang's process-tree kill, no draining.
     signal.signal(signal.SIGINT, lambda *_: eng.exit(130, "Received SIGINT; exiting"))
     eng.start_fault()
+    if args.kt_weight_path is not None:
+        start_kt_kernel(args)
     if args.node_rank != 0:
         eng.join_init()  # returns only by exiting
     http_sock = bind_socket(args.host, args.port, "HTTP server (--host/--port)")

@@ -36,6 +36,7 @@ import re
 import sys
 
 DEFAULT_KEYS = [
+    "kt_weight_path", "kt_method", "kt_cpuinfer", "kt_threadpool_count", "kt_num_gpu_experts",
     "model_path",
     "served_model_name",
     "host",

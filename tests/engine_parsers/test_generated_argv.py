@@ -1,5 +1,6 @@
-"""Every engine command hpcserve generates is accepted by SGLang 0.5.23's own parser, per rank,
-and every router command by sglang-router's own parser, with the values the plan meant."""
+"""Every engine command hpcserve generates for SGLang (and for KTransformers, which runs in it) is
+accepted by SGLang 0.5.23's own parser, per rank, and every router command by sglang-router's own
+parser, with the values the plan meant."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from hpcserve.words import show
 pytestmark = pytest.mark.engine_parser
 
 ROOT = Path(__file__).resolve().parents[2]
+# KTransformers' current way is SGLang with --kt-* flags: the same parser checks it.
 EXAMPLES = [p for p in sorted((ROOT / "examples").glob("*.yaml"))
-            if config.load(p).deployment.engine.name == "sglang"] + [
+            if config.load(p).deployment.engine.name in ("sglang", "ktransformers")] + [
     ROOT / "bench" / "synthetic-1024.yaml"]
 
 
@@ -59,6 +61,18 @@ def test_kimi_4p12d_values_match_the_seed(sglang_parser):
     assert (pre["values"]["tp_size"], dec["values"]["tp_size"]) == (32, 96)
     assert (pre["values"]["attn_dp_size"], dec["values"]["attn_dp_size"]) == (32, 96)
     assert dec["values"]["disaggregation_mode"] == "decode"
+
+
+def test_ktransformers_cpu_side_reaches_sglangs_parser(sglang_parser):
+    """The CPU plan of the KTransformers example, as SGLang reads it: the node's 112 physical
+    cores minus 8 GPUs, one thread pool per NUMA node."""
+    p = plan.build(config.load(ROOT / "examples" / "kimi-k2-thinking-ktransformers.yaml"))
+    (res,) = sglang_parser([_argvs(p)[0][2]])
+    assert res["ok"], res
+    v = res["values"]
+    assert (v["kt_cpuinfer"], v["kt_threadpool_count"]) == (104, 2)
+    assert (v["kt_method"], v["kt_num_gpu_experts"]) == ("AMXINT4", 200)
+    assert v["kt_weight_path"] == "/lustre/models/Kimi-K2-Thinking-CPU-weight"
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)

@@ -1,0 +1,20 @@
+#!/bin/bash
+# worker-0: KTransformers 0.4.1 plain instance 0, 8 GPU(s), 104 CPU expert threads (component 0 nodes 0)
+# Started by hpcserve_job.py with NODELIST set to this step's nodes.
+set -euo pipefail
+exec srun \
+  --nodes=1 \
+  --ntasks=1 \
+  --ntasks-per-node=1 \
+  --cpus-per-task=224 \
+  --nodelist="${NODELIST}" \
+  --overlap \
+  --job-name=worker-0 \
+  --kill-on-bad-exit=1 \
+  --container-image=/lustre/images/ktransformers-0.4.1.sqsh \
+  --container-mounts=/lustre:/lustre,/jobs/ktransformers-legacy-kimi-k2:/jobs/ktransformers-legacy-kimi-k2 \
+  --container-workdir=/jobs/ktransformers-legacy-kimi-k2 \
+  --no-container-mount-home \
+  --container-writable \
+  --container-env=NCCL_IB_HCA,NCCL_SOCKET_IFNAME,GLOO_SOCKET_IFNAME,UCX_NET_DEVICES \
+  bash /jobs/ktransformers-legacy-kimi-k2/launch/container-task.sh worker-0 bash /jobs/ktransformers-legacy-kimi-k2/launch/worker-0.sh
