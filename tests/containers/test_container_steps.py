@@ -176,7 +176,7 @@ def test_enroot_step(tmp_path: Path, fakes: Fakes, sqsh: Path) -> None:
     assert len(creates) == 2 and len(starts) == 2 and len(removes) == 2
     step = fakes.calls("srun")[0]["step"]
     names = {c["name"] for c in creates}
-    assert names == {f"hpcserve-4242.{step}-decode-0-{n}" for n in NODES["decode-0"]}
+    assert names == {f"hpcserve-4242.{step}-decode-0.0-{n}" for n in NODES["decode-0"]}
     assert {c["name"] for c in starts} == names == {c["removed"] for c in removes}
     engines = assert_engines_ran(fakes, job)
     for s in starts:
@@ -238,7 +238,7 @@ def test_enroot_failed_node_kills_the_other_and_cleanup_removes_its_container(
                                           "HPCSERVE_FAKE_ENGINE_nodeB": "exit:3:1"})
     assert r.returncode != 0
     leftover = sorted(p.name for p in (job / "run" / "containers").iterdir())
-    assert len(leftover) == 1 and leftover[0].endswith("-decode-0-nodeA")
+    assert len(leftover) == 1 and leftover[0].endswith("-decode-0.0-nodeA")
     assert sorted(p.name for p in fakes.data.iterdir()) == leftover
     c = fakes.run(["srun", "--nodes=1", "--ntasks=1", "--nodelist=nodeA", "bash",
                    str(job / "launch" / "container-task.sh"), "--cleanup"])
@@ -299,7 +299,7 @@ def test_router_step(tmp_path: Path, fakes: Fakes, runtime: str, request) -> Non
     assert arg(router["argv"], "--decode") == "http://127.0.0.1:30000"
     if runtime == "enroot":
         assert [c["name"] for c in enroot_calls(fakes, "create")] == [
-            "hpcserve-4242.0-router-nodeP"]
+            "hpcserve-4242.0-router.0-nodeP"]
         assert_all_removed(fakes, job)
 
 

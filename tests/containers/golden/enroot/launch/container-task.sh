@@ -48,13 +48,15 @@ if [ "$task" = --cleanup ]; then
   done
   exit "$rc"
 fi
-# unique per job, step, task and node; enroot only refuses "/" in names
-name="hpcserve-${SLURM_JOB_ID:?run this through srun}.${SLURM_STEP_ID:?}-$task-$node"
+# unique per job, step, task, Slurm task on the node (MPI engines run one per GPU) and node;
+# enroot only refuses "/" in names
+name="hpcserve-${SLURM_JOB_ID:?run this through srun}.${SLURM_STEP_ID:?}-$task.${SLURM_LOCALID:-0}-$node"
 
 # enroot start passes no host variable unless named with --env: name Slurm's (the launch script
 # reads SLURMD_NODENAME; CUDA_VISIBLE_DEVICES holds the GPUs Slurm bound to the task) and the
 # site's container.env list, only those that are set (--env NAME of an unset one sets it empty).
-# Names go on the command line, values never do.
+# Names go on the command line, values never do. (Under srun --mpi=pmix, enroot's own
+# 50-slurm-pmi.sh hook brings the PMIx variables and the PMIx server's directory in.)
 env_args=()
 for v in $(compgen -e); do
   case $v in SLURM_* | SLURMD_* | CUDA_VISIBLE_DEVICES) env_args+=(--env "$v") ;; esac
