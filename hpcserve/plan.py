@@ -388,7 +388,8 @@ def _plan_role(d: _Draft, ci: int, role: str) -> None:
     # What the engine itself needs of each node beyond the site's request.
     own = ((("ntasks-per-node", str(layout.tasks_per_node)),) if layout.tasks_per_node > 1
            else ()) + ((("cpus-per-task", str(layout.cpus_per_task)),) if layout.cpus_per_task
-                       else ())
+                       else ()) + ((("mem", f"{layout.mem_gb}G"),) if layout.mem_gb and
+                                   cfg.site.slurm.mem is None else ())
     d.components.append(Component(ci, role, comp_nodes, own))
     for i in range(r.instances):
         off = i // per_node if r.gpus else i * ctx.nodes

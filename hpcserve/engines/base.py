@@ -29,11 +29,25 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import package_data
-from ..values import check_secrets
+from ..schema import doc
+from ..values import ENV_NAME, FLAG_NAME, check_secrets
 from ..words import Word
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, arg_words, check_not_empty
 
 SIM_DIR = package_data.path("sim")
+
+
+def args_field(key_pattern: str = FLAG_NAME) -> Any:
+    """A vocabulary's raw `args`: more engine flags as they are, each checked against the
+    release's flag table."""
+    return field(default_factory=dict, metadata=doc(
+        "more engine flags, name without dashes -> value (true = bare flag, null = remove a "
+        "default, a list = several values)", key_pattern=key_pattern))
+
+
+def env_field() -> Any:
+    return field(default_factory=dict, metadata=doc("environment of the engine processes",
+                                                    key_pattern=ENV_NAME))
 
 
 class SettingsBase:
@@ -92,6 +106,7 @@ class Layout:
     mpi: str | None = None                  # "pmix": srun --mpi=pmix
     cpus_per_task: int | None = None        # CPUs the engine computes on (sbatch and srun)
     host_weight_bytes: float = 0.0          # weights kept in host memory, not on the GPUs
+    mem_gb: int | None = None               # host memory per node, when the site asks none
     srun_args: tuple[str, ...] = ()         # e.g. --cpu-bind=none: the engine pins itself
 
     def size(self, name: str) -> int | None:

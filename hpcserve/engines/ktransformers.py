@@ -18,14 +18,15 @@ Two ways people run it, two adapters:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 from ..schema import doc
-from ..values import ENV_NAME, ArgValue, EnvValue
+from ..values import ArgValue, EnvValue
 from ..words import Var, Word
 from .base import (EngineAdapter, Launch, Layout, NoRouter, PortRequest, RoleContext,
-                   SettingsBase)
+                   SettingsBase, args_field, env_field)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 from .sglang import LEGACY as SGLANG_LEGACY
 from .sglang import OWNED as SGLANG_OWNED
@@ -113,26 +114,31 @@ class KTransformers(SGLang):
                                               f"the node's {cores} physical cores")
         if st.get("kt_threadpool_count") is None and getattr(node, "numa_nodes", None):
             st["kt_threadpool_count"] = node.numa_nodes
-        host = _host_expert_bytes(ctx, st)
+        host, off_gpu = _host_experts(ctx, st)
         cpus = getattr(node, "cpus", None) or cores
+        # Slurm's default memory per CPU is far below hundreds of GB of experts: ask for them
+        # (a tenth more for kt-kernel's buffers) where the site asks for no memory itself.
         return Layout(parallel=base.parallel + (("cpu_threads", st["kt_cpuinfer"]),),
                       ep=base.ep, settings=st, cpus_per_task=cpus,
-                      srun_args=("--cpu-bind=none",), host_weight_bytes=host)
+                      srun_args=("--cpu-bind=none",), host_weight_bytes=off_gpu,
+                      mem_gb=math.ceil(host * 1.1 / 1e9) if host else None)
 
     def describe(self, parallel) -> str:
         p = dict(parallel)
         return super().describe(parallel) + f", {p['cpu_threads']} CPU expert threads"
 
 
-def _host_expert_bytes(ctx: RoleContext, st: dict) -> float:
-    """The bytes of the experts not on the GPUs, which live in host memory in the kt_method
-    format; refused when they exceed the node's memory."""
+def _host_experts(ctx: RoleContext, st: dict) -> tuple[float, float]:
+    """(bytes of the CPU experts in host memory in the kt_method format, the same experts'
+    bytes in the checkpoint's format, which the GPUs no longer hold); (0, 0) when the profile
+    does not say. Refused when they exceed the node's memory."""
     arch, node = ctx.architecture, ctx.node
     method = st.get("kt_method") or "AMXINT4"  # SGLang's default
     if not (arch and arch.expert_parameters and method in METHOD_BYTES):
-        return 0.0
+        return 0.0, 0.0
     on_gpu = min(st.get("kt_num_gpu_experts") or 0, arch.experts)
-    need = arch.expert_parameters * (arch.experts - on_gpu) / arch.experts * METHOD_BYTES[method]
+    params = arch.expert_parameters * (arch.experts - on_gpu) / arch.experts
+    need = params * METHOD_BYTES[method]
     mem = getattr(node, "memory_gb", None)
     if mem and need > mem * 1e9:
         raise FlagError(("kt_method",) if "kt_method" in ctx.own else (),
@@ -142,9 +148,7 @@ def _host_expert_bytes(ctx: RoleContext, st: dict) -> float:
                         f"{METHOD_BYTES[method]:g} bytes); a node has {mem:g} GB "
                         "(site.node.memory_gb): keep more experts on the GPUs "
                         "(kt_num_gpu_experts) or use a smaller format")
-    # What the GPUs no longer hold: those experts in the checkpoint's own format.
-    return arch.expert_parameters * (arch.experts - on_gpu) / arch.experts * (
-        arch.weight_bytes / (arch.parameters_b * 1e9))
+    return need, params * arch.weight_bytes / (arch.parameters_b * 1e9)
 
 
 ADAPTER = KTransformers()
@@ -170,10 +174,8 @@ class LegacySettings(SettingsBase):
     cpu_infer: int | None = field(default=None, metadata=doc(
         "CPU threads for the experts (--cpu_infer); default: the node's physical cores minus "
         "its GPUs", ge=1))
-    args: dict[str, ArgValue] = field(default_factory=dict, metadata=doc(
-        "more server options, name without dashes -> value", key_pattern=r"[A-Za-z0-9][A-Za-z0-9_-]*"))
-    env: dict[str, EnvValue] = field(default_factory=dict, metadata=doc(
-        "environment of the server", key_pattern=ENV_NAME))
+    args: dict[str, ArgValue] = args_field(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+    env: dict[str, EnvValue] = env_field()
 
 
 LEGACY_OWNED = {"--host": "site.network.interface", "--port": "roles.<role>.port",

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..schema import doc
-from ..values import FLAG_NAME, ENV_NAME, ArgValue, EnvValue
+from ..values import ArgValue, EnvValue
 from ..words import Var, Word
 from .base import (EngineAdapter, Launch, Layout, PortRequest, RoleContext, RouterAdapter,
-                   RouterReadiness, SettingsBase)
+                   RouterReadiness, SettingsBase, args_field, env_field)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 
 ENGINE_PORT = 30000
@@ -62,11 +62,8 @@ class SGLangSettings(SettingsBase):
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     trust_remote_code: bool | None = None
-    args: dict[str, ArgValue] = field(default_factory=dict, metadata=doc(
-        "more engine flags, name without dashes -> value (true = bare flag, null = remove a "
-        "default, a list = several values)", key_pattern=FLAG_NAME))
-    env: dict[str, EnvValue] = field(default_factory=dict, metadata=doc(
-        "environment of the engine processes", key_pattern=ENV_NAME))
+    args: dict[str, ArgValue] = args_field()
+    env: dict[str, EnvValue] = env_field()
 
 
 # Flags hpcserve derives from the plan; a user setting them in `args` would break the topology.

@@ -31,10 +31,10 @@ from typing import Any, Literal
 import yaml
 
 from ..schema import doc
-from ..values import ENV_NAME, ArgValue, EnvValue
+from ..values import ArgValue, EnvValue
 from ..words import Var, Word
 from .base import (EngineAdapter, Launch, Layout, NoRouter, PortRequest, RoleContext,
-                   RouterAdapter, RouterReadiness, SettingsBase)
+                   RouterAdapter, RouterReadiness, SettingsBase, args_field, env_field)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 
 HTTP_PORT = 8200          # not trtllm-serve's 8000, which the router in front usually takes
@@ -76,11 +76,8 @@ class TRTLLMSettings(SettingsBase):
         "more keys of the LLM API options file (--extra_llm_api_options), e.g. "
         "{cuda_graph_config: {enable_padding: true}, print_iter_log: true}; merged key by key "
         "over the profile's"))
-    args: dict[str, ArgValue] = field(default_factory=dict, metadata=doc(
-        "more trtllm-serve options, name without dashes -> value (true = bare flag, null = "
-        "remove a default)", key_pattern=TRTLLM_FLAG))
-    env: dict[str, EnvValue] = field(default_factory=dict, metadata=doc(
-        "environment of the engine processes", key_pattern=ENV_NAME))
+    args: dict[str, ArgValue] = args_field(TRTLLM_FLAG)  # options spelled with _
+    env: dict[str, EnvValue] = env_field()
 
 
 # Options hpcserve derives from the plan; a user setting them in `args` would break the topology.

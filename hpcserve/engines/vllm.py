@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..schema import doc
-from ..values import ENV_NAME, FLAG_NAME, ArgValue, EnvValue
+from ..values import ArgValue, EnvValue
 from ..words import Var, Word
 from .base import (EngineAdapter, Launch, Layout, PortRequest, RoleContext, RouterAdapter,
-                   RouterReadiness, SettingsBase)
+                   RouterReadiness, SettingsBase, args_field, env_field)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 
 HTTP_PORT = 8100          # not vLLM's 8000, which the router in front usually takes
@@ -79,11 +79,8 @@ class VLLMSettings(SettingsBase):
         "with --enable-auto-tool-choice"))
     reasoning_parser: str | None = None
     trust_remote_code: bool | None = None
-    args: dict[str, ArgValue] = field(default_factory=dict, metadata=doc(
-        "more engine flags, name without dashes -> value (true = bare flag, null = remove a "
-        "default, a list = several values)", key_pattern=FLAG_NAME))
-    env: dict[str, EnvValue] = field(default_factory=dict, metadata=doc(
-        "environment of the engine processes", key_pattern=ENV_NAME))
+    args: dict[str, ArgValue] = args_field()
+    env: dict[str, EnvValue] = env_field()
 
 
 # Flags hpcserve derives from the plan; a user setting them in `args` would break the topology.

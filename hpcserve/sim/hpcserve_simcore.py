@@ -511,6 +511,16 @@ class HandlerBase(BaseHTTPRequestHandler):
         return str(e)
 
     # -- OpenAI chat and completions
+    OPENAI_POSTS = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
+
+    def openai_post(self):
+        """do_POST of an engine that serves the OpenAI generation routes only."""
+        self.freeze_if_hung()
+        path = self.path.split("?")[0]
+        if path not in self.OPENAI_POSTS:
+            return self.send_json(404, {"detail": "Not Found"})
+        self.count_inflight(lambda: self.answer(self.OPENAI_POSTS[path]))
+
     def openai_request(self, kind, body):
         """(prompt tokens, max new tokens, stream) of a chat or completion request."""
         if not isinstance(body, dict):

@@ -80,6 +80,7 @@ class Engine(EngineBase):
 
 
 class Handler(HandlerBase):
+    do_POST = HandlerBase.openai_post
     quiet_paths = ("/v1/models",)
 
     def do_GET(self):
@@ -90,14 +91,6 @@ class Handler(HandlerBase):
             n = self.engine.name
             return self.send_json(200, {"data": [{"id": n, "name": n}], "object": "list"})
         return self.send_json(404, {"detail": "Not Found"})
-
-    def do_POST(self):
-        self.freeze_if_hung()
-        kinds = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
-        path = self.path.split("?")[0]
-        if path not in kinds:
-            return self.send_json(404, {"detail": "Not Found"})
-        self.count_inflight(lambda: self.answer(kinds[path]))
 
     def error(self, kind, code, msg):
         self.send_json(code, {"detail": msg})

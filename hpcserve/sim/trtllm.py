@@ -286,6 +286,8 @@ class Engine(EngineBase):
 
 
 class TRTLLMHandler(HandlerBase):
+    do_POST = HandlerBase.openai_post
+
     def do_GET(self):
         self.freeze_if_hung()
         eng, path = self.engine, self.path.split("?")[0]
@@ -305,14 +307,6 @@ class TRTLLMHandler(HandlerBase):
             return self.send_json(404, None) if held is None else \
                 self.send_json(200, {"prompt_tokens": held[1]})
         return self.send_json(404, {"detail": "Not Found"})
-
-    def do_POST(self):
-        self.freeze_if_hung()
-        kinds = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
-        path = self.path.split("?")[0]
-        if path not in kinds:
-            return self.send_json(404, {"detail": "Not Found"})
-        self.count_inflight(lambda: self.answer(kinds[path]))
 
     def error(self, kind, code, msg):
         self.send_json(code, {"object": "error", "message": msg, "type": "BadRequestError"
@@ -427,7 +421,7 @@ class FrontHandler(HandlerBase):
 
     def do_POST(self):
         path = self.path.split("?")[0]
-        if path not in ("/v1/completions", "/v1/chat/completions"):
+        if path not in self.OPENAI_POSTS:
             return self.send_json(404, {"detail": "Not Found"})
         try:
             body = self.read_body()

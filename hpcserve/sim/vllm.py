@@ -370,6 +370,7 @@ class Engine(EngineBase):
 
 
 class VLLMHandler(HandlerBase):
+    do_POST = HandlerBase.openai_post
     quiet_paths = ("/health", "/metrics")
 
     def do_GET(self):
@@ -392,14 +393,6 @@ class VLLMHandler(HandlerBase):
         if path == "/metrics":
             return self.send_text(200, eng.metrics(), "text/plain; version=0.0.4")
         return self.send_json(404, {"detail": "Not Found"})
-
-    def do_POST(self):
-        self.freeze_if_hung()
-        path = self.path.split("?")[0]
-        kinds = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
-        if path not in kinds:
-            return self.send_json(404, {"detail": "Not Found"})
-        self.count_inflight(lambda: self.answer(kinds[path]))
 
     def kv_failure(self, e):
         # kv_load_failure_policy "fail": the request ends with finish_reason "error"

@@ -77,6 +77,17 @@ def test_host_memory_is_checked_against_the_cpu_experts(tmp_path):
     assert plan_of(tmp_path, kt_doc({"kt_num_gpu_experts": 100}, node={"memory_gb": 400}))
 
 
+def test_the_cpu_experts_memory_is_requested_unless_the_site_asks_its_own(tmp_path):
+    p = plan_of(tmp_path, kt_doc({"kt_num_gpu_experts": 100}))
+    (comp,) = sbatch_components(render_files(p, "/jobs/j")["job.sbatch"][0])
+    assert "--mem=399G" in comp  # 362.7 GB of AMXINT4 experts and a tenth more
+    site = small_site(node=CPU_NODE)
+    site["slurm"]["mem"] = "0"
+    p = plan_of(tmp_path, kt_doc({"kt_num_gpu_experts": 100}, site=site))
+    (comp,) = sbatch_components(render_files(p, "/jobs/j")["job.sbatch"][0])
+    assert [c for c in comp if c.startswith("--mem")] == ["--mem=0"]
+
+
 def test_experts_on_the_cpus_leave_the_gpus(tmp_path):
     """Kimi-K2-Instruct FP8 (1026 GB) does not fit 8 x 80 GB for SGLang, but with every routed
     expert on the CPUs (981 GB of it) the GPUs hold 45 GB."""
