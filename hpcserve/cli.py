@@ -92,8 +92,11 @@ def plan_cmd(file: str, sets: tuple[str, ...], as_json: bool) -> None:
         from .runtime.spec import job_spec
         click.echo(json.dumps(job_spec(p, "<job-dir>"), indent=1))
         return
+    from .fit import fit_table
     from .table import plan_table
     click.echo(plan_table(p))
+    if p.fits:
+        click.echo("\n".join(fit_table(list(p.fits))))
 
 
 @main.command()

@@ -34,7 +34,9 @@ JOB_PATH_HELP = ("a job directory path cannot hold % or \\: sbatch reads them as
 VERSION = r"\d+\.\d+(\.\d+){0,2}(rc\d+)?(\.?post\d+)?"
 # Literal[...] of the engines hpcserve has adapters for; the annotation below is evaluated here.
 EngineName = Literal[engines.names()]
-ROUTER_FLAG = r"[a-z0-9][a-z0-9_-]*"  # trtllm-serve disaggregated spells its options with _
+ROUTER_FLAG = r"[a-z0-9][a-z0-9_-]*"
+# int4: 4 bits and a BF16 scale per 32 weights (Kimi-K2-Thinking's compressed-tensors format)
+DTYPE_BYTES = {"fp8": 1.0, "int4": 0.5625, "bf16": 2.0, "fp16": 2.0}  # trtllm-serve disaggregated spells its options with _
 
 
 # ------------------------------------------------------------------------------------------ site
@@ -70,7 +72,9 @@ class SlurmOptions:
 class NodeFacts:
     gpus: int = field(default=8, metadata=doc("GPUs per node", ge=1, le=64))
     gpu_type: str = field(default="H200", metadata=doc("GPU model, informational"))
-    gpu_memory_gb: float = field(default=141.0, metadata=doc("memory per GPU in GB", ge=1))
+    gpu_memory_gb: float = field(default=141.0, metadata=doc(
+        "memory per GPU as GPUs are named and nvidia-smi counts it (GiB): 141 for H200, 80 for "
+        "H100", ge=1))
     cpu_cores: int | None = field(default=None, metadata=doc(
         "physical CPU cores per node (engines that compute on CPUs, KTransformers, plan their "
         "threads from it)", ge=1, le=4096))
@@ -261,6 +265,15 @@ class Liveness:
 
 
 @dataclass(frozen=True)
+class Workload:
+    """The requests the deployment is sized for: the fit report counts how many fit at once
+    (default: the seed guides' benchmark, 2,000 input and 100 output tokens)."""
+
+    input_tokens: int = field(default=2000, metadata=doc("", ge=1, le=10_000_000))
+    output_tokens: int = field(default=100, metadata=doc("", ge=1, le=10_000_000))
+
+
+@dataclass(frozen=True)
 class Deployment:
     """One deployment: which model, on which site, with which engine and roles."""
 
@@ -282,6 +295,7 @@ class Deployment:
     liveness: Liveness = field(default_factory=Liveness)
     jobs_dir: str | None = field(default=None, metadata=doc(
         "overrides site.paths.jobs_dir", pattern=JOB_PATH, pattern_help=JOB_PATH_HELP))
+    workload: Workload = field(default_factory=Workload)
     requeue: int = field(default=0, metadata=doc(
         "when the deployment fails (not when it is cancelled), requeue the job up to this many "
         "times", ge=0, le=100))
@@ -325,13 +339,48 @@ class Architecture:
         "hidden size of one routed expert (config.json moe_intermediate_size)", ge=1))
     dense_layers: int = field(default=0, metadata=doc(
         "leading layers without experts (config.json first_k_dense_replace)", ge=0))
-    weight_dtype: Literal["fp8", "int4", "bf16", "fp16"] = "fp8"
+    weight_dtype: Literal["fp8", "int4", "bf16", "fp16"] = field(default="fp8", metadata=doc(
+        "the checkpoint's dtype (of everything but the routed experts when expert_dtype is "
+        "set)"))
+    expert_dtype: Literal["fp8", "int4", "bf16", "fp16"] | None = field(
+        default=None, metadata=doc("the routed experts' dtype where it differs (Kimi-K2-"
+                                   "Thinking: INT4 experts, BF16 attention)"))
+    num_attention_heads: int | None = field(default=None, metadata=doc(
+        "attention heads (config.json num_attention_heads)", ge=1))
+    qk_nope_head_dim: int = field(default=128, metadata=doc("MLA", ge=1))
+    v_head_dim: int = field(default=128, metadata=doc("MLA", ge=1))
+    num_kv_heads: int | None = field(default=None, metadata=doc(
+        "KV heads (GQA/MHA; config.json num_key_value_heads)", ge=1))
+    head_dim: int | None = field(default=None, metadata=doc("per attention head (GQA/MHA)",
+                                                            ge=1))
     context_length: int = field(default=131072, metadata=doc("", ge=1))
 
     @property
+    def expert_bytes(self) -> float:
+        """The routed experts' bytes (0 when the profile does not give their shape)."""
+        return (self.expert_parameters or 0) * DTYPE_BYTES[self.expert_dtype or
+                                                           self.weight_dtype]
+
+    @property
     def weight_bytes(self) -> float:
-        per = {"fp8": 1.0, "int4": 0.5, "bf16": 2.0, "fp16": 2.0}[self.weight_dtype]
-        return self.parameters_b * 1e9 * per
+        dense = self.parameters_b * 1e9 - (self.expert_parameters or 0)
+        return dense * DTYPE_BYTES[self.weight_dtype] + self.expert_bytes
+
+    @property
+    def attention_bytes(self) -> float:
+        """MLA's projections of every layer (what DP attention replicates): q (through
+        q_lora_rank), the latent kv and its up-projection, o; 0 when the profile lacks them."""
+        h, heads = self.hidden_size, self.num_attention_heads
+        if self.attention != "mla" or not (heads and self.kv_lora_rank and
+                                           self.qk_rope_head_dim):
+            return 0.0
+        qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+        q = (h * self.q_lora_rank + self.q_lora_rank * heads * qk) if self.q_lora_rank \
+            else h * heads * qk
+        kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + \
+            self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+        o = heads * self.v_head_dim * h
+        return (q + kv + o) * self.layers * DTYPE_BYTES[self.weight_dtype]
 
     @property
     def expert_parameters(self) -> float | None:

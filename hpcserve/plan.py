@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import engines
+from . import engines, fit
 from .config import Resolved, merged_settings
 from .engines.base import EngineAdapter, Layout, Net, RoleContext
 from .engines.flags import FlagError, Release
@@ -130,6 +130,7 @@ class Plan:
     requeue: int
     secret_env: tuple[str, ...] = ()
     files: tuple[tuple[str, str], ...] = ()   # job-dir path -> text: the engine's own files
+    fits: tuple = ()                          # fit.RoleFit per role (hpcserve plan shows them)
     sim: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
@@ -254,6 +255,7 @@ class _Draft:
     prometheus_port: int | None = None
     router_words: list = field(default_factory=list)   # what the instances need of the router
     files: dict[str, str] = field(default_factory=dict)  # job-dir path -> text
+    fits: list = field(default_factory=list)             # fit.RoleFit per role
     port_shift: int = 0
     router_port: int | None = None
 
@@ -352,7 +354,8 @@ def _role_context(d: _Draft, role: str) -> tuple[RoleContext, int, int]:
 
 
 def _check_model_fits(d: _Draft, ctx: RoleContext, layout: Layout) -> None:
-    """Experts divide over expert parallelism; the weights fit in one instance's GPU memory."""
+    """Experts divide over expert parallelism; the weights leave each GPU a KV cache (the fit
+    report: refused when they do not, a warning when it is tight)."""
     cfg, rp = d.cfg, ("roles", ctx.role)
     arch = ctx.architecture
     redundant = ctx.settings.get("redundant_experts")
@@ -362,16 +365,26 @@ def _check_model_fits(d: _Draft, ctx: RoleContext, layout: Layout) -> None:
             raise _err(cfg, rp + (("redundant_experts",) if redundant else ()),
                        f"{arch.experts} experts + {redundant or 0} redundant "
                        f"= {physical} do not divide over EP {layout.ep}")
-    if arch:
-        site = cfg.site
-        have = ctx.gpus * site.node.gpu_memory_gb * 1e9
-        if arch.weight_bytes - layout.host_weight_bytes > have:
-            r = cfg.deployment.roles[ctx.role]
-            raise _err(cfg, rp + (("nodes",) if r.gpus is None else ("gpus",)),
-                       f"{cfg.profile.name} weights "
-                       f"({(arch.weight_bytes - layout.host_weight_bytes) / 1e9:.0f} GB "
-                       f"{arch.weight_dtype} on the GPUs) do not fit in one {ctx.role} "
-                       f"instance's {ctx.gpus} x {site.node.gpu_memory_gb:g} GB of GPU memory")
+    if not arch:
+        return
+    gpu = cfg.site.node.gpu_memory_gb
+    f = fit.role_fit(role=ctx.role, arch=arch, gpus=ctx.gpus, gpu_gb=gpu,
+                     parallel=dict(layout.parallel), ep=layout.ep, redundant=redundant or 0,
+                     host_bytes=layout.host_weight_bytes, workload=cfg.deployment.workload,
+                     context=ctx.settings.get("context_length"),
+                     budget_of=lambda w: d.adapter.memory_budget(dict(layout.settings), layout,
+                                                                 gpu * fit.GIB, w))
+    d.fits.append(f)
+    r = cfg.deployment.roles[ctx.role]
+    if f.verdict == "does not fit" or f.weights_gb > gpu:
+        raise _err(cfg, rp + (("nodes",) if r.gpus is None else ("gpus",)),
+                   f"{cfg.profile.name} weights ({f.weights_gb:.1f} GiB per GPU in {ctx.role}'s "
+                   f"layout, {arch.weight_bytes / fit.GIB:.0f} GiB in all) do not fit "
+                   f"{ctx.gpus} x {gpu:g} GiB GPUs with room for a KV cache "
+                   f"({f.budget.how if f.budget else 'weights alone'}): give the instance "
+                   "more GPUs")
+    if f.verdict == "tight":
+        d.warnings.append(f"{ctx.role}: tight fit: {f.why}")
 
 
 def _plan_role(d: _Draft, ci: int, role: str) -> None:
@@ -530,7 +543,7 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
         jobs_dir=dep.jobs_dir or site.paths.jobs_dir, requeue=dep.requeue,
         secret_env=tuple(dict.fromkeys(_secret_names(dep) + _secret_names(site)
                                        + _secret_names(prof))),
-        files=tuple(sorted(d.files.items())),
+        files=tuple(sorted(d.files.items())), fits=tuple(d.fits),
         sim={"startup_delay": dep.engine.sim_startup_delay,
              "prefill_s_per_token": dep.engine.sim_prefill_s_per_token,
              "decode_s_per_token": dep.engine.sim_decode_s_per_token},

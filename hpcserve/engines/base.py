@@ -114,6 +114,20 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class MemoryBudget:
+    """What the engine leaves for the KV cache on one GPU, and the rule with its numbers."""
+
+    kv_bytes: float
+    how: str                        # "mem_fraction_static 0.904 x 141 GB - weights"
+    kv_dtype_bytes: float = 2.0     # the KV cache's element size (BF16 unless set to FP8)
+
+
+def kv_dtype_bytes(value: Any) -> float:
+    """fp8, fp8_e4m3, FP8 ... are one byte; anything else (auto: the model's BF16) two."""
+    return 1.0 if value and str(value).lower().startswith("fp8") else 2.0
+
+
+@dataclass(frozen=True)
 class Net:
     """What the launch needs of the site's network: the IB device word for the engine's own
     flag (a Var when discovered on the node), whether there are HCAs at all."""
@@ -241,6 +255,12 @@ class EngineAdapter:
     def describe(self, parallel: tuple[tuple[str, int], ...]) -> str:
         """The parallel layout for people: "TP 16, DP-attention 16, EP 16"."""
         raise NotImplementedError
+
+    def memory_budget(self, settings: dict, layout: Layout, gpu_bytes: float,
+                      weights: float) -> MemoryBudget | None:
+        """The KV cache's share of one GPU holding `weights` bytes, by the engine's own memory
+        rule (None: not modelled)."""
+        return None
 
     def router_for(self, pd: bool) -> RouterAdapter:
         """The router in front of the instances (an engine may use another one for PD)."""

@@ -148,7 +148,7 @@ def _host_experts(ctx: RoleContext, st: dict) -> tuple[float, float]:
                         f"{METHOD_BYTES[method]:g} bytes); a node has {mem:g} GB "
                         "(site.node.memory_gb): keep more experts on the GPUs "
                         "(kt_num_gpu_experts) or use a smaller format")
-    return need, params * arch.weight_bytes / (arch.parameters_b * 1e9)
+    return need, arch.expert_bytes * (arch.experts - on_gpu) / arch.experts
 
 
 ADAPTER = KTransformers()
@@ -245,7 +245,11 @@ class KTransformersLegacy(EngineAdapter):
         cpus = getattr(ctx.node, "cpus", None) or cores
         parallel = (("gpus", ctx.gpus),) + (
             (("cpu_threads", st["cpu_infer"]),) if st.get("cpu_infer") else ())
-        return Layout(parallel=parallel, settings=st, cpus_per_task=cpus)
+        # Its injection rules put the routed experts on the CPUs (GGUF); the memory of either
+        # side is not modelled (the fit report says so).
+        arch = ctx.architecture
+        return Layout(parallel=parallel, settings=st, cpus_per_task=cpus,
+                      host_weight_bytes=arch.expert_bytes if arch else 0.0)
 
     def ports(self, ctx: RoleContext, layout: Layout) -> list[PortRequest]:
         return [PortRequest("http", 10002, field="port", label="http")]

@@ -15,8 +15,8 @@ from typing import Literal
 from ..schema import doc
 from ..values import ArgValue, EnvValue
 from ..words import Var, Word
-from .base import (EngineAdapter, Launch, Layout, PortRequest, RoleContext, RouterAdapter,
-                   RouterReadiness, SettingsBase, args_field, env_field)
+from .base import (EngineAdapter, Launch, Layout, MemoryBudget, PortRequest, RoleContext, RouterAdapter,
+                   RouterReadiness, SettingsBase, args_field, env_field, kv_dtype_bytes)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 
 ENGINE_PORT = 30000
@@ -242,6 +242,24 @@ class SGLang(EngineAdapter):
         late = [("SGLANG_HOST_IP", (Var("NODE_IP"),))]
         return Launch(argv=tuple(w + words), env=tuple(env), late_env=tuple(late),
                       warnings=tuple(warnings))
+
+    def memory_budget(self, settings, layout, gpu_bytes, weights):
+        """mem_fraction_static x GPU holds weights and KV cache. Unset, SGLang derives it
+        (sglang/srt/arg_groups/memory_hook.py, 0.5.23): GPU - a reserve of 0.5 GiB + 1.5 MiB per
+        activation token (the prefill chunk, 8192 by default on large GPUs, at least 2048) +
+        tp x pp / 8 GiB, at least 10 GiB on GPUs over 60 GiB (CUDA graph and DeepEP buffers,
+        which add to it, are left out)."""
+        frac = settings.get("mem_fraction_static")
+        gb = gpu_bytes / 2 ** 30  # GiB, as SGLang's MiB figures
+        if frac is None:
+            p = dict(layout.parallel)
+            tokens = max(settings.get("chunked_prefill_size") or 8192, 2048)
+            reserve = 0.5 + 1.5 * tokens / 1024 + p.get("tp", 1) * p.get("pp", 1) / 8
+            reserve = max(reserve, 10.0) if gb > 60 else reserve
+            frac = round((gb - reserve) / gb, 3)
+        kv = frac * gpu_bytes - weights
+        return MemoryBudget(kv, f"mem_fraction_static {frac:g} x {gb:g} GiB - weights",
+                            kv_dtype_bytes(settings["args"].get("kv-cache-dtype")))
 
     def describe(self, parallel) -> str:
         p = dict(parallel)

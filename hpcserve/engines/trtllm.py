@@ -33,8 +33,9 @@ import yaml
 from ..schema import doc
 from ..values import ArgValue, EnvValue
 from ..words import Var, Word
-from .base import (EngineAdapter, Launch, Layout, NoRouter, PortRequest, RoleContext,
-                   RouterAdapter, RouterReadiness, SettingsBase, args_field, env_field)
+from .base import (EngineAdapter, Launch, Layout, MemoryBudget, NoRouter, PortRequest,
+                   RoleContext, RouterAdapter, RouterReadiness, SettingsBase, args_field,
+                   env_field, kv_dtype_bytes)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 
 HTTP_PORT = 8200          # not trtllm-serve's 8000, which the router in front usually takes
@@ -219,6 +220,17 @@ class TRTLLM(EngineAdapter):
             env.append(("UCX_TLS", "tcp,sm,self"))  # no HCAs: UCX must not look for RDMA
         return Launch(argv=tuple(w), env=tuple(env), warnings=tuple(warnings),
                       files=((path, text),))
+
+    def memory_budget(self, settings, layout, gpu_bytes, weights):
+        """kv_cache_free_gpu_memory_fraction (0.9) of the memory left after the weights (and
+        the runtime's buffers, left out here) goes to the KV cache."""
+        kv_cfg = (settings.get("llm_api") or {}).get("kv_cache_config") or {}
+        frac = (settings.get("kv_cache_free_gpu_memory_fraction")
+                or kv_cfg.get("free_gpu_memory_fraction") or 0.9)
+        return MemoryBudget(frac * (gpu_bytes - weights),
+                            f"kv_cache_free_gpu_memory_fraction {frac:g} x "
+                            f"({gpu_bytes / 2 ** 30:g} GiB - weights)",
+                            kv_dtype_bytes(kv_cfg.get("dtype")))
 
     def describe(self, parallel) -> str:
         names = {"tp": "TP", "pp": "PP", "ep": "EP", "attn_dp": "attention-DP"}

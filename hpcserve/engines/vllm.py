@@ -28,8 +28,8 @@ from typing import Literal
 from ..schema import doc
 from ..values import ArgValue, EnvValue
 from ..words import Var, Word
-from .base import (EngineAdapter, Launch, Layout, PortRequest, RoleContext, RouterAdapter,
-                   RouterReadiness, SettingsBase, args_field, env_field)
+from .base import (EngineAdapter, Launch, Layout, MemoryBudget, PortRequest, RoleContext, RouterAdapter,
+                   RouterReadiness, SettingsBase, args_field, env_field, kv_dtype_bytes)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 
 HTTP_PORT = 8100          # not vLLM's 8000, which the router in front usually takes
@@ -284,6 +284,14 @@ class VLLM(EngineAdapter):
         words, warnings = self.settings_argv(rel, dict(layout.settings))
         return Launch(argv=tuple(w + words), rank_argv=tuple(rank_argv), env=tuple(env),
                       late_env=tuple(late), router_args=tuple(router), warnings=tuple(warnings))
+
+    def memory_budget(self, settings, layout, gpu_bytes, weights):
+        """gpu_memory_utilization (0.9) x GPU holds weights, activations (profiled at start,
+        left out here) and the KV cache."""
+        util = settings.get("gpu_memory_utilization") or 0.9
+        return MemoryBudget(util * gpu_bytes - weights,
+                            f"gpu_memory_utilization {util:g} x {gpu_bytes / 2 ** 30:g} GiB - "
+                            "weights", kv_dtype_bytes(settings.get("kv_cache_dtype")))
 
     def describe(self, parallel) -> str:
         names = {"tp": "TP", "pp": "PP", "dp": "DP", "dcp": "DCP", "ep": "EP"}

@@ -102,7 +102,7 @@ def test_killed_decode_engine_ends_the_job_within_5s(submit, dev_cluster):
     assert st["phase"] == "failed"
     assert (f["role"], f["instance"], f["node"], f["node_rank"]) == ("decode", 0, victim_node, 1)
     assert f["exit_code"] == 128 + 9  # Killed, as srun reported it
-    assert {"node": victim_node, "node_rank": 1, "how": "Killed", "exit_code": 137,
+    assert {"node": victim_node, "node_rank": 1, "task": 1, "how": "Killed", "exit_code": 137,
             "cause": True} in f["tasks"]
     wait_no_job_processes(dev_cluster, 15)
 

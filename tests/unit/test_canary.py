@@ -166,7 +166,9 @@ VARIANT: dict[tuple, tuple[Any, list, dict]] = {
                                    ("roles", "decode", "pp"): None,
                                    ("roles", "decode", "tp"): 2, ("roles", "decode", "attn_dp"): 2,
                                    ("roles", "decode", "ep"): 2,
-                                   ("roles", "decode", "redundant_experts"): 4}),
+                                   ("roles", "decode", "redundant_experts"): 4,
+                                   # 322 GiB of weights per GPU: room for a KV cache
+                                   ("roles", "decode", "mem_fraction_static"): 0.95}),
 }
 
 # Booleans and choices: rendering with `a` and with `b` (after `mods`) must differ.
@@ -203,6 +205,8 @@ ALLOW = {
     ("site", "slurm", "max_nodes"): "only the planner's node-count check (test_broken_configs)",
     ("engine", "name"): "the engine's own tests cover each (tests/unit/test_vllm_plan.py)",
     ("roles", "decode", "bootstrap_port"): "decode instances run no bootstrap server",
+    ("workload", "input_tokens"): "the fit report of `hpcserve plan` (tests/unit/test_fit.py)",
+    ("workload", "output_tokens"): "the fit report of `hpcserve plan` (tests/unit/test_fit.py)",
     # The CPU facts of a node reach the job only through an engine that computes on CPUs.
     ("site", "node", "cpu_cores"): "KTransformers' --kt-cpuinfer (tests/unit/test_kt_plan.py)",
     ("site", "node", "cpus"): "KTransformers' --cpus-per-task (tests/unit/test_kt_plan.py)",

@@ -67,20 +67,20 @@ def test_unknown_cores_need_an_explicit_thread_count(tmp_path):
 
 
 def test_host_memory_is_checked_against_the_cpu_experts(tmp_path):
-    # Kimi-K2-Thinking: 384 experts x 58 MoE layers x 3 x 7168 x 2048 = 981B expert parameters;
-    # 284 of 384 per layer on the CPUs in AMXINT4 (0.5 byte) = 363 GB
+    # Kimi-K2-Thinking: 384 experts x 60 MoE layers x 3 x 7168 x 2048 = 1015B expert
+    # parameters; 284 of 384 per layer on the CPUs in AMXINT4 (0.5 byte) = 375 GB
     with pytest.raises(ConfigError) as e:
         plan_of(tmp_path, kt_doc({"kt_num_gpu_experts": 100}, node={"memory_gb": 256}))
     assert e.value.field == "roles.worker.kt_method"
-    assert "284 CPU experts per layer take 363 GB" in e.value.message
-    assert "981B expert parameters" in e.value.message and "256 GB" in e.value.message
+    assert "284 CPU experts per layer take 375 GB" in e.value.message
+    assert "1015B expert parameters" in e.value.message and "256 GB" in e.value.message
     assert plan_of(tmp_path, kt_doc({"kt_num_gpu_experts": 100}, node={"memory_gb": 400}))
 
 
 def test_the_cpu_experts_memory_is_requested_unless_the_site_asks_its_own(tmp_path):
     p = plan_of(tmp_path, kt_doc({"kt_num_gpu_experts": 100}))
     (comp,) = sbatch_components(render_files(p, "/jobs/j")["job.sbatch"][0])
-    assert "--mem=399G" in comp  # 362.7 GB of AMXINT4 experts and a tenth more
+    assert "--mem=413G" in comp  # 375.2 GB of AMXINT4 experts and a tenth more
     site = small_site(node=CPU_NODE)
     site["slurm"]["mem"] = "0"
     p = plan_of(tmp_path, kt_doc({"kt_num_gpu_experts": 100}, site=site))
@@ -89,8 +89,8 @@ def test_the_cpu_experts_memory_is_requested_unless_the_site_asks_its_own(tmp_pa
 
 
 def test_experts_on_the_cpus_leave_the_gpus(tmp_path):
-    """Kimi-K2-Instruct FP8 (1026 GB) does not fit 8 x 80 GB for SGLang, but with every routed
-    expert on the CPUs (981 GB of it) the GPUs hold 45 GB."""
+    """Kimi-K2-Instruct FP8 (1026 GB) does not fit 8 x 80 GiB for SGLang, but with every routed
+    expert on the CPUs (1015 GB of it) the GPUs hold 11 GB."""
     doc = kt_doc({"kt_num_gpu_experts": 0}, node={"gpu_memory_gb": 80, "memory_gb": 2048})
     doc["model"]["profile"] = "kimi-k2-instruct"
     assert plan_of(tmp_path, doc)

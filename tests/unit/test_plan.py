@@ -41,7 +41,7 @@ def _opt(argv, flag):
 
 
 def _shared_pd(tmp_path, **router):
-    """Kimi-K2-Thinking (INT4, fits 4 x 141 GB): two prefill and two decode instances of 4 GPUs
+    """Kimi-K2-Thinking (INT4, fits 4 x 192 GiB): two prefill and two decode instances of 4 GPUs
     each, two per 8-GPU node."""
     doc = small_pd()
     doc["model"] = {"profile": "kimi-k2-thinking", "path": "/models/k2t"}
@@ -137,7 +137,7 @@ def test_idle_gpus_are_noted(tmp_path):
 @pytest.mark.parametrize("change,field,message", [
     ({"roles": {"prefill": {"gpus": 3}}}, "roles.prefill.gpus", "do not divide"),
     ({"roles": {"prefill": {"gpus": 4, "nodes": 2}}}, "roles.prefill.gpus", "cannot be combined"),
-    ({"roles": {"prefill": {"gpus": 4}}}, "roles.prefill.gpus", "do not fit"),
+    ({"roles": {"prefill": {"gpus": 2}}}, "roles.prefill.gpus", "do not fit"),
     ({"roles": {"decode": {"nodes": 2, "ep": 8}}}, "roles.decode.ep", "forces ep to tp"),
     ({"roles": {"decode": {"nodes": 2, "redundant_experts": 3}}},
      "roles.decode.redundant_experts", "do not divide over EP 16"),

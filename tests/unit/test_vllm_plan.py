@@ -130,7 +130,8 @@ def test_instances_sharing_a_node_get_distinct_ports(tmp_path):
 
 def test_side_channel_reserves_one_port_per_dp_rank(tmp_path):
     # two PD instances of DP 4 on one node: 5600-5603 and the next free block, never overlapping
-    doc = vllm_doc({"prefill": {"instances": 2, "gpus": 4, "dp": 4},
+    doc = vllm_doc({"prefill": {"instances": 2, "gpus": 4, "dp": 4,
+                                 "expert_parallel": True},
                     "decode": {"nodes": 1}}, model={"profile": "kimi-k2-thinking", "path": "/m"})
     a, b = [i for i in plan_of(tmp_path, doc).instances if i.role == "prefill"]
     ra = set(range(a.port_of("side_channel"), a.port_of("side_channel") + 4))

@@ -46,11 +46,12 @@ def del_path(doc: dict, path: tuple) -> None:
 
 
 def small_site(runtime: str = "none", **over: Any) -> dict:
-    """An inline site: 8 x 141 GB GPUs per node, one HCA, a fixed interface."""
+    """An inline site: 8 x 192 GiB GPUs per node (B200-class: a 4-GPU Kimi-K2-Thinking
+    instance fits), one HCA, a fixed interface."""
     site = {
         "name": "testsite",
         "slurm": {"partition": "gpu", "max_nodes": 16},
-        "node": {"gpus": 8, "gpu_memory_gb": 141},
+        "node": {"gpus": 8, "gpu_memory_gb": 192},
         "container": {"runtime": runtime},
         "network": {"interface": "eth0", "ib_devices": ["mlx5_0"]},
         "paths": {"jobs_dir": "/jobs", "python": "python3"},
