@@ -55,6 +55,8 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
     job_dir = runner.expand_path(out) if out else posixpath.join(runner.expand_path(p.jobs_dir),
                                                                  f"{p.name}-{stamp}")
     files = render_files(p, job_dir)
+    if not (dry_run or check):
+        check_router_python(p, runner)  # refused: one line, no warnings before it
     for w in p.warnings:
         warn(w)
     if dry_run:
@@ -79,7 +81,6 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
                 if remote is not None:
                     runner.run(["rm", "-rf", "--", target], check=False)
         return (res.err or res.out).strip()
-    check_router_python(p, runner)
     if remote is None:
         write_job(files, job_dir)
     else:

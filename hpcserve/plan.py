@@ -387,6 +387,19 @@ def _check_model_fits(d: _Draft, ctx: RoleContext, layout: Layout) -> None:
         d.warnings.append(f"{ctx.role}: tight fit: {f.why}")
 
 
+def _engine_directives(cfg: Resolved, layout: Layout) -> tuple:
+    """What the engine needs of each node beyond the site's request: a task per GPU (MPI),
+    the CPUs it computes on, host memory where the site asks for none."""
+    d = []
+    if layout.tasks_per_node > 1:
+        d.append(("ntasks-per-node", str(layout.tasks_per_node)))
+    if layout.cpus_per_task:
+        d.append(("cpus-per-task", str(layout.cpus_per_task)))
+    if layout.mem_gb and cfg.site.slurm.mem is None:
+        d.append(("mem", f"{layout.mem_gb}G"))
+    return tuple(d)
+
+
 def _plan_role(d: _Draft, ci: int, role: str) -> None:
     """One het-job component for the role, and its instances."""
     cfg, a = d.cfg, d.adapter
@@ -398,12 +411,7 @@ def _plan_role(d: _Draft, ci: int, role: str) -> None:
     except FlagError as e:
         raise _err(cfg, rp + e.key, e.message) from None
     _check_model_fits(d, ctx, layout)
-    # What the engine itself needs of each node beyond the site's request.
-    own = ((("ntasks-per-node", str(layout.tasks_per_node)),) if layout.tasks_per_node > 1
-           else ()) + ((("cpus-per-task", str(layout.cpus_per_task)),) if layout.cpus_per_task
-                       else ()) + ((("mem", f"{layout.mem_gb}G"),) if layout.mem_gb and
-                                   cfg.site.slurm.mem is None else ())
-    d.components.append(Component(ci, role, comp_nodes, own))
+    d.components.append(Component(ci, role, comp_nodes, _engine_directives(cfg, layout)))
     for i in range(r.instances):
         off = i // per_node if r.gpus else i * ctx.nodes
         span = range(off, off + ctx.nodes)

@@ -85,8 +85,10 @@ def test_two_of_my_deployments_on_one_shared_node_both_serve_each_from_its_own_e
             assert st["phase"] == "serving", st
         a, b = (Job(dev_cluster, Path(s.job_dir), s.job_id, {}).state() for s in subs)
         # the second moved clear of the first: its own engine and router ports on node3
-        assert warned == ["ports moved by +20 (those the file does not set), clear of your "
-                          "other deployments on these shared nodes"]
+        # (both also hear that Kimi-K2 TP8 is a tight fit: fewer KV tokens than its context)
+        assert [w for w in warned if "tight fit" not in w] == [
+            "ports moved by +20 (those the file does not set), clear of your other deployments "
+            "on these shared nodes"]
         assert a["endpoint"].endswith(":8000") and b["endpoint"].endswith(":8020")
         assert a["health_urls"]["worker-0"].endswith(":30000/health")
         assert b["health_urls"]["worker-0"].endswith(":30020/health")

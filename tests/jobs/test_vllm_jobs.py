@@ -79,7 +79,8 @@ def test_vllm_layout_serves_through_vllm_router(submit, dev_cluster, layout):
 
 
 def test_wrong_start_rank_fails_on_the_head_for_that_reason(submit, dev_cluster):
-    dep = vllm_deployment({"worker": {"nodes": 2, "dp": 4}}, name="t-v-start")
+    dep = vllm_deployment({"worker": {"nodes": 2, "dp": 4, "expert_parallel": True}},
+                          name="t-v-start")
     job = submit(dep, edit=_edit("launch/worker-0.sh", "--data-parallel-start-rank 2",
                                  "--data-parallel-start-rank 1"))
     st = job.wait({"failed", "serving", "cancelled"}, 60)
@@ -124,7 +125,8 @@ def test_side_channel_host_left_at_localhost_fails_the_smoke_request(submit, dev
 
 
 def test_killed_headless_rank_ends_the_job_naming_it(submit, dev_cluster):
-    job = submit(vllm_deployment({"worker": {"nodes": 2, "dp": 4}}, name="t-v-kill"))
+    job = submit(vllm_deployment({"worker": {"nodes": 2, "dp": 4, "expert_parallel": True}},
+                                 name="t-v-kill"))
     st = job.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", job.logs()
     victim = job.node_rows("worker-0")[1][1]
