@@ -50,6 +50,19 @@ def env_field() -> Any:
                                                     key_pattern=ENV_NAME))
 
 
+def tp_pp(ctx: "RoleContext", why: str = "") -> tuple[int, int]:
+    """(tp, pp) of an instance: tp defaults to its GPUs / pp, and tp x pp must use them all."""
+    st = ctx.settings
+    pp = st["pp"] or 1
+    tp = st["tp"] or ctx.gpus // pp
+    if tp * pp != ctx.gpus:
+        raise FlagError(("tp",) if "tp" in ctx.own else (),
+                        f"TP {tp} x PP {pp} must use exactly the {ctx.gpus} GPUs of a "
+                        f"{ctx.role} instance ({ctx.nodes} node(s) x "
+                        f"{ctx.gpus // ctx.nodes} GPUs){why}")
+    return tp, pp
+
+
 class SettingsBase:
     """Mixin of every engine's settings dataclass: secrets only by name, in args and env."""
 

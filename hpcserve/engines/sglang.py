@@ -15,8 +15,9 @@ from typing import Literal
 from ..schema import doc
 from ..values import ArgValue, EnvValue
 from ..words import Var, Word
-from .base import (EngineAdapter, Launch, Layout, MemoryBudget, PortRequest, RoleContext, RouterAdapter,
-                   RouterReadiness, SettingsBase, args_field, env_field, kv_dtype_bytes)
+from .base import (EngineAdapter, Launch, Layout, MemoryBudget, PortRequest, RoleContext,
+                   RouterAdapter, RouterReadiness, SettingsBase, args_field, env_field,
+                   kv_dtype_bytes, tp_pp)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 
 ENGINE_PORT = 30000
@@ -175,13 +176,7 @@ class SGLang(EngineAdapter):
 
     def layout(self, rel: Release, ctx: RoleContext) -> Layout:
         st = ctx.settings
-        pp = st["pp"] or 1
-        tp = st["tp"] or ctx.gpus // pp
-        if tp * pp != ctx.gpus:
-            raise FlagError(("tp",) if "tp" in ctx.own else (),
-                            f"TP {tp} x PP {pp} must use exactly the {ctx.gpus} GPUs of a "
-                            f"{ctx.role} instance ({ctx.nodes} node(s) x "
-                            f"{ctx.gpus // ctx.nodes} GPUs)")
+        tp, pp = tp_pp(ctx)
         attn_dp = st["attn_dp"]
         if attn_dp is None and st["dp_attention"]:
             attn_dp = tp

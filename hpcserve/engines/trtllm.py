@@ -35,7 +35,7 @@ from ..values import ArgValue, EnvValue
 from ..words import Var, Word
 from .base import (EngineAdapter, Launch, Layout, MemoryBudget, NoRouter, PortRequest,
                    RoleContext, RouterAdapter, RouterReadiness, SettingsBase, args_field,
-                   env_field, kv_dtype_bytes)
+                   env_field, kv_dtype_bytes, tp_pp)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 
 HTTP_PORT = 8200          # not trtllm-serve's 8000, which the router in front usually takes
@@ -180,14 +180,7 @@ class TRTLLM(EngineAdapter):
 
     def layout(self, rel: Release, ctx: RoleContext) -> Layout:
         st = ctx.settings
-        pp = st["pp"] or 1
-        tp = st["tp"] or ctx.gpus // pp
-        if tp * pp != ctx.gpus:
-            raise FlagError(("tp",) if "tp" in ctx.own else (),
-                            f"TP {tp} x PP {pp} must use exactly the {ctx.gpus} GPUs of a "
-                            f"{ctx.role} instance ({ctx.nodes} node(s) x "
-                            f"{ctx.gpus // ctx.nodes} GPUs): TensorRT-LLM runs one MPI rank "
-                            "per GPU and needs tp x pp ranks")
+        tp, pp = tp_pp(ctx, ": TensorRT-LLM runs one MPI rank per GPU and needs tp x pp ranks")
         ep = st["ep"]
         if ep is not None and tp % ep:
             raise FlagError(("ep",), f"ep {ep} must divide tp {tp} (TensorRT-LLM splits the TP "

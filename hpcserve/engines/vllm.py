@@ -28,8 +28,9 @@ from typing import Literal
 from ..schema import doc
 from ..values import ArgValue, EnvValue
 from ..words import Var, Word
-from .base import (EngineAdapter, Launch, Layout, MemoryBudget, PortRequest, RoleContext, RouterAdapter,
-                   RouterReadiness, SettingsBase, args_field, env_field, kv_dtype_bytes)
+from .base import (EngineAdapter, Launch, Layout, MemoryBudget, PortRequest, RoleContext,
+                   RouterAdapter, RouterReadiness, SettingsBase, args_field, env_field,
+                   kv_dtype_bytes)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 
 HTTP_PORT = 8100          # not vLLM's 8000, which the router in front usually takes
