@@ -82,6 +82,11 @@ class FlagMatrix:
     def versions(self) -> dict:
         return _load(self.filename)
 
+    def data(self, rel: "Release") -> dict:
+        """Everything the table holds for a release beyond its flags (an options file's
+        fields, a server's bool-from-text options)."""
+        return self.versions()[rel.data_version]
+
     def known_versions(self) -> list[str]:
         return sorted(self.versions(), key=vkey)
 

@@ -213,7 +213,7 @@ class KTransformersLegacy(EngineAdapter):
 
     def release(self, version: str) -> Release:
         rel = self.matrix.release(version)
-        data = self.matrix.versions()[rel.data_version]
+        data = self.matrix.data(rel)
         if not data.get("legacy_server"):
             raise FlagError(("engine", "version"),
                             f"KTransformers {version} has no legacy server (ktransformers/"
@@ -261,7 +261,7 @@ class KTransformersLegacy(EngineAdapter):
             w += ["--model_name", served_name]
         st = dict(layout.settings)
         # type=bool options take a value and bool() it: any text but "" is True.
-        bools = set(rel_data(self, rel).get("bool_from_str", ()))
+        bools = set(self.matrix.data(rel).get("bool_from_str", ()))
         st["args"] = {k: ("True" if v is True else None if v is False else v)
                       if "--" + k in bools else v for k, v in st["args"].items()}
         words, warnings = self.settings_argv(rel, st)
@@ -275,10 +275,6 @@ class KTransformersLegacy(EngineAdapter):
         p = dict(parallel)
         return f"{p['gpus']} GPU(s)" + (f", {p['cpu_threads']} CPU expert threads"
                                         if p.get("cpu_threads") else "")
-
-
-def rel_data(adapter: EngineAdapter, rel: Release) -> dict:
-    return adapter.matrix.versions()[rel.data_version]
 
 
 LEGACY_ADAPTER = KTransformersLegacy()

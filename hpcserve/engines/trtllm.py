@@ -233,7 +233,7 @@ class TRTLLM(EngineAdapter):
 def llm_api_file(rel: Release, ctx: RoleContext, settings: dict) -> str:
     """The LLM API options YAML of a role: named settings, then `llm_api`, keys checked against
     the release's LlmArgs fields (TensorRT-LLM refuses unknown ones)."""
-    api = rel_data(rel).get("llm_api", {})
+    api = ADAPTER.matrix.data(rel).get("llm_api", {})
     fields = set(api.get("fields", ()))
     out: dict[str, Any] = {}
     user = settings.get("llm_api") or {}
@@ -281,10 +281,6 @@ def _same_words(a: str, b: str) -> bool:
     wa, wb = a.split("_"), b.split("_")
     return len(wa) == len(wb) and all(
         any(x.startswith(y) or y.startswith(x) for y in wb) for x in wa)
-
-
-def rel_data(rel: Release) -> dict:
-    return ADAPTER.matrix.versions()[rel.data_version]
 
 
 PLAIN_ROUTER = NoRouter("TensorRT-LLM's front server (trtllm-serve disaggregated) needs context "
