@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -39,6 +40,7 @@ def main() -> None:
     \b
     hpcserve plan deploy.yaml      what would run where (components, nodes, ranks, ports, argv)
     hpcserve render deploy.yaml    write the self-contained job directory
+    hpcserve preflight deploy.yaml the checks every node runs first, as a short job
     hpcserve schema                JSON Schemas of the deployment and site files
     hpcserve dev-cluster up        a real local Slurm cluster to try it without GPUs
     """
@@ -166,6 +168,32 @@ def submit(file, sets, out, dry_run, check, follow, wait, remote, jump, identity
         return
     from . import deployments
     sys.exit(ops.follow(deployments.find(res.job_id, remote), runner, echo=click.echo, quiet=wait))
+
+
+@main.command()
+@_file_arg
+@_set_opt
+@click.option("--json", "as_json", is_flag=True, help="print state.json's preflight block")
+@_remote_opts
+def preflight(file, sets, as_json, remote, jump, identity, known_hosts):
+    """Run FILE's preflight checks as a short job of its own, before a long one: the same
+    allocation, ten minutes, no engines. Prints one row per node; exit 1 if a check failed."""
+    from . import deployments, ops
+    runner = _runner(remote, jump, identity, known_hosts)
+    res = ops.submit(file, sets, runner=runner, remote=remote, out=None, dry_run=False,
+                     check=False, preflight_only=True,
+                     warn=lambda w: click.echo(f"hpcserve: warning: {w}", err=True))
+    click.echo(f"submitted preflight job {res.job_id}: {res.job_dir}", err=True)
+    entry = deployments.find(res.job_id, remote)
+    rc = ops.follow(entry, runner, echo=lambda line: click.echo(line, err=True), quiet=True,
+                    until_serving=False)
+    result = ops.preflight_result(runner, res.job_dir)
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+    elif result:
+        from .runtime.preflight import table_text
+        click.echo("\n".join(table_text(result)))
+    sys.exit(rc)
 
 
 @main.command()

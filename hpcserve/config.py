@@ -117,6 +117,9 @@ class Network:
         pattern_help="an HCA name such as mlx5_0 (optionally with :port)"))
     env: dict[str, EnvValue] = field(default_factory=dict, metadata=doc(
         "NCCL_/GLOO_/UCX_/NVSHMEM_/MC_ environment for every engine", key_pattern=ENV_NAME))
+    gid_index: int | None = field(default=None, metadata=doc(
+        "the GID index the fabric uses (RoCE: the one NCCL_IB_GID_INDEX names); the preflight "
+        "checks each IB port has a GID there", ge=0, le=255))
 
     def validate(self) -> None:
         check_secrets(self.env, "env", args=False)
@@ -273,6 +276,36 @@ class Workload:
     output_tokens: int = field(default=100, metadata=doc("", ge=1, le=10_000_000))
 
 
+# The preflight's checks that a deployment may waive (a node that cannot run the job's own
+# Python cannot report the others, so that one stands).
+WAIVABLE_CHECKS = ("tools", "image", "model", "gpus", "ib", "peer_memory", "shm", "memlock",
+                   "ports", "clock")
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """Checks run on every node at once, in the job's first step, before any engine starts: the
+    job's Python and tools, the image, the model's files (the same on every node), GPUs and
+    their free memory, IB ports and GIDs, peer memory for RDMA, /dev/shm, the memlock limit,
+    the ports the plan binds, the clocks. A failed check ends the job there, naming node and
+    check; a waived one is reported and the job goes on."""
+
+    enabled: bool = field(default=True, metadata=doc("run the checks"))
+    waive: list[Literal[WAIVABLE_CHECKS]] = field(default_factory=list, metadata=doc(
+        "checks that report but do not stop the job"))
+    mpi: Literal["auto", "pmix", "none"] = field(default="auto", metadata=doc(
+        "run them as one MPI world (srun --mpi=pmix, mpi4py in site.paths.python): clock "
+        "offsets measured against rank 0; auto: when the engine itself runs under PMIx"))
+    max_clock_skew_s: float = field(default=2.0, metadata=doc(
+        "seconds a node's clock may be off the batch host's", ge=0.01, le=3600))
+    min_shm_gb: float = field(default=1.0, metadata=doc(
+        "GiB /dev/shm must hold (NCCL and the engines' shared memory; docker's default is 64 MiB)",
+        ge=0))
+    min_gpu_free_fraction: float = field(default=0.9, metadata=doc(
+        "the share of each GPU's memory that must be free (another job's leftovers fail it)",
+        ge=0, le=1))
+
+
 @dataclass(frozen=True)
 class Deployment:
     """One deployment: which model, on which site, with which engine and roles."""
@@ -296,6 +329,7 @@ class Deployment:
     jobs_dir: str | None = field(default=None, metadata=doc(
         "overrides site.paths.jobs_dir", pattern=JOB_PATH, pattern_help=JOB_PATH_HELP))
     workload: Workload = field(default_factory=Workload)
+    preflight: Preflight = field(default_factory=Preflight)
     requeue: int = field(default=0, metadata=doc(
         "when the deployment fails (not when it is cancelled), requeue the job up to this many "
         "times", ge=0, le=100))

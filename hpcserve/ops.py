@@ -43,17 +43,20 @@ class Submitted:
 
 
 def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out: str | None,
-           dry_run: bool, check: bool, warn: Callable[[str], None] = lambda _w: None
-           ) -> Submitted | str:
+           dry_run: bool, check: bool, warn: Callable[[str], None] = lambda _w: None,
+           preflight_only: bool = False) -> Submitted | str:
     from . import config, plan as planner
     from .render import render_files, write_job
     cfg = config.load(file, sets)
     p = planner.build(cfg)
+    if preflight_only:
+        p = planner.preflight_only(p)
     if not cfg.site.slurm.exclusive and not dry_run and not check:
         p = clear_of_my_other_deployments(p, cfg, runner, remote, warn)
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    kind = "-preflight" if preflight_only else ""
     job_dir = runner.expand_path(out) if out else posixpath.join(runner.expand_path(p.jobs_dir),
-                                                                 f"{p.name}-{stamp}")
+                                                                 f"{p.name}{kind}-{stamp}")
     files = render_files(p, job_dir)
     if not (dry_run or check):
         check_router_python(p, runner)  # refused: one line, no warnings before it
@@ -92,6 +95,15 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
     job_id = parse_job_id(res.out)
     deployments.record(deployments.new_entry(job_id, p.name, job_dir, remote))
     return Submitted(job_id, job_dir, p.name, remote)
+
+
+def preflight_result(runner, job_dir: str) -> dict | None:
+    """state.json's preflight table (None where the job ended before its checks ran)."""
+    text = runner.read_text(posixpath.join(job_dir, "state.json"))
+    try:
+        return json.loads(text).get("preflight") if text else None
+    except ValueError:
+        return None
 
 
 def plan_ports(p) -> set[int]:

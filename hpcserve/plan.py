@@ -10,6 +10,7 @@ the engine (its parallel layout, ports, argv, environment, router) comes from it
 from __future__ import annotations
 
 import re
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,6 +132,7 @@ class Plan:
     secret_env: tuple[str, ...] = ()
     files: tuple[tuple[str, str], ...] = ()   # job-dir path -> text: the engine's own files
     fits: tuple = ()                          # fit.RoleFit per role (hpcserve plan shows them)
+    preflight: dict = field(default_factory=dict)  # plan.json's preflight block, less the image
     sim: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
@@ -552,10 +554,57 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
         secret_env=tuple(dict.fromkeys(_secret_names(dep) + _secret_names(site)
                                        + _secret_names(prof))),
         files=tuple(sorted(d.files.items())), fits=tuple(d.fits),
+        preflight=_preflight(d, router),
         sim={"startup_delay": dep.engine.sim_startup_delay,
              "prefill_s_per_token": dep.engine.sim_prefill_s_per_token,
              "decode_s_per_token": dep.engine.sim_decode_s_per_token},
         warnings=tuple(d.warnings), notes=tuple(d.notes))
+
+
+PREFLIGHT_TIME = "00:10:00"
+
+
+def preflight_only(p: Plan) -> Plan:
+    """`hpcserve preflight`: the same allocation (components, nodes, directives), for ten
+    minutes and without requeues, whose job runs the preflight checks and ends."""
+    swap = {"time": ("time", PREFLIGHT_TIME), "requeue": ("no-requeue", None)}
+    comps = tuple(dataclasses.replace(c, directives=tuple(swap.get(k, (k, v))
+                                                          for k, v in c.directives))
+                  for c in p.components)
+    return dataclasses.replace(p, components=comps, time_limit=PREFLIGHT_TIME, requeue=0,
+                               preflight={**p.preflight, "enabled": True, "only": True})
+
+
+# What a site's node.gpu_type says when its nodes have no NVIDIA GPU (the local test cluster).
+NO_GPU_TYPES = ("simulated", "cpu", "none")
+
+
+def _preflight(d: _Draft, router: RouterPlan | None) -> dict:
+    """What the preflight checks on every node (the runtime adds each node's own ports)."""
+    dep, site = d.cfg.deployment, d.cfg.site
+    pf = dep.preflight
+    simulate = dep.engine.simulate
+    gpus_why = ("the engine is simulated" if simulate else
+                f"site node.gpu_type is {site.node.gpu_type}: no GPUs to check"
+                if site.node.gpu_type.lower() in NO_GPU_TYPES else None)
+    tools = ["ip"]  # address discovery reads `ip -j addr`
+    if site.container.runtime in ("enroot", "apptainer"):
+        tools.append(site.container.runtime)
+    elif site.container.runtime == "none":
+        # the programs the steps start on the host: the engine's and the router's
+        progs = [_engine_python(d) if simulate else d.adapter.command(_engine_python(d))[0]]
+        if router is not None:
+            progs.append(router.command[0])
+        tools += [p for p in dict.fromkeys(progs) if isinstance(p, str) and p not in tools]
+    return {"enabled": pf.enabled, "only": False,
+            "mpi": pf.mpi == "pmix" or (pf.mpi == "auto" and
+                                        any(i.mpi == "pmix" for i in d.instances)),
+            "waive": list(pf.waive), "max_clock_skew_s": pf.max_clock_skew_s,
+            "min_shm_bytes": int(pf.min_shm_gb * 1024 ** 3),
+            "min_gpu_free_fraction": pf.min_gpu_free_fraction,
+            "gid_index": site.network.gid_index, "gpus": {"why": gpus_why},
+            "model_optional": "the simulated engine reads no weights" if simulate else None,
+            "tools": tools}
 
 
 def _instance_env(cfg: Resolved, ctx: RoleContext, launch, gpu_ids: str | None) -> list:

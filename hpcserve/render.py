@@ -23,6 +23,7 @@ from .words import Var, Word, quote
 
 RUNTIME = package_data.path("runtime", "job.py")
 OWNPORT = package_data.path("runtime", "ownport.py")  # beside each engine: whose is its port
+PREFLIGHT = package_data.path("runtime", "preflight.py")  # the checks every node runs
 SIM_CORE = package_data.path("sim", "hpcserve_simcore.py")  # every stand-in's
 
 
@@ -109,15 +110,20 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
     py = plan.site_python
     ib = plan.ib_devices
     ib_arg = "auto" if ib == "auto" else ",".join(ib) if ib else "none"
+    pf = plan.preflight
+    files["launch/discover.sh"] = (env.get_template("discover.sh.j2").render(
+        py=py, job_dir=jd, iface=plan.interface, ib=ib_arg, preflight=pf["enabled"]), 0o755)
     for c in plan.components:
-        cmd = [py, f"{jd}/hpcserve_job.py", "discover", "--iface", plan.interface, "--ib", ib_arg]
+        what = "its preflight checks, then " if pf["enabled"] else ""
         files[f"steps/discover-{c.index}.sh"] = (step.render(
             title=f"address discovery on every node of component {c.index} ({c.name}): one task "
-                  "per node prints its name, address, interface and IB devices",
+                  f"per node prints {what}its name, address, interface and IB devices",
             needs_nodelist=False,
             srun=[quote(w) for w in _srun(plan, c.index, c.nodes, f"discover-{c.name}",
-                                          nodelist=False, overlap=True)],
-            command=[quote(w) for w in cmd]), 0o755)
+                                          nodelist=False, overlap=True)
+                  + (["--mpi=pmix"] if pf["enabled"] and pf["mpi"] else [])],
+            command=[quote(w) for w in ["bash", f"{jd}/launch/discover.sh", str(c.index)]]),
+            0o755)
 
     launch = env.get_template("launch_engine.sh.j2")
     if plan.scratch:
@@ -173,6 +179,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
     files["plan.json"] = (spec_dumps(job_spec(plan, jd)), 0o644)
     files["hpcserve_job.py"] = (RUNTIME.read_text(encoding="utf-8"), 0o755)
     files["hpcserve_ownport.py"] = (OWNPORT.read_text(encoding="utf-8"), 0o755)
+    files["hpcserve_preflight.py"] = (PREFLIGHT.read_text(encoding="utf-8"), 0o755)
     if plan.simulate:
         sim = engines.get(plan.engine).sim_source()
         files["hpcserve_sim.py"] = (sim.read_text(encoding="utf-8"), 0o755)

@@ -465,12 +465,21 @@ PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP Ov
         for node in layout["nodes"]:
             self._start_slurmd(node, state, bins)
 
-    def _start_slurmd(self, node: str, state: dict[str, Any], bins: Mapping[str, str]) -> None:
+    def _start_slurmd(self, node: str, state: dict[str, Any], bins: Mapping[str, str],
+                      binds: Mapping[str, str] | None = None) -> None:
         layout = state["layout"]
         # nsenter, not `ip netns exec`: the latter remounts /sys and slurmd then fails with
         # "No filesystem mounted on /sys/fs/cgroup".
         argv = [bins["nsenter"], f"--net=/run/netns/{layout['netns'][node]}",
                 bins["slurmd"], "-f", str(self.conf_path), "-N", node]
+        if binds:
+            # The node's own view of some paths, as a node-local disk differs from its
+            # neighbours': a private mount namespace (slurmd, its steps and their tasks inherit
+            # it) with each source bind-mounted over its target.
+            mounts = " && ".join(f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}"
+                                 for dst, src in binds.items())
+            argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                    f'{mounts} && exec "$@"', "sh", *argv]
         # Each node gets a core of its own (round robin over this machine's), which its tasks
         # inherit: an engine binding threads to "its" CPUs (vLLM's CPU backend) then finds one
         # per node, as on separate machines, instead of all nodes on core 0.
@@ -496,12 +505,13 @@ PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP Ov
             self._save_state(state)
             return pids
 
-    def restart_node(self, node: str) -> None:
-        """Start a crashed node's slurmd again and wait until every node is usable."""
+    def restart_node(self, node: str, binds: Mapping[str, str] | None = None) -> None:
+        """Start a crashed node's slurmd again and wait until every node is usable; `binds`
+        (target -> source) gives that node paths of its own (see _start_slurmd)."""
         with self._locked():
             state = self._load_state()
             bins, _ = self.resolve_binaries()
-            self._start_slurmd(node, state, bins)
+            self._start_slurmd(node, state, bins, binds)
             deadline = time.monotonic() + self.timeout
             while time.monotonic() < deadline:
                 nodes = self._sinfo(bins) or {}

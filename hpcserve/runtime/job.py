@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,7 +29,7 @@ import urllib.request
 
 # The plan.json contract this runtime understands (hpcserve/runtime/spec.py declares it).
 SPEC = "hpcserve-job"
-SPEC_VERSION = 3
+SPEC_VERSION = 4
 
 PHASES = ("pending", "starting", "engines_ready", "router_ready", "serving", "stopping", "requeued",
           "done", "cancelled", "failed")
@@ -98,6 +99,13 @@ def active_ib_devices(root: str = "/sys/class/infiniband") -> list[str]:
 
 
 def cmd_discover(args: argparse.Namespace) -> int:
+    name = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+    nodeid = os.environ.get("SLURM_NODEID", "0")
+    if args.preflight:
+        # First, so that a node whose address cannot be found still reports its checks.
+        pf = _preflight_module()
+        plan = load_spec(args.preflight)
+        pf.write_report(args.preflight, pf.node_report(plan, args.component, int(nodeid), name))
     iface, ip = interface_address(args.iface)
     if args.ib == "auto":
         ib = active_ib_devices()
@@ -109,11 +117,19 @@ def cmd_discover(args: argparse.Namespace) -> int:
         ibs = "-"
     else:
         ibs = args.ib
-    name = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
-    nodeid = os.environ.get("SLURM_NODEID", "0")
     # One tagged line: stderr noise such as "srun: Step created" can never be taken for it.
     print(f"HPCSERVE-NODE {nodeid} {name} {ip} {iface} {ibs}", flush=True)
     return 0
+
+
+def _preflight_module():
+    """hpcserve_preflight.py, beside this file in the job directory (hpcserve.runtime.preflight
+    where this module is imported from the package, as the tests do)."""
+    try:
+        import hpcserve_preflight as checks
+    except ImportError:
+        from hpcserve.runtime import preflight as checks
+    return checks
 
 
 # ------------------------------------------------------------------------------------------ state
@@ -531,8 +547,13 @@ class Job:
                 continue
 
     def discover(self) -> dict[int, list[list[str]]]:
+        """Every node's address (and its preflight report), one srun per component at once."""
         comps = self.plan["components"]
         outs = {}
+        reports = os.path.join(self.dir, "run", "preflight")
+        shutil.rmtree(reports, ignore_errors=True)  # an earlier try's reports say nothing now
+        os.makedirs(reports)
+        t_start = now()
         for c in comps:
             i = c["index"]
             # A file, not a pipe: nobody reads a pipe until srun exits, and srun blocks once the
@@ -549,6 +570,7 @@ class Job:
                 # a component that failed ends discovery at once, whatever the others do
                 bad = [c for c in comps if self.discovery[c["index"]].poll() not in (None, 0)]
                 if bad:
+                    self.preflight((t_start, now()))  # a failed check explains it best
                     raise self._discovery_failed(bad[0], 0)
                 running = [i for i, p in self.discovery.items() if p.poll() is None]
                 if not running:
@@ -561,6 +583,7 @@ class Job:
                 time.sleep(0.05)
         finally:
             self.stop_discovery()
+        self.preflight((t_start, now()))
         found = {}
         for c in comps:
             p = self.discovery[c["index"]]
@@ -573,6 +596,38 @@ class Job:
             self.log(f"component {c['index']} ({c['name']}): " +
                      ", ".join(f"{r[0]}={r[1]}" for r in found[c["index"]]))
         return found
+
+    def preflight(self, window: tuple) -> None:
+        """The nodes' preflight reports judged together: a table in state.json and the log, and
+        a Stop naming node and check for a failed one, before any engine starts."""
+        checks = _preflight_module()
+        reports = checks.read_reports(self.dir)
+        if not reports:
+            return
+        here = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+        result = checks.evaluate(reports, window, self.plan["preflight"], here)
+        result["took_s"] = round(window[1] - window[0], 3)
+        self.state.update(preflight=result)
+        self.log(f"preflight on {len(reports)} node(s) in {result['took_s']:.2f} s "
+                 f"({result['mode']}):")
+        for line in checks.table_text(result):
+            self.log("  " + line)
+        if not result["failed"]:
+            return
+        node, check, detail = result["failed"][0]
+        rep = next(r for r in reports if r["node"] == node)
+        insts = checks.node_instances(self.plan, rep["component"], rep["nodeid"])
+        comp = self.plan["components"][rep["component"]]
+        more = len(result["failed"]) - 1
+        raise Stop("failed", f"preflight: {check} failed on {node}: {detail}" +
+                   (f" (and {more} more failed check(s): see state.json's preflight)"
+                    if more else ""),
+                   {"step": f"discover-{comp['index']}", "reason": "preflight failed",
+                    "check": check, "node": node,
+                    "role": insts[0]["role"] if insts else comp["name"],
+                    "instance": insts[0]["index"] if insts else None,
+                    "instances": [i["name"] for i in insts], "detail": detail,
+                    "log": "logs/hpcserve-job.log", "failed": result["failed"]})
 
     def _discovery_failed(self, c: dict, nrows: int) -> Stop:
         p = self.discovery[c["index"]]
@@ -725,6 +780,9 @@ class Job:
         importing = self.start_image_import()
         found = self.discover()
         self.wait_image_import(importing)
+        if plan["preflight"]["only"]:  # `hpcserve preflight`: the checks are the whole job
+            raise Stop("done", f"preflight passed on {sum(len(v) for v in found.values())} "
+                               "node(s)")
         heads = {}
         for inst in plan["instances"]:
             names = found[inst["component"]][inst["node_offset"]:inst["node_offset"] + inst["nodes"]]
@@ -1274,6 +1332,9 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("discover", help="print this node's address line")
     d.add_argument("--iface", default="auto")
     d.add_argument("--ib", default="none")
+    d.add_argument("--component", type=int, default=0, help="this step's het-job component")
+    d.add_argument("--preflight", metavar="JOB_DIR",
+                   help="also run the preflight checks of JOB_DIR/plan.json on this node")
     a = ap.parse_args(argv)
     if a.cmd == "discover":
         return cmd_discover(a)

@@ -9,7 +9,8 @@ A word (argv, env values) is a string, or a list of parts: strings and {"var": N
 known only in the task (the node's address, its rank), as the launch scripts expand it.
 
 Versions: 1 was hpcserve 0.1.0's undeclared dump of the plan; 2 declared it; 3 adds
-container.import (pyxis: the image imported once per job before any step).
+container.import (pyxis: the image imported once per job before any step); 4 adds preflight (the
+checks every node runs in the discovery step, read there by hpcserve_preflight.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .. import __version__
 from ..words import Var, Word
 
 SPEC = "hpcserve-job"
-SPEC_VERSION = 3
+SPEC_VERSION = 4
 
 
 def dumps(spec: dict) -> str:
@@ -67,6 +68,7 @@ def job_spec(plan, job_dir: str) -> dict:
         # the engines' private temporary directories, to be removed from every node at the end
         "scratch": plan.scratch,
         "network": {"interface": plan.interface, "ib_devices": plan.ib_devices},
+        "preflight": {**plan.preflight, "image": _preflight_image(plan, job_dir)},
         "components": [{"index": c.index, "name": c.name, "nodes": c.nodes,
                         "directives": [list(d) for d in c.directives]}
                        for c in plan.components],
@@ -85,6 +87,25 @@ def _image_import(plan, job_dir: str) -> dict | None:
         return None
     uri, sqsh = enroot_image(plan, job_dir)
     return {"uri": uri, "sqsh": sqsh, "helper": f"{job_dir}/{IMPORT_HELPER}"} if uri else None
+
+
+def _preflight_image(plan, job_dir: str) -> dict | None:
+    """What the image check looks for on every node: a file, or why there is none to look for
+    yet (an image pulled or imported once the job runs)."""
+    from ..containers import apptainer_image, enroot_image
+    runtime = plan.container.runtime
+    if runtime == "none":
+        return None
+    if runtime == "apptainer":
+        image = apptainer_image(plan)
+        if "://" in image:
+            return {"note": f"{image} is pulled by apptainer when the engines start"}
+        return {"path": image}
+    uri, sqsh = enroot_image(plan, job_dir)
+    if uri is None:
+        return {"path": sqsh}
+    who = "the batch host, before any step" if runtime == "pyxis" else "the first task to need it"
+    return {"note": f"{uri} is imported into {sqsh} by {who}"}
 
 
 def _instance(plan, i) -> dict:
@@ -150,6 +171,15 @@ SCHEMA = {
                                "uri": _STR, "sqsh": _STR, "helper": _STR})]}}),
         "scratch": {"type": "boolean"},
         "network": _obj({"interface": _STR, "ib_devices": {}}),
+        "preflight": _obj({
+            "enabled": {"type": "boolean"}, "only": {"type": "boolean"},
+            "mpi": {"type": "boolean"}, "waive": {"type": "array", "items": _STR},
+            "max_clock_skew_s": {"type": "number"}, "min_shm_bytes": _INT,
+            "min_gpu_free_fraction": {"type": "number"},
+            "gid_index": {"type": ["integer", "null"]},
+            "gpus": _obj({"why": _OPT_STR}), "model_optional": _OPT_STR,
+            "tools": {"type": "array", "items": _STR},
+            "image": {"anyOf": [{"type": "null"}, _obj({"path": _STR}), _obj({"note": _STR})]}}),
         "components": {"type": "array", "items": _obj({
             "index": _INT, "name": _STR, "nodes": _INT,
             "directives": {"type": "array", "items": {"type": "array"}}})},

@@ -44,7 +44,7 @@ CANARY: dict[tuple, tuple[Any, list[tuple[str | None, str]]]] = {
     ("site", "container", "workdir"): ("/canary/workdir", [(None, "/canary/workdir")]),
     ("time_limit",): ("12:34:56", [(F_JOB, "#SBATCH --time=12:34:56\n")]),
     ("site", "network", "interface"): ("canaryif0", [(F_P0, "GLOO_SOCKET_IFNAME=canaryif0\n"),
-                                                     ("steps/discover-0.sh", "--iface canaryif0")]),
+                                                     ("launch/discover.sh", "--iface canaryif0")]),
     ("requeue",): (3, [(F_JOB, "#SBATCH --requeue\n"), (F_PLAN, '"requeue": 3')]),
     ("engine", "version"): ("0.5.22", [(F_P0, "SGLang 0.5.22 prefill"), (F_PLAN, '"0.5.22"')]),
     ("engine", "sim_startup_delay"): (1.5, [(F_P0, "HPCSERVE_SIM_STARTUP_DELAY=1.5\n")]),
@@ -132,6 +132,11 @@ CANARY: dict[tuple, tuple[Any, list[tuple[str | None, str]]]] = {
     ("roles", "decode", "sim_fault", "exit_code"): (77, [(F_D1, "HPCSERVE_SIM_FAULT=exit:77:")]),
     ("roles", "decode", "sim_fault", "instances"): ([0, 1], []),  # see DIFFERENTIAL
     ("roles", "decode", "sim_fault", "ranks"): ([2, 0], [(F_D0, "HPCSERVE_SIM_FAULT_RANKS=2,0\n")]),
+    ("site", "network", "gid_index"): (3, [(F_PLAN, '"gid_index": 3')]),
+    ("preflight", "waive"): (["ports", "clock"], [(F_PLAN, '"waive": ["ports", "clock"]')]),
+    ("preflight", "max_clock_skew_s"): (4.5, [(F_PLAN, '"max_clock_skew_s": 4.5')]),
+    ("preflight", "min_shm_gb"): (2.0, [(F_PLAN, '"min_shm_bytes": 2147483648')]),
+    ("preflight", "min_gpu_free_fraction"): (0.85, [(F_PLAN, '"min_gpu_free_fraction": 0.85')]),
 }
 
 # Fields another field shadows: checked in their own render, `mods` applied first.
@@ -193,6 +198,10 @@ DIFFERENTIAL: dict[tuple, tuple[Any, Any, dict]] = {
     # an explicit attn_dp would win over dp_attention
     ("roles", "prefill", "dp_attention"): (False, True, {("roles", "prefill", "attn_dp"): None}),
     ("roles", "decode", "dp_attention"): (False, True, {("roles", "decode", "attn_dp"): None}),
+    ("preflight", "enabled"): (True, False, {}),
+    ("preflight", "mpi"): ("auto", "pmix", {}),
+    # a site whose nodes have no GPU: the preflight's GPU check does not apply (real engine)
+    ("site", "node", "gpu_type"): ("H200", "simulated", {("engine", "simulate"): False}),
 }
 
 # Fields that legitimately leave no trace in the job directory.
@@ -200,7 +209,6 @@ ALLOW = {
     ("site", "name"): "names the site file; the job directory records the site's values, not "
                       "its name",
     ("site", "description"): "informational: shown to people choosing a site",
-    ("site", "node", "gpu_type"): "informational: the GPU model's name",
     ("site", "node", "gpu_memory_gb"): "only the planner's fit check (tests/unit/test_plan.py)",
     ("site", "slurm", "max_nodes"): "only the planner's node-count check (test_broken_configs)",
     ("engine", "name"): "the engine's own tests cover each (tests/unit/test_vllm_plan.py)",

@@ -5,6 +5,7 @@ starts."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -81,4 +82,6 @@ def test_a_batch_host_python_too_old_for_the_runtime_fails_at_once_saying_so(tmp
     assert r.returncode == 1
     assert "is Python 3.6.8; hpcserve_job.py needs Python 3.7 or later" in r.stderr
     state = json.loads((jd / "state.json").read_text())
-    assert state["phase"] == "failed" and state["failure"] == {"reason": "python too old"}
+    assert state["phase"] == "failed" and state["failure"] == {
+        "reason": "preflight failed", "check": "python", "node": socket.gethostname()}
+    assert state["reason"].startswith(f"preflight: python failed on {socket.gethostname()}")

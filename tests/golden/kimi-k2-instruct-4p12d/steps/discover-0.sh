@@ -1,5 +1,5 @@
 #!/bin/bash
-# address discovery on every node of component 0 (prefill): one task per node prints its name, address, interface and IB devices
+# address discovery on every node of component 0 (prefill): one task per node prints its preflight checks, then its name, address, interface and IB devices
 # Started by hpcserve_job.py.
 set -euo pipefail
 exec srun \
@@ -10,4 +10,4 @@ exec srun \
   --overlap \
   --job-name=discover-prefill \
   --kill-on-bad-exit=1 \
-  python3 /jobs/kimi-k2-instruct-4p12d/hpcserve_job.py discover --iface ib0 --ib mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7
+  bash /jobs/kimi-k2-instruct-4p12d/launch/discover.sh 0

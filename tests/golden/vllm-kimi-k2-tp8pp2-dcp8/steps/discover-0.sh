@@ -1,5 +1,5 @@
 #!/bin/bash
-# address discovery on every node of component 0 (worker): one task per node prints its name, address, interface and IB devices
+# address discovery on every node of component 0 (worker): one task per node prints its preflight checks, then its name, address, interface and IB devices
 # Started by hpcserve_job.py.
 set -euo pipefail
 exec srun \
@@ -9,4 +9,4 @@ exec srun \
   --overlap \
   --job-name=discover-worker \
   --kill-on-bad-exit=1 \
-  python3 /jobs/vllm-kimi-k2-tp8pp2-dcp8/hpcserve_job.py discover --iface ib0 --ib mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7
+  bash /jobs/vllm-kimi-k2-tp8pp2-dcp8/launch/discover.sh 0
