@@ -10,6 +10,7 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 # Copied verbatim into every job directory; compared with their sources instead of a golden copy.
 COPIED = {"hpcserve_job.py": ROOT / "hpcserve" / "runtime" / "job.py",
           "hpcserve_ownport.py": ROOT / "hpcserve" / "runtime" / "ownport.py",
+          "hpcserve_preflight.py": ROOT / "hpcserve" / "runtime" / "preflight.py",
           "hpcserve_sim.py": ROOT / "hpcserve" / "sim" / "sglang.py",  # or the engine's own
           "hpcserve_simcore.py": ROOT / "hpcserve" / "sim" / "hpcserve_simcore.py",
           "hpcserve_enroot_import.sh": ROOT / "hpcserve" / "container_recipes" / "enroot-import.sh"}
