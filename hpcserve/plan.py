@@ -9,8 +9,8 @@ the engine (its parallel layout, ports, argv, environment, router) comes from it
 
 from __future__ import annotations
 
-import re
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 

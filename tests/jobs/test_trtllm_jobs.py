@@ -50,7 +50,11 @@ def test_two_nodes_of_mpi_ranks_serve_from_rank_0(submit, dev_cluster):
                         name="t-trt-tp4"))
     st = job.wait({"serving", "failed", "cancelled"}, 90)
     assert st["phase"] == "serving", job.logs()
+    # the preflight ran as one MPI world too (the engine runs under PMIx): node rank 1's clock
+    # measured against rank 0's by ping-pong
+    assert st["preflight"]["mode"] == "mpi" and st["preflight"]["passed"]
     rows = job.node_rows("worker-0")
+    assert "from rank 0" in st["preflight"]["nodes"][rows[1][1]]["clock"][1]
     leader = f"http://{rows[0][2]}:8200"
     assert st["health_urls"] == {"worker-0": leader + "/health"}
     resp = chat(leader, 6)
