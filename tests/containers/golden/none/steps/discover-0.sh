@@ -1,5 +1,5 @@
 #!/bin/bash
-# address discovery on every node of component 0 (prefill): one task per node prints its name, address, interface and IB devices
+# address discovery on every node of component 0 (prefill): one task per node prints its preflight checks, then its name, address, interface and IB devices
 # Started by hpcserve_job.py.
 set -euo pipefail
 exec srun \
@@ -10,4 +10,4 @@ exec srun \
   --overlap \
   --job-name=discover-prefill \
   --kill-on-bad-exit=1 \
-  python3 /shared/hpcserve-jobs/demo-golden/hpcserve_job.py discover --iface eth0 --ib none
+  bash /shared/hpcserve-jobs/demo-golden/launch/discover.sh 0

@@ -1,0 +1,16 @@
+#!/bin/bash
+# Run on every node by steps/discover-*.sh: the node's address, interface and IB devices,
+# after its preflight checks (hpcserve_preflight.py). hpcserve_job.py needs Python 3.7 or
+# later: a node whose python is older says so as its preflight report (check "python"), so that
+# the job names the node instead of failing on a SyntaxError.
+py=python3
+if ! "$py" -c 'import sys; sys.exit(sys.version_info < (3, 7))' 2>/dev/null; then
+  v="$("$py" -V 2>&1 | head -n 1 | tr -cd 'A-Za-z0-9 ._+-')"
+  n="${SLURM_NODEID:-0}"
+  echo "{\"node\": \"${SLURMD_NODENAME:-$(hostname)}\", \"component\": $1, \"nodeid\": $n," \
+       "\"checks\": {\"python\": [\"fail\", \"${v:-no python}: hpcserve_job.py needs" \
+       "Python 3.7 or later (site.paths.python)\"]}}" >/shared/hpcserve-jobs/demo-golden/run/preflight/c$1-n$n.json
+  exit 0
+fi
+exec "$py" /shared/hpcserve-jobs/demo-golden/hpcserve_job.py discover --component "$1" --iface eth0 \
+  --ib mlx5_0,mlx5_1 --preflight /shared/hpcserve-jobs/demo-golden
