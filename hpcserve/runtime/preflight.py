@@ -255,6 +255,17 @@ def check_memlock(rdma: bool) -> list:
                   "/etc/security/limits.conf)"]
 
 
+def _holder(port: int) -> str:
+    """' by process PID (comm) of Slurm job J' where /proc shows who listens on the port: on a
+    shared node that is most often another deployment, and its job id is what a user acts on."""
+    try:
+        import hpcserve_ownport as own  # beside this file in the job directory
+    except ImportError:
+        from hpcserve.runtime import ownport as own
+    inodes = own.listening_inodes(port)
+    return f" by {own.owner_of(inodes)}" if inodes else ""
+
+
 def check_ports(ports: list) -> list:
     taken = []
     for port, what in ports:
@@ -265,7 +276,7 @@ def check_ports(ports: list) -> list:
         try:
             s.bind(("0.0.0.0", port))
         except OSError as e:
-            taken.append(f"{port} ({what}): {e.strerror}")
+            taken.append(f"{port} ({what}): {e.strerror}{_holder(port)}")
         finally:
             s.close()
     if taken:

@@ -62,6 +62,8 @@ def test_kt_weights_missing_on_the_node_fail_for_that_reason(submit, tmp_path):
 def test_legacy_server_serves_from_a_home_of_the_jobs_own(submit, dev_cluster, tmp_path):
     gguf = tmp_path / "gguf"
     gguf.mkdir()
+    # the preflight compares the model files across nodes: an empty directory is refused
+    (gguf / "Kimi-K2-Instruct-Q4_K_M-00001-of-00001.gguf").write_bytes(b"GGUF")
     d = deployment(name="t-kt-legacy")
     d["site"] = {"base": "local", "node": NODE}
     d["model"] = {"profile": "tiny-deepseek-v3", "path": str(gguf), "served_name": "kimi-k2"}

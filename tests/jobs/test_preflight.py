@@ -119,12 +119,17 @@ def test_a_waived_check_is_reported_and_the_job_goes_on(submit, dev_cluster, mod
 def listener_on(cluster, node: str, port: int) -> Iterator[int]:
     """A process listening on `port` in `node`'s network namespace (ended by its PID)."""
     ns = cluster.netns_names()[node]
-    code = ("import socket, sys, time\ns = socket.socket()\ns.bind(('0.0.0.0', int(sys.argv[1])))"
+    # SO_REUSEADDR, as the engines bind: an earlier test's engine on this port leaves
+    # connections in TIME_WAIT, which fail a plain bind() but are not a listener
+    code = ("import socket, sys, time\ns = socket.socket()\n"
+            "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            "s.bind(('0.0.0.0', int(sys.argv[1])))"
             "\ns.listen()\nprint('listening', flush=True)\ntime.sleep(600)")
     p = subprocess.Popen(["nsenter", f"--net=/run/netns/{ns}", sys.executable, "-c", code,
-                          str(port)], stdout=subprocess.PIPE, text=True)
+                          str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert p.stdout.readline().strip() == "listening"
+        line = p.stdout.readline().strip()
+        assert line == "listening", f"no listener on {node}:{port}: {p.stderr.read()[-500:]}"
         yield p.pid
     finally:
         p.kill()
@@ -133,12 +138,13 @@ def listener_on(cluster, node: str, port: int) -> Iterator[int]:
 
 def test_a_port_taken_on_one_node_stops_the_job_naming_node_and_port(submit, dev_cluster):
     dep = workers("t-preflight-port", {"worker": {"nodes": 2}})
-    with listener_on(dev_cluster, "node2", 30000):
+    with listener_on(dev_cluster, "node2", 30000) as holder:
         job = submit(dep)
         st = job.wait({"failed", "serving", "cancelled"}, 60)
     f = st["failure"]
     assert st["phase"] == "failed" and (f["check"], f["node"]) == ("ports", "node2"), st
     assert "30000 (worker-0 http)" in f["detail"] and "in use" in f["detail"]
+    assert f"in use by process {holder} (" in f["detail"], f  # who holds it, from /proc
     assert st["preflight"]["nodes"]["node1"]["ports"][0] == "ok"
     _ended_in_seconds(st)
     _no_engine_started(job)

@@ -1,7 +1,8 @@
 """Two deployments on the same non-exclusive nodes (the local site shares nodes): the second
 must never pass its readiness or smoke request against the first's engines or router. With the
-same ports it fails with the clash named (port, node, and the process that holds it, of the
-first job), and the first keeps serving untouched."""
+same ports its preflight (or, with that check waived, its engines' own port check) stops it
+with the clash named (port, node, and the process that holds it, of the first job), and the
+first keeps serving untouched."""
 
 from __future__ import annotations
 
@@ -34,19 +35,30 @@ def test_a_second_deployment_on_the_same_nodes_never_answers_from_the_first(subm
     st = first.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", first.logs()
     a_nodes = [first.node_rows("prefill-0")[0][1], first.node_rows("decode-0")[0][1]]
+    # Its preflight finds the first's ports taken, before any engine of its own starts.
     second = submit(deployment(1, 1, name="t-share-b"), edit=_pin(a_nodes))
     st2 = second.wait({"serving", "failed", "cancelled"}, 60)
-    assert [second.node_rows("prefill-0")[0][1], second.node_rows("decode-0")[0][1]] == a_nodes
     f = st2["failure"]
-    assert st2["phase"] == "failed" and f["reason"] == "port taken", st2
+    assert st2["phase"] == "failed" and (f["reason"], f["check"]) == ("preflight failed",
+                                                                      "ports"), st2
+    assert sorted(st2["preflight"]["nodes"]) == sorted(a_nodes)
+    assert f["node"] in a_nodes and "in use" in f["detail"], f
+    assert f"of Slurm job {first.id}" in f["detail"], f  # the holder, named with its job
+    # With that check waived (or a port taken between the preflight and the engine's bind), the
+    # engines' own port check stops it, with the holder named the same way.
+    third = submit(deployment(1, 1, name="t-share-c", preflight={"waive": ["ports"]}),
+                   edit=_pin(a_nodes))
+    st3 = third.wait({"serving", "failed", "cancelled"}, 60)
+    assert [third.node_rows("prefill-0")[0][1], third.node_rows("decode-0")[0][1]] == a_nodes
+    f = st3["failure"]
+    assert st3["phase"] == "failed" and f["reason"] == "port taken", st3
     inst = f"{f['role']}-{f['instance']}"
     node = a_nodes[0] if f["role"] in ("prefill", "router") else a_nodes[1]
     assert f["node"] == node and f["port"] in (30000, 8998, 5757, 8000, 29000), f
-    # the holder is the first deployment's process, named with its job
     assert f"of Slurm job {first.id}" in f["holder"], f
-    assert st2["reason"].startswith(f"port {f['port']} on node {node} is taken by "), st2["reason"]
-    assert inst in st2["reason"]
-    assert "engines_ready" not in [h["phase"] for h in st2["history"]]
+    assert st3["reason"].startswith(f"port {f['port']} on node {node} is taken by "), st3["reason"]
+    assert inst in st3["reason"]
+    assert "engines_ready" not in [h["phase"] for h in st3["history"]]
     # the first deployment lost nothing: still serving, through its own router and engines
     assert first.state()["phase"] == "serving"
     out = chat(first.state()["endpoint"], 3)
