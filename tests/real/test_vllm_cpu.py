@@ -112,10 +112,12 @@ def _cpu_has(flag: str) -> bool:
 
 
 def test_the_deepseek_v3_shape_with_expert_parallelism(hs, dev_cluster, tiny_models, tmp_path):
-    """(c) with EP. vLLM 0.32.0's CPU fused-MoE kernel crashes on its first request when experts
-    are remote on CPUs without AMX (the VEC micro-GEMM path, csrc/cpu/cpu_fused_moe.cpp): there
-    the deployment must fail at its smoke request instead of claiming to serve, the engine's
-    crash in its log. Where the CPU has AMX it must serve."""
+    """(c) with EP. vLLM 0.32.0's CPU fused-MoE kernel can crash on a request when experts are
+    remote on CPUs without AMX (the VEC micro-GEMM path, csrc/cpu/cpu_fused_moe.cpp); whether
+    the smoke request hits it depends on the routing of the dummy (random) weights, so it
+    differs from run to run. Either way the deployment must not claim to serve with a crashed
+    engine: it serves real tokens, or it fails at its smoke request with the engine's crash in
+    its log. Where the CPU has AMX it must serve."""
     jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
     cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
     before = leftovers()
@@ -128,7 +130,7 @@ def test_the_deepseek_v3_shape_with_expert_parallelism(hs, dev_cluster, tiny_mod
     # the expert-parallel flag reached both ranks
     launch = (Path(st["job_dir"]) / "launch" / "worker-0.sh").read_text()
     assert "--enable-expert-parallel" in launch
-    if _cpu_has("amx_tile"):
+    if _cpu_has("amx_tile") or st["phase"] == "serving":
         assert st["phase"] == "serving", out.stdout + out.stderr
         _serves_real_tokens(st["endpoint"])
         hs("cancel", job, "--wait")
