@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from . import engines, package_data
 from .engines.base import setting_names
+from .engines.bench_clients import CLIENTS
 from .errors import ConfigError
 from .schema import FieldProblem, Validator, doc, json_schema, schema_ref, shorten
 from .values import ENV_NAME, FLAG_NAME, NAME, ArgValue, EnvValue, check_secrets
@@ -160,8 +161,13 @@ class Site:
 class SimFault:
     """A fault the simulated engine injects (simulate: true only)."""
 
-    kind: Literal["exit", "hang", "unhealthy"] = "exit"
+    kind: Literal["exit", "hang", "unhealthy", "empty", "kv_lost"] = field(
+        default="exit", metadata=doc(
+            "empty: answers with 0 output tokens; kv_lost: a prefill that hands its KV to no "
+            "decode (both after after_requests requests answered as usual)"))
     after: float = field(default=0.0, metadata=doc("seconds after start", ge=0))
+    after_requests: int = field(default=0, metadata=doc(
+        "empty, kv_lost: generation requests answered as usual first", ge=0))
     exit_code: int = field(default=1, metadata=doc("", ge=0, le=255))
     instances: list[int] | None = field(default=None, metadata=doc("instances hit (default all)"))
     ranks: list[int] | None = field(default=None, metadata=doc("node ranks hit (default all)"))
@@ -306,6 +312,60 @@ class Preflight:
         ge=0, le=1))
 
 
+BENCH_CLIENTS = tuple(CLIENTS)
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """Once the deployment serves, the engine's own serving benchmark runs against the router
+    from inside the allocation: one run per point of the sweep (each concurrency, at each request
+    rate), results JSON per point in bench/. A gate refuses results that prove nothing: a point
+    with 0 output tokens, fewer successful requests than asked, or output lengths far off the
+    requested ones fails the benchmark, and the job says why."""
+
+    input_tokens: int | None = field(default=None, metadata=doc(
+        "prompt tokens per request (default: workload.input_tokens)", ge=1, le=10_000_000))
+    output_tokens: int | None = field(default=None, metadata=doc(
+        "output tokens per request, EOS ignored (default: workload.output_tokens)", ge=1,
+        le=10_000_000))
+    concurrency: list[int] = field(default_factory=lambda: [1, 16, 64], metadata=doc(
+        "the sweep: requests in flight at once, one point each"))
+    request_rate: list[float] = field(default_factory=list, metadata=doc(
+        "requests/s to sweep at each concurrency (default: all at once, as fast as they finish)"))
+    prompts_per_point: int | None = field(default=None, metadata=doc(
+        "requests per point (default: 4 x the concurrency, at least 16)", ge=1, le=10_000_000))
+    warmup: int = field(default=2, metadata=doc(
+        "warm-up requests before each point, not counted", ge=0, le=10_000))
+    client: Literal[("auto",) + BENCH_CLIENTS] = field(default="auto", metadata=doc(
+        "whose benchmark client runs (auto: the engine's own; all speak OpenAI completions)"))
+    python: str | None = field(default=None, metadata=doc(
+        "the python that has the client (default: the engine's, or the container's python3)"))
+    tokenizer: str | None = field(default=None, metadata=doc(
+        "tokenizer directory the client builds prompts with (default: model.path)"))
+    point_timeout_s: int = field(default=1800, metadata=doc(
+        "a point still running after this long fails the benchmark", ge=10, le=7 * 86400))
+    min_success: float = field(default=1.0, metadata=doc(
+        "the share of a point's requests that must succeed", ge=0, le=1))
+    output_tolerance: float = field(default=0.25, metadata=doc(
+        "how far (a share of output_tokens) a point's mean output length may fall short",
+        ge=0, le=1))
+    metrics_interval_s: float = field(default=5.0, metadata=doc(
+        "scrape the engines' and the router's Prometheus metrics this often while it runs "
+        "(0: never)", ge=0, le=3600))
+    then: Literal["stop", "serve"] = field(default="stop", metadata=doc(
+        "after the benchmark: end the job (done, or failed with the gate's reason) or go on "
+        "serving"))
+
+    def validate(self) -> None:
+        if not self.concurrency:
+            raise FieldProblem("concurrency", "give at least one point")
+        for name, vals in (("concurrency", self.concurrency), ("request_rate", self.request_rate)):
+            bad = [i for i, v in enumerate(vals) if not 0 < v <= 1_000_000]
+            if bad:
+                raise FieldProblem((name, bad[0]), f"must be above 0 (and at most 1000000), "
+                                                   f"not {vals[bad[0]]}")
+
+
 @dataclass(frozen=True)
 class Deployment:
     """One deployment: which model, on which site, with which engine and roles."""
@@ -330,6 +390,9 @@ class Deployment:
         "overrides site.paths.jobs_dir", pattern=JOB_PATH, pattern_help=JOB_PATH_HELP))
     workload: Workload = field(default_factory=Workload)
     preflight: Preflight = field(default_factory=Preflight)
+    benchmark: Benchmark | None = field(default=None, metadata=doc(
+        "run the engine's serving benchmark once the deployment serves (a mapping, {} for the "
+        "defaults)"))
     requeue: int = field(default=0, metadata=doc(
         "when the deployment fails (not when it is cancelled), requeue the job up to this many "
         "times", ge=0, le=100))

@@ -14,9 +14,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import engines, fit
+from . import benchmark, engines, fit
 from .config import Resolved, merged_settings
 from .engines.base import EngineAdapter, Layout, Net, RoleContext
+from .engines.bench_clients import CLIENTS, BenchPoint
 from .engines.flags import FlagError, Release
 from .errors import ConfigError
 from .values import FromEnv
@@ -101,6 +102,21 @@ class RouterPlan:
 
 
 @dataclass(frozen=True)
+class BenchPlan:
+    """benchmark: the client's run per point, where it runs, and what the gate asks."""
+
+    client: str            # bench_clients.CLIENTS key
+    title: str
+    python: str
+    tokenizer: str
+    component: int         # the client runs on this component's node `node_offset`: the
+    node_offset: int       # router's, or the one instance's leader
+    points: tuple[tuple[BenchPoint, tuple[Word, ...]], ...]   # each point with its argv
+    env: tuple[tuple[str, Word], ...]
+    spec: dict             # plan.json's benchmark block
+
+
+@dataclass(frozen=True)
 class Plan:
     name: str
     engine: str
@@ -133,6 +149,7 @@ class Plan:
     files: tuple[tuple[str, str], ...] = ()   # job-dir path -> text: the engine's own files
     fits: tuple = ()                          # fit.RoleFit per role (hpcserve plan shows them)
     preflight: dict = field(default_factory=dict)  # plan.json's preflight block, less the image
+    benchmark: BenchPlan | None = None
     sim: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
@@ -555,10 +572,61 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
                                        + _secret_names(prof))),
         files=tuple(sorted(d.files.items())), fits=tuple(d.fits),
         preflight=_preflight(d, router),
+        benchmark=_benchmark(d, router),
         sim={"startup_delay": dep.engine.sim_startup_delay,
              "prefill_s_per_token": dep.engine.sim_prefill_s_per_token,
              "decode_s_per_token": dep.engine.sim_decode_s_per_token},
         warnings=tuple(d.warnings), notes=tuple(d.notes))
+
+
+BENCH_DIR = "bench"   # in the job directory: each point's results file, the summary, metrics
+
+
+def _benchmark(d: _Draft, router: RouterPlan | None) -> BenchPlan | None:
+    """The serving benchmark: the same workload at every point of the sweep, against the router
+    (or the one instance there is), run from the node the router runs on."""
+    dep = d.cfg.deployment
+    b = dep.benchmark
+    if b is None:
+        return None
+    if router is None and len(d.instances) > 1:
+        raise _err(d.cfg, ("benchmark",), f"the benchmark needs one address to measure: enable "
+                                          f"the router (there are {len(d.instances)} instances)")
+    if router is not None and router.api_key_env:
+        raise _err(d.cfg, ("benchmark",), "the router wants an API key (router.args.api-key), "
+                                          "which the benchmark clients do not send")
+    client, python = _bench_client(d)
+    inp = b.input_tokens or dep.workload.input_tokens
+    out = b.output_tokens or dep.workload.output_tokens
+    where = ((router.component, router.node_offset) if router else
+             (d.instances[0].component, d.instances[0].node_offset))
+    tokenizer = b.tokenizer or dep.model.path
+    points = benchmark.sweep(client, served_name=d.served_name, tokenizer=tokenizer,
+                             input_tokens=inp,
+                             output_tokens=out, warmup=b.warmup, concurrency=b.concurrency,
+                             rates=b.request_rate, prompts_per_point=b.prompts_per_point)
+    d.notes.extend(client.notes)
+    spec = benchmark.spec(client, points, bench_dir=BENCH_DIR, input_tokens=inp,
+                          output_tokens=out, warmup=b.warmup, point_timeout_s=b.point_timeout_s,
+                          min_success=b.min_success, output_tolerance=b.output_tolerance,
+                          metrics_interval_s=b.metrics_interval_s, then=b.then)
+    env = {"PYTHONUNBUFFERED": "1", **{k: _env_word(v) for k, v in dep.env.items()}}
+    return BenchPlan(client=client.name, title=client.title, python=python, tokenizer=tokenizer,
+                     component=where[0], node_offset=where[1], points=tuple(points),
+                     env=tuple(env.items()), spec=spec)
+
+
+def _bench_client(d: _Draft) -> tuple:
+    """The client benchmark: runs and the python that has it: benchmark.python, else the
+    site's python for that client's engine, else the engine's own (when it is the engine's
+    client and the engine is real), else the container's (or the node's) python3."""
+    dep = d.cfg.deployment
+    b = dep.benchmark
+    client = CLIENTS[d.adapter.bench_client if b.client == "auto" else b.client]
+    own = None if dep.engine.simulate or client.name != d.adapter.bench_client else (
+        dep.engine.python)
+    return client, (b.python or d.cfg.site.paths.engine_python.get(client.name) or own
+                    or "python3")
 
 
 PREFLIGHT_TIME = "00:10:00"
@@ -572,7 +640,8 @@ def preflight_only(p: Plan) -> Plan:
                                                           for k, v in c.directives))
                   for c in p.components)
     return dataclasses.replace(p, components=comps, time_limit=PREFLIGHT_TIME, requeue=0,
-                               preflight={**p.preflight, "enabled": True, "only": True})
+                               preflight={**p.preflight, "enabled": True, "only": True},
+                               benchmark=None)
 
 
 # What a site's node.gpu_type says when its nodes have no NVIDIA GPU (the local test cluster).
@@ -595,6 +664,8 @@ def _preflight(d: _Draft, router: RouterPlan | None) -> dict:
         progs = [_engine_python(d) if simulate else d.adapter.command(_engine_python(d))[0]]
         if router is not None:
             progs.append(router.command[0])
+        if dep.benchmark is not None:
+            progs.append(_bench_client(d)[1])
         tools += [p for p in dict.fromkeys(progs) if isinstance(p, str) and p not in tools]
     return {"enabled": pf.enabled, "only": False,
             "mpi": pf.mpi == "pmix" or (pf.mpi == "auto" and

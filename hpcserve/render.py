@@ -14,6 +14,8 @@ from pathlib import Path
 
 from . import __version__, engines, package_data
 from .containers import container_files, wrap_task
+from .benchmark import launch_script
+from .engines.bench_clients import CLIENTS
 from .errors import HpcserveError
 from .plan import Instance, Plan
 from .runtime.spec import dumps as spec_dumps
@@ -24,6 +26,7 @@ from .words import Var, Word, quote
 RUNTIME = package_data.path("runtime", "job.py")
 OWNPORT = package_data.path("runtime", "ownport.py")  # beside each engine: whose is its port
 PREFLIGHT = package_data.path("runtime", "preflight.py")  # the checks every node runs
+BENCH = package_data.path("runtime", "bench.py")  # the benchmark's results and gate
 SIM_CORE = package_data.path("sim", "hpcserve_simcore.py")  # every stand-in's
 
 
@@ -149,7 +152,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
             rank_args=[" ".join(quote(w) for w in r) for r in inst.rank_argv],
             own_ports=_port_list(inst.port, *(p for _, p in inst.ports)),
             own_timeout=plan.readiness.engine_timeout + 60,
-            command=_argv_lines(cmd, inst.argv)), 0o755)
+            command=argv_lines(cmd, inst.argv)), 0o755)
 
     if plan.router:
         r = plan.router
@@ -171,8 +174,10 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
             files=[(name, [quote(w) for w in lines]) for name, lines in r.files],
             own_ports=_port_list(r.port, r.prometheus_port),
             own_timeout=plan.readiness.router_timeout + 60,
-            command=_argv_lines(list(r.command), r.argv)), 0o755)
+            command=argv_lines(list(r.command), r.argv)), 0o755)
 
+    if plan.benchmark:
+        files.update(_bench_files(plan, jd, step))
     for path, text in plan.files:
         files[path] = (text, 0o644)
     files.update(container_files(plan, jd))
@@ -180,11 +185,30 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
     files["hpcserve_job.py"] = (RUNTIME.read_text(encoding="utf-8"), 0o755)
     files["hpcserve_ownport.py"] = (OWNPORT.read_text(encoding="utf-8"), 0o755)
     files["hpcserve_preflight.py"] = (PREFLIGHT.read_text(encoding="utf-8"), 0o755)
+    files["hpcserve_bench.py"] = (BENCH.read_text(encoding="utf-8"), 0o755)
     if plan.simulate:
         sim = engines.get(plan.engine).sim_source()
         files["hpcserve_sim.py"] = (sim.read_text(encoding="utf-8"), 0o755)
         files[SIM_CORE.name] = (SIM_CORE.read_text(encoding="utf-8"), 0o755)
     return files
+
+
+def _bench_files(plan: Plan, jd: str, step) -> dict[str, tuple[str, int]]:
+    """steps/bench.sh and launch/bench.sh: the benchmark client, one run per point."""
+    b = plan.benchmark
+    srun_extra, prefix = wrap_task(plan, jd, "bench")
+    target = f"{plan.router.name} (the router)" if plan.router else plan.instances[0].name
+    return {
+        "steps/bench.sh": (step.render(
+            title=f"benchmark: {b.title} on node {b.node_offset} of component {b.component}",
+            needs_nodelist=True,
+            srun=[quote(w) for w in _srun(plan, b.component, 1, "bench", nodelist=True,
+                                          overlap=True) + srun_extra],
+            command=[quote(w) for w in prefix + ["bash", f"{jd}/launch/bench.sh"]]), 0o755),
+        "launch/bench.sh": (launch_script(
+            CLIENTS[b.client], b.python, b.spec, list(b.points), job_dir=jd, target=target,
+            env=list(b.env), started_by="Started by hpcserve_job.py once the deployment "
+                                       "serves (SERVING_URL: run/endpoints.env)"), 0o755)}
 
 
 def _port_list(serving: int, *others: int | None) -> str:
@@ -213,14 +237,15 @@ def _sim_env(plan: Plan, inst: Instance) -> list[tuple[str, Word]]:
     f = inst.fault
     if f is not None:
         spec = {"exit": f"exit:{f.exit_code}:{f.after:g}", "hang": f"hang:{f.after:g}",
-                "unhealthy": "unhealthy"}[f.kind]
+                "unhealthy": "unhealthy", "empty": f"empty:{f.after_requests}",
+                "kv_lost": f"kv-lost:{f.after_requests}"}[f.kind]
         out.append(("HPCSERVE_SIM_FAULT", spec))
         if f.ranks is not None:
             out.append(("HPCSERVE_SIM_FAULT_RANKS", ",".join(map(str, f.ranks))))
     return out
 
 
-def _argv_lines(cmd: list[Word], argv: tuple[Word, ...]) -> list[str]:
+def argv_lines(cmd: list[Word], argv: tuple[Word, ...]) -> list[str]:
     """One line per option with its values, so a person reads the command as in the docs."""
     lines = [" ".join(quote(w) for w in cmd)]
     cur: list[str] = []

@@ -244,6 +244,8 @@ class EngineAdapter:
     port_fields: dict[str, str] = {}  # role keys that move a port's first value -> their doc
     health_path: str = "/health"
     stop_signal: str = "TERM"
+    # the engine's own serving benchmark client (bench_clients.CLIENTS), which benchmark: runs
+    bench_client: str = "vllm"
     # The engine leaves temporary files behind (IPC sockets, rendezvous files, compile caches):
     # give each task a TMPDIR of the job's own on its node, removed after the job's steps ended.
     scratch: bool = False

@@ -207,6 +207,9 @@ class KTransformersLegacy(EngineAdapter):
     router = NoRouter("the legacy KTransformers server has no router hpcserve can put in front "
                       "of it")
     sim_file = "ktransformers_legacy.py"
+    # It ships no serving benchmark client; SGLang's speaks the OpenAI completions it serves
+    # (benchmark.python must name a python that has it).
+    bench_client = "sglang"
     # It has no health route; the model is loaded before uvicorn starts, so the first answer
     # of /v1/models means ready.
     health_path = "/v1/models"

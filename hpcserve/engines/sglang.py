@@ -168,6 +168,7 @@ class SGLang(EngineAdapter):
     vocabulary = Vocabulary(SPELLINGS, OWNED, LEGACY)
     router = SGLangRouter()
     sim_file = "sglang.py"
+    bench_client = "sglang"
     port_fields = {"bootstrap_port": "first PD bootstrap port (prefill)",
                    "dist_init_port": "first torch.distributed init port"}
 

@@ -168,6 +168,7 @@ class TRTLLM(EngineAdapter):
     vocabulary = Vocabulary(SPELLINGS, OWNED, {})
     router = DisaggServer()
     sim_file = "trtllm.py"
+    bench_client = "trtllm"
     port_fields: dict[str, str] = {}
 
     def command(self, python: str) -> list[Word]:

@@ -183,6 +183,7 @@ class VLLM(EngineAdapter):
     vocabulary = Vocabulary(SPELLINGS, OWNED, LEGACY)
     router = VLLMRouter()
     sim_file = "vllm.py"
+    bench_client = "vllm"
     scratch = True  # ZMQ socket files and /tmp/vllm_dist_* stay in /tmp after a clean exit
     port_fields = {"master_port": "first torch.distributed port of multi-node TP/PP "
                                   "(--master-port)",

@@ -29,7 +29,7 @@ import urllib.request
 
 # The plan.json contract this runtime understands (hpcserve/runtime/spec.py declares it).
 SPEC = "hpcserve-job"
-SPEC_VERSION = 4
+SPEC_VERSION = 5
 
 PHASES = ("pending", "starting", "engines_ready", "router_ready", "serving", "stopping", "requeued",
           "done", "cancelled", "failed")
@@ -120,6 +120,18 @@ def cmd_discover(args: argparse.Namespace) -> int:
     # One tagged line: stderr noise such as "srun: Step created" can never be taken for it.
     print(f"HPCSERVE-NODE {nodeid} {name} {ip} {iface} {ibs}", flush=True)
     return 0
+
+
+BENCH_STEP = "bench"
+
+
+def _bench_module():
+    """hpcserve_bench.py, beside this file in the job directory (as _preflight_module)."""
+    try:
+        import hpcserve_bench as bench
+    except ImportError:
+        from hpcserve.runtime import bench
+    return bench
 
 
 def _preflight_module():
@@ -246,6 +258,8 @@ class Job:
         self.requeued_by_slurm = False          # Slurm put the job back in the queue itself
         self.excluded_nodes: list[str] = []     # lost nodes a requeue must not land on again
         self.router_node: str | None = None     # known once the router's step starts
+        self.router_addr: str | None = None
+        self.bench: dict | None = None          # the benchmark step while it runs
         self.signal_seen: tuple[int, float] | None = None  # (signum, when), set by on_signal
         try:
             self.t0 = float(os.environ.get("HPCSERVE_BATCH_T0", ""))
@@ -337,6 +351,8 @@ class Job:
         if self.resolve_signal():
             raise self.signal_stop
         for name, p in self.steps.items():
+            if name == BENCH_STEP:
+                continue  # its end is the gate's to judge (bench_tick), not a crash
             rc = p.poll()
             if rc is not None:
                 time.sleep(0.3)  # a scancel signals steps and us together: let our signal land
@@ -804,13 +820,16 @@ class Job:
                                        for i in plan["instances"]})
         if not router:
             self.state.update("serving", endpoint=None)
+            self.start_bench(found, f"http://{heads[plan['instances'][0]['name']]}:"
+                                    f"{plan['instances'][0]['port']}")
             self.watch(heads, None)
         env_lines = [f"{i['role'].upper()}_{i['index']}_IP={shlex.quote(heads[i['name']])}"
                      for i in plan["instances"]]
         with open(os.path.join(self.dir, "run", "endpoints.env"), "w") as f:
             f.write("\n".join(env_lines) + "\n")
         rnode = found[router["component"]][router["node_offset"]]
-        self.router_node = rnode[0]
+        self.router_node, self.router_addr = rnode[0], rnode[1]
+        self.state.update(router_node=rnode[0])
         self.start_step("router", "steps/router.sh", [rnode[0]])
         url = f"http://{rnode[1]}:{router['port']}"
         self.wait_router(url, router["readiness"], rd)
@@ -819,7 +838,104 @@ class Job:
             self.smoke(url, rd)
         self.state.update("serving", endpoint=url, serving_after_s=round(now() - self.t0, 3))
         self.log(f"serving at {url}")
+        self.start_bench(found, url)
         self.watch(heads, url)
+
+    # -- the benchmark
+    def start_bench(self, found: dict, url: str) -> None:
+        """benchmark: the client's step on the router's node (or the one instance's leader),
+        told the serving URL through run/endpoints.env."""
+        b = self.plan.get("benchmark")
+        if not b:
+            return
+        node = found[b["component"]][b["node_offset"]][0]
+        with open(os.path.join(self.dir, "run", "endpoints.env"), "a") as f:
+            f.write(f"SERVING_URL={shlex.quote(url)}\n")
+        os.makedirs(os.path.join(self.dir, b["dir"]), exist_ok=True)
+        self.start_step(BENCH_STEP, "steps/bench.sh", [node])
+        self.bench = {"node": node, "t0": now(), "next_scrape": now(),
+                      "log_sizes": self.engine_log_sizes()}
+        self.state.update(benchmark={"running": True, "node": node, "client": b["client"],
+                                     "points": [p["label"] for p in b["points"]],
+                                     "started_at": round(now(), 3)})
+        self.log(f"benchmark: {b['title']} on {node} against {url}, "
+                 f"{len(b['points'])} point(s)")
+
+    def engine_log_sizes(self) -> dict:
+        """Each engine log's size now: what an engine logs from here on is the benchmark's."""
+        logs = os.path.join(self.dir, "logs")
+        names = tuple(i["name"] + "." for i in self.plan["instances"])
+        out = {}
+        for f in os.listdir(logs):
+            if f.startswith(names) and f.endswith(".log"):
+                out[f] = os.path.getsize(os.path.join(logs, f))
+        return out
+
+    def engine_error(self, sizes: dict) -> str | None:
+        """The first error an engine logged while the benchmark ran (a client sees only "HTTP
+        500"; the decode's log says its KV never came)."""
+        for f in sorted(self.engine_log_sizes()):
+            for line in _read_from(os.path.join(self.dir, "logs", f),
+                                   sizes.get(f, 0)).splitlines():
+                if "ERROR" in line or "Error" in line:
+                    return f"{f.split('.')[0]} ({f.split('.')[2]}): {line.strip()[:300]}"
+        return None
+
+    def metrics_targets(self, heads: dict) -> list:
+        """Every Prometheus endpoint of the deployment: each instance leader's /metrics and
+        the router's metrics port."""
+        out = [(i["name"], f"http://{heads[i['name']]}:{i['port']}/metrics")
+               for i in self.plan["instances"]]
+        r = self.plan.get("router")
+        if r and self.router_addr and r.get("prometheus_port"):
+            out.append(("router", f"http://{self.router_addr}:{r['prometheus_port']}/metrics"))
+        return out
+
+    def bench_tick(self, heads: dict) -> None:
+        """While the benchmark runs: scrape metrics now and then; once its step ended, the
+        gate (a Stop unless it passed and the deployment goes on serving)."""
+        b, spec = self.bench, self.plan.get("benchmark")
+        if not b or b.get("done"):
+            return
+        step = self.steps[BENCH_STEP]
+        every = spec["metrics_interval_s"]
+        if step.poll() is None:
+            if every and now() >= b["next_scrape"]:
+                _bench_module().scrape(self.metrics_targets(heads),
+                                       os.path.join(self.dir, spec["dir"], "metrics"))
+                b["next_scrape"] = now() + every
+            return
+        b["done"] = True
+        self.bench_verdict(spec, step.returncode)
+
+    def bench_verdict(self, spec: dict, rc: int) -> None:
+        bench = _bench_module()
+        bdir = os.path.join(self.dir, spec["dir"])
+        result = bench.evaluate(bdir, spec)
+        result.update(node=self.bench["node"], step_rc=rc,
+                      took_s=round(now() - self.bench["t0"], 3))
+        f = result["failed"]
+        if f and "wrote no results" in f["reason"]:
+            last = _tail(os.path.join(bdir, "bench.log"), 1)
+            if last:
+                f["reason"] += f": {last[0].strip()[:300]}"
+        if f:
+            seen = self.engine_error(self.bench["log_sizes"])
+            if seen:
+                f["reason"] += f"; engine log {seen}"
+        with open(os.path.join(bdir, "summary.json"), "w") as fh:
+            json.dump(result, fh, indent=1)
+        self.state.update(benchmark=result)
+        for p in result["points"]:
+            self.log(f"benchmark {bench.one_line(p)}")
+        if f:
+            raise Stop("failed", f"benchmark failed at point {f['point']}: {f['reason']}",
+                       {"step": BENCH_STEP, "role": "benchmark", "node": self.bench["node"],
+                        "reason": "benchmark failed", "point": f["point"],
+                        "detail": f["reason"]})
+        self.log(f"benchmark passed: {len(result['points'])} point(s) in {result['took_s']:.1f} s")
+        if spec["then"] == "stop":
+            raise Stop("done", f"benchmark passed ({len(result['points'])} point(s))")
 
     @staticmethod
     def health_url(heads: dict, inst: dict) -> str:
@@ -839,6 +955,7 @@ class Job:
         next_nodes = now() + lv["node_interval"]
         while True:
             self.sleep(lv["interval"])
+            self.bench_tick(heads)
             for name, url in targets:
                 self.check()
                 kind, detail = probe(url, lv["timeout"])
@@ -1159,7 +1276,9 @@ class Job:
         try:
             ids = self.step_ids()
             # Router first, so no new request reaches an engine that is going away.
-            tiers = [["router"], [n for n in self.steps if n != "router"]]
+            # The benchmark client first: its requests would only fail from here on.
+            tiers = [[BENCH_STEP], ["router"],
+                     [n for n in self.steps if n not in ("router", BENCH_STEP)]]
             for tier in tiers:
                 tier = [n for n in tier if n in self.steps and self.steps[n].poll() is None]
                 if not tier:

@@ -10,7 +10,8 @@ known only in the task (the node's address, its rank), as the launch scripts exp
 
 Versions: 1 was hpcserve 0.1.0's undeclared dump of the plan; 2 declared it; 3 adds
 container.import (pyxis: the image imported once per job before any step); 4 adds preflight (the
-checks every node runs in the discovery step, read there by hpcserve_preflight.py).
+checks every node runs in the discovery step, read there by hpcserve_preflight.py); 5 adds
+benchmark (the serving benchmark's points, where its results are and what its gate asks).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .. import __version__
 from ..words import Var, Word
 
 SPEC = "hpcserve-job"
-SPEC_VERSION = 4
+SPEC_VERSION = 5
 
 
 def dumps(spec: dict) -> str:
@@ -69,6 +70,11 @@ def job_spec(plan, job_dir: str) -> dict:
         "scratch": plan.scratch,
         "network": {"interface": plan.interface, "ib_devices": plan.ib_devices},
         "preflight": {**plan.preflight, "image": _preflight_image(plan, job_dir)},
+        "benchmark": plan.benchmark and {**plan.benchmark.spec,
+                                         "python": plan.benchmark.python,
+                                         "tokenizer": plan.benchmark.tokenizer,
+                                         "component": plan.benchmark.component,
+                                         "node_offset": plan.benchmark.node_offset},
         "components": [{"index": c.index, "name": c.name, "nodes": c.nodes,
                         "directives": [list(d) for d in c.directives]}
                        for c in plan.components],
@@ -180,6 +186,19 @@ SCHEMA = {
             "gpus": _obj({"why": _OPT_STR}), "model_optional": _OPT_STR,
             "tools": {"type": "array", "items": _STR},
             "image": {"anyOf": [{"type": "null"}, _obj({"path": _STR}), _obj({"note": _STR})]}}),
+        "benchmark": {"anyOf": [{"type": "null"}, _obj({
+            "client": _STR, "title": _STR, "dir": _STR, "input_tokens": _INT,
+            "output_tokens": _INT, "warmup": _INT,
+            "points": {"type": "array", "items": _obj({
+                "label": _STR, "concurrency": _INT, "rate": {"type": ["number", "null"]},
+                "prompts": _INT, "file": _STR})},
+            "keys": _obj({"output": _STR, "failed": _OPT_STR, "json_lines": {"type": "boolean"},
+                          "metrics": {"type": "object", "additionalProperties": _STR}}),
+            "point_timeout_s": _INT,
+            "gate": _obj({"min_success": {"type": "number"},
+                          "output_tolerance": {"type": "number"}}),
+            "metrics_interval_s": {"type": "number"}, "then": {"enum": ["stop", "serve"]},
+            "python": _STR, "tokenizer": _STR, "component": _INT, "node_offset": _INT})]},
         "components": {"type": "array", "items": _obj({
             "index": _INT, "name": _STR, "nodes": _INT,
             "directives": {"type": "array", "items": {"type": "array"}}})},

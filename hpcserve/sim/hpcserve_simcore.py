@@ -14,6 +14,9 @@ Shared knobs (environment):
   HPCSERVE_SIM_DECODE_S_PER_TOKEN    time per output token (default 0)
   HPCSERVE_SIM_FAULT                 exit:CODE:AFTER_S | hang:AFTER_S | unhealthy (AFTER_S counts
                                      from process start; a hung server also ignores SIGTERM)
+                                     | empty:AFTER_N (0 output tokens) | kv-lost:AFTER_N (a PD
+                                     prefill hands no KV to its decode), after AFTER_N
+                                     generation requests answered as usual
   HPCSERVE_SIM_FAULT_RANKS           node ranks the fault applies to, e.g. "0,2" (default: all)
 """
 
@@ -277,6 +280,8 @@ class EngineBase:
         self.init_timeout = env_float("HPCSERVE_SIM_INIT_TIMEOUT", 60.0)
         self.peer_loss_delay = env_float("HPCSERVE_SIM_PEER_LOSS_DELAY", 0.5)
         self.startup_delay = env_float("HPCSERVE_SIM_STARTUP_DELAY", 0.0)
+        self.requests = 0               # generation requests so far
+        self.request_faults = {}        # "empty" / "kv-lost" -> requests answered before it
 
     def exit(self, code, msg):
         """The one way out once peers may exist: tell them why, then leave without waiting for
@@ -321,6 +326,8 @@ class EngineBase:
                 self._after(after, lambda: self.fault_exit(code))
             elif parts[0] == "hang" and len(parts) == 2:
                 self._after(float(parts[1]), self.fault_hang)
+            elif parts[0] in ("empty", "kv-lost") and len(parts) == 2:
+                self.request_faults[parts[0]] = int(parts[1])
             elif parts == ["unhealthy"]:
                 self.unhealthy = True
                 self.tell_leader({"fault": "unhealthy", "rank": self.rank})
@@ -328,8 +335,17 @@ class EngineBase:
                 raise ValueError
         except ValueError:
             fatal(2, f"invalid HPCSERVE_SIM_FAULT={spec!r}: expected exit:CODE:AFTER_S, "
-                     "hang:AFTER_S or unhealthy")
+                     "hang:AFTER_S, unhealthy, empty:AFTER_N or kv-lost:AFTER_N")
         log(f"fault injection armed: {spec}")
+
+    def count_request(self):
+        with self.lock:
+            self.requests += 1
+
+    def faulty(self, kind):
+        """Whether a request fault (empty, kv-lost) applies to the request being answered."""
+        after = self.request_faults.get(kind)
+        return after is not None and self.requests > after
 
     def _after(self, delay, fn):
         t = threading.Timer(max(0.0, delay - (time.monotonic() - START)), fn)
@@ -497,6 +513,7 @@ class HandlerBase(BaseHTTPRequestHandler):
             body = self.read_body()
             if eng.terminating or eng.status != "ready":
                 return self.error(kind, 503, "server is not ready or is shutting down")
+            eng.count_request()
             self.generate(kind, body)
         except BadRequest as e:
             self.error(kind, 400, str(e))
@@ -536,6 +553,9 @@ class HandlerBase(BaseHTTPRequestHandler):
     def respond(self, kind, body, rid, model, prompt, n, extra=None):
         """Generate n tokens (decode_s each) and answer as one JSON or an SSE stream; `extra`
         adds top-level fields (vLLM's kv_transfer_params) to the response."""
+        if self.engine.faulty("empty"):
+            log("fault injection: answering with 0 output tokens")
+            n = 0
         if body.get("stream"):
             return self.stream(kind, body, rid, model, prompt, n, extra or {})
         for _ in range(n):

@@ -315,7 +315,9 @@ class SimHandler(HandlerBase):
                 eng.fetch_room(host, port, room)
         else:
             time.sleep(sum(prompts) * eng.prefill_s)
-        if eng.mode == "prefill":
+        if eng.mode == "prefill" and eng.faulty("kv-lost"):
+            log(f"fault injection: the KV of bootstrap_room(s) {rooms} goes to no decode")
+        elif eng.mode == "prefill":
             for room, n in zip(rooms, prompts):
                 eng.register_room(room, {"bootstrap_room": room, "prompt_tokens": n,
                                          "prefill": f"{eng.args.host}:{eng.args.port}"})

@@ -11,6 +11,7 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 COPIED = {"hpcserve_job.py": ROOT / "hpcserve" / "runtime" / "job.py",
           "hpcserve_ownport.py": ROOT / "hpcserve" / "runtime" / "ownport.py",
           "hpcserve_preflight.py": ROOT / "hpcserve" / "runtime" / "preflight.py",
+          "hpcserve_bench.py": ROOT / "hpcserve" / "runtime" / "bench.py",
           "hpcserve_sim.py": ROOT / "hpcserve" / "sim" / "sglang.py",  # or the engine's own
           "hpcserve_simcore.py": ROOT / "hpcserve" / "sim" / "hpcserve_simcore.py",
           "hpcserve_enroot_import.sh": ROOT / "hpcserve" / "container_recipes" / "enroot-import.sh"}

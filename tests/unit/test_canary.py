@@ -23,6 +23,7 @@ from unitkit import Leaf, del_path, leaf_fields, set_path, string_carrying, writ
 F_P0, F_P1 = "launch/prefill-0.sh", "launch/prefill-1.sh"
 F_D0, F_D1 = "launch/decode-0.sh", "launch/decode-1.sh"
 F_R, F_JOB, F_PLAN = "launch/router.sh", "job.sbatch", "plan.json"
+F_B = "launch/bench.sh"
 
 # The canary deployment's topology: 6-GPU nodes; prefill 2 instances x 2 nodes (TP 3 x PP 4),
 # decode 2 instances x 3 nodes (TP 9 x PP 2), the router on its own component.
@@ -137,6 +138,18 @@ CANARY: dict[tuple, tuple[Any, list[tuple[str | None, str]]]] = {
     ("preflight", "max_clock_skew_s"): (4.5, [(F_PLAN, '"max_clock_skew_s": 4.5')]),
     ("preflight", "min_shm_gb"): (2.0, [(F_PLAN, '"min_shm_bytes": 2147483648')]),
     ("preflight", "min_gpu_free_fraction"): (0.85, [(F_PLAN, '"min_gpu_free_fraction": 0.85')]),
+    ("benchmark", "input_tokens"): (1234, [(F_B, "--random-input-len 1234 ")]),
+    ("benchmark", "output_tokens"): (56, [(F_B, "--random-output-len 56 ")]),
+    ("benchmark", "concurrency"): ([3, 5], [(F_B, "\npoint c3-r2.5 "),
+                                            (F_B, "--max-concurrency 5 ")]),
+    ("benchmark", "request_rate"): ([2.5], [(F_B, "--request-rate 2.5 ")]),
+    ("benchmark", "prompts_per_point"): (77, [(F_B, "--num-prompts 77 ")]),
+    ("benchmark", "warmup"): (3, [(F_B, "--warmup-requests 3 ")]),
+    ("benchmark", "point_timeout_s"): (999, [(F_B, "point c5-r2.5 999 "),
+                                             (F_PLAN, '"point_timeout_s": 999')]),
+    ("benchmark", "min_success"): (0.75, [(F_PLAN, '"min_success": 0.75')]),
+    ("benchmark", "output_tolerance"): (0.35, [(F_PLAN, '"output_tolerance": 0.35')]),
+    ("benchmark", "metrics_interval_s"): (12.5, [(F_PLAN, '"metrics_interval_s": 12.5')]),
 }
 
 # Fields another field shadows: checked in their own render, `mods` applied first.
@@ -160,6 +173,13 @@ VARIANT: dict[tuple, tuple[Any, list, dict]] = {
     ("site", "paths", "router_python"): ("/canary/site/router/python",
                                          [(F_R, "  /canary/site/router/python -m ")],
                                          {("router", "python"): None}),
+    # request faults count requests, not seconds
+    ("roles", "prefill", "sim_fault", "after_requests"): (
+        5, [(F_P1, "HPCSERVE_SIM_FAULT=kv-lost:5\n")],
+        {("roles", "prefill", "sim_fault", "kind"): "kv_lost"}),
+    ("roles", "decode", "sim_fault", "after_requests"): (
+        6, [(F_D0, "HPCSERVE_SIM_FAULT=empty:6\n")],
+        {("roles", "decode", "sim_fault", "kind"): "empty"}),
     # gres replaces --gpus-per-node
     ("site", "slurm", "gres"): ("gpu:canary:6", [(F_JOB, "#SBATCH --gres=gpu:canary:6\n")], {}),
     # a share of one node instead of whole nodes
@@ -199,6 +219,8 @@ DIFFERENTIAL: dict[tuple, tuple[Any, Any, dict]] = {
     ("roles", "prefill", "dp_attention"): (False, True, {("roles", "prefill", "attn_dp"): None}),
     ("roles", "decode", "dp_attention"): (False, True, {("roles", "decode", "attn_dp"): None}),
     ("preflight", "enabled"): (True, False, {}),
+    ("benchmark", "client"): ("auto", "vllm", {}),
+    ("benchmark", "then"): ("stop", "serve", {}),
     ("preflight", "mpi"): ("auto", "pmix", {}),
     # a site whose nodes have no GPU: the preflight's GPU check does not apply (real engine)
     ("site", "node", "gpu_type"): ("H200", "simulated", {("engine", "simulate"): False}),

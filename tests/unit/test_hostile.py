@@ -58,7 +58,7 @@ RUNTIMES = ["pyxis", "apptainer", "enroot", "none"]
 START_SENSITIVE = {"-leading-dash", "~"}
 # Commands named by config values: a stub is installed at the configured path.
 COMMANDS = {("site", "paths", "python"), ("engine", "python"), ("router", "python"),
-            ("site", "paths", "router_python")}
+            ("site", "paths", "router_python"), ("benchmark", "python")}
 # Mapping fields get one entry: key -> the hostile value.
 MAP_KEYS = {("site", "slurm", "extra_directives"): "comment",
             ("roles", "prefill", "args"): "chat-template", ("roles", "decode", "args"): "chat-template",
@@ -195,7 +195,8 @@ class Run:
             nodes[i.name] = rows
         (self.job / "run" / "endpoints.env").write_text("".join(
             f"{i.role.upper()}_{i.index}_IP={shlex.quote(nodes[i.name][0][2])}\n"
-            for i in self.plan.instances), encoding="utf-8")
+            for i in self.plan.instances) + "SERVING_URL=http://10.9.9.9:8000\n",
+            encoding="utf-8")
         env = stub_env(self.bin, self.log, self.home, NODELIST="n1,n2", SLURM_JOB_ID="77",
                        SLURM_STEP_ID="3")
         runs = [("job.sbatch", [], {}, True)]
@@ -206,6 +207,8 @@ class Run:
         tasks = [(i.name, nodes[i.name][0][1]) for i in self.plan.instances]
         if self.plan.router:
             tasks.append(("router", "router-node"))
+        if self.plan.benchmark:
+            tasks.append(("bench", "router-node"))
         if "launch/container-task.sh" in self.files:
             for task, node in tasks:
                 for fail in (["unsquashfs"], []) if self.runtime == "enroot" else ([],):
@@ -218,6 +221,8 @@ class Run:
                 runs.append((f"launch/{name}.sh", [], {"SLURMD_NODENAME": r[1]}, True))
         if self.plan.router:
             runs.append(("launch/router.sh", [], {}, True))
+        if self.plan.benchmark:
+            runs.append(("launch/bench.sh", [], {}, True))
         for rel, args, extra, must_succeed in runs:
             p = subprocess.run(["bash", str(self.job / rel), *args], env={**env, **extra},
                                cwd=self.cwd, capture_output=True, text=True, timeout=30,

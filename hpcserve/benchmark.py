@@ -1,0 +1,228 @@
+"""The serving benchmark's sweep and its launch script, shared by a deployment's own
+`benchmark:` step and `hpcserve bench JOB` against one that already serves.
+
+One script runs the client once per point (bench_clients: the engine's own client, or the one
+named), each point's results and exit in one directory of the job's, which the gate
+(runtime/bench.py) reads. The script is the same whether the deployment's job starts it as a
+step, `hpcserve bench --in-allocation` starts it as a step of the running allocation, or a
+small job of its own runs it beside the deployment (submitit).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import engines
+from .engines.bench_clients import CLIENTS, BenchClient, BenchPoint, BenchRun
+from .errors import HpcserveError
+from .words import Var, Word, quote
+
+
+def sweep(client: BenchClient, *, served_name: str, tokenizer: str, input_tokens: int,
+          output_tokens: int, warmup: int, concurrency: list[int], rates: list[float],
+          prompts_per_point: int | None) -> list[tuple[BenchPoint, tuple[Word, ...]]]:
+    """Every point (each concurrency at each rate) with the client's argv for it."""
+    out = []
+    for c in concurrency:
+        for rate in rates or [None]:
+            pt = BenchPoint(c, rate, prompts_per_point or max(16, 4 * c))
+            run = BenchRun(base_url=(Var("SERVING_URL"),), served_name=served_name,
+                           tokenizer=tokenizer, input_tokens=input_tokens,
+                           output_tokens=output_tokens, warmup=warmup, point=pt,
+                           result_dir=(Var("BENCH_DIR"),), result_file=f"{pt.label}.json")
+            out.append((pt, tuple(client.argv(run))))
+    return out
+
+
+def spec(client: BenchClient, points: list, *, bench_dir: str, input_tokens: int,
+         output_tokens: int, warmup: int, point_timeout_s: int, min_success: float,
+         output_tolerance: float, metrics_interval_s: float, then: str) -> dict:
+    """plan.json's benchmark block: the points, where their results are, what the gate asks."""
+    return {"client": client.name, "title": client.title, "dir": bench_dir,
+            "input_tokens": input_tokens, "output_tokens": output_tokens, "warmup": warmup,
+            "points": [{"label": p.label, "concurrency": p.concurrency, "rate": p.rate,
+                        "prompts": p.prompts, "file": f"{p.label}.json"} for p, _ in points],
+            "keys": client.keys(), "point_timeout_s": point_timeout_s,
+            "gate": {"min_success": min_success, "output_tolerance": output_tolerance},
+            "metrics_interval_s": metrics_interval_s, "then": then}
+
+
+def launch_script(client: BenchClient, python: str, spec_: dict, points: list, *, job_dir: str,
+                  target: str, env: list[tuple[str, Word]], started_by: str,
+                  serving_url: str | None = None) -> str:
+    """The bash script that runs every point in turn (launch_bench.sh.j2)."""
+    from .render import argv_lines  # the renderer's one-option-per-line layout
+    from .templates import jinja
+    cmd: list[Word] = list(client.command(python))
+    return jinja().get_template("launch_bench.sh.j2").render(
+        title=client.title, target=target, job_dir=job_dir, bench_dir=spec_["dir"],
+        started_by=started_by, serving_url=serving_url, input_tokens=spec_["input_tokens"],
+        output_tokens=spec_["output_tokens"], env=[(k, quote(v)) for k, v in env],
+        timeout=spec_["point_timeout_s"],
+        points=[(p.label, argv_lines(cmd, argv)) for p, argv in points])
+
+
+# ------------------------------------------------------------- hpcserve bench JOB: on demand
+
+RUNS_DIR = "bench-runs"   # in the job directory: one folder per `hpcserve bench` run
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What `hpcserve bench` was asked for; None: the deployment's benchmark:, else defaults."""
+
+    concurrency: tuple[int, ...] = ()
+    rates: tuple[float, ...] = ()
+    prompts: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    warmup: int | None = None
+    client: str | None = None
+    python: str | None = None
+    tokenizer: str | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A run's files, written into the job directory: the script and what the gate reads."""
+
+    job_dir: str
+    bench_dir: str        # absolute
+    script: str           # absolute
+    spec: dict
+    node: str             # where --in-allocation runs it: the first instance's leader node
+    het_group: int | None  # that node's het-job component (None: not a het job)
+
+
+def prepare(entry, runner, ask: Sweep, stamp: str) -> Prepared:
+    """The run's launch script and spec in JOB_DIR/bench-runs/STAMP, for a job that serves."""
+    jd = entry.job_dir
+    plan = _json(runner, f"{jd}/plan.json")
+    state = _json(runner, f"{jd}/state.json") or {}
+    if not plan:
+        raise HpcserveError(f"{jd}/plan.json cannot be read: not an hpcserve job directory")
+    if state.get("phase") != "serving":
+        raise HpcserveError(f"job {entry.job_id} is not serving (phase: "
+                            f"{state.get('phase', 'pending')}): nothing to benchmark")
+    url = state.get("endpoint") or _instance_url(state)
+    own = plan.get("benchmark") or {}
+    name = ask.client or own.get("client") or engines.get(plan["engine"]["name"]).bench_client
+    if name not in CLIENTS:
+        raise HpcserveError(f"--client {name!r}: one of {', '.join(sorted(CLIENTS))}")
+    client = CLIENTS[name]
+    inp = ask.input_tokens or own.get("input_tokens") or 2000
+    out = ask.output_tokens or own.get("output_tokens") or 100
+    warmup = ask.warmup if ask.warmup is not None else own.get("warmup", 2)
+    conc = list(ask.concurrency) or [p["concurrency"] for p in own.get("points", [])] or [1, 16]
+    points = _dedup(sweep(client, served_name=plan["served_name"],
+                          tokenizer=ask.tokenizer or own.get("tokenizer") or plan["model_path"],
+                          input_tokens=inp,
+                          output_tokens=out, warmup=warmup, concurrency=conc,
+                          rates=list(ask.rates), prompts_per_point=ask.prompts))
+    rel = f"{RUNS_DIR}/{stamp}"
+    s = spec(client, points, bench_dir=rel, input_tokens=inp, output_tokens=out, warmup=warmup,
+             point_timeout_s=own.get("point_timeout_s", 1800),
+             min_success=own.get("gate", {}).get("min_success", 1.0),
+             output_tolerance=own.get("gate", {}).get("output_tolerance", 0.25),
+             metrics_interval_s=0, then="serve")
+    text = launch_script(client, ask.python or own.get("python") or "python3", s, points, job_dir=jd,
+                         target=url, env=[("PYTHONUNBUFFERED", "1")],
+                         started_by="Started by `hpcserve bench` against a deployment that "
+                                    "serves", serving_url=url)
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "launch.sh").write_text(text, encoding="utf-8")
+        Path(tmp, "spec.json").write_text(json.dumps(s, indent=1), encoding="utf-8")
+        runner.put_tree(tmp, f"{jd}/{rel}")
+    first = plan["instances"][0]
+    rows = (runner.read_text(f"{jd}/run/{first['name']}.nodes") or "").split()
+    node = rows[1] if len(rows) > 1 else ""
+    het = first["component"] if len(plan["components"]) > 1 else None
+    return Prepared(jd, f"{jd}/{rel}", f"{jd}/{rel}/launch.sh", s, node, het)
+
+
+def _dedup(points: list) -> list:
+    seen, out = set(), []
+    for p, argv in points:
+        if p.label not in seen:
+            seen.add(p.label)
+            out.append((p, argv))
+    return out
+
+
+def _instance_url(state: dict) -> str:
+    urls = list((state.get("health_urls") or {}).values())
+    if len(urls) != 1:
+        raise HpcserveError("the job serves no single endpoint to benchmark")
+    return urls[0].split("/", 3)[0] + "//" + urls[0].split("/", 3)[2]
+
+
+def _json(runner, path: str):
+    text = runner.read_text(path)
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+def in_allocation(prep: Prepared, entry, runner, timeout: float) -> dict:
+    """The run as a step of the deployment's own allocation (no spare node needed), on the
+    node of its first instance's leader; the gate's verdict on its results."""
+    het = [] if prep.het_group is None else [f"--het-group={prep.het_group}"]
+    res = runner.run(["srun", f"--jobid={entry.job_id.split('+')[0]}", *het, "--overlap",
+                      "--nodes=1", "--ntasks=1", f"--nodelist={prep.node}", "--job-name=bench",
+                      "bash", prep.script], check=False, timeout=timeout)
+    result = verdict(prep, runner)
+    f = result["failed"]
+    if f and res.rc != 0 and "did not run" in f["reason"]:
+        why = " | ".join((res.err or res.out).strip().splitlines()[-2:])
+        f["reason"] += f": srun exited with code {res.rc}: {why}"
+    return result
+
+
+def verdict(prep: Prepared, runner) -> dict:
+    """The gate on the run's files, read through the runner (the job directory may be remote)."""
+    from .runtime import bench
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in prep.spec["points"]:
+            for name in (p["file"], f"{p['label']}.run.json"):
+                text = runner.read_text(f"{prep.bench_dir}/{name}")
+                if text is not None:
+                    Path(tmp, name).write_text(text, encoding="utf-8")
+        return bench.evaluate(tmp, prep.spec)
+
+
+def run_script(script: str, bench_dir: str, spec_: dict) -> dict:
+    """What the small job runs on its node (submitit calls it there): the launch script, then
+    the gate on its results; submitit brings the returned verdict back to the command."""
+    import subprocess
+    from .runtime import bench
+    subprocess.run(["bash", script], check=False)
+    return bench.evaluate(bench_dir, spec_)
+
+
+def as_job(prep: Prepared, plan_partition: str | None, minutes: int, name: str) -> dict:
+    """The run as a one-node Slurm job of its own beside the deployment: submitit writes the
+    batch script, submits it, waits for it and unpickles the function's result here."""
+    import logging
+
+    import submitit
+    # It logs to stdout, and warns on every poll where sacct has no accounting to ask (a site
+    # without slurmdbd): the result file it waits for arrives all the same.
+    logging.getLogger("submitit").setLevel(logging.ERROR)
+    ex = submitit.SlurmExecutor(folder=f"{prep.bench_dir}/submitit")
+    params = {"nodes": 1, "ntasks_per_node": 1, "time": minutes, "job_name": f"{name}-bench"}
+    if plan_partition:
+        params["partition"] = plan_partition
+    ex.update_parameters(**params)
+    job = ex.submit(run_script, prep.script, prep.bench_dir, prep.spec)
+    return job.result()
+
+
+def partition_of(runner, entry) -> str | None:
+    """The partition the deployment's first component runs in: the small job goes beside it."""
+    plan = _json(runner, f"{entry.job_dir}/plan.json") or {}
+    comps = plan.get("components") or [{}]
+    return next((v for k, v in comps[0].get("directives", []) if k == "partition"), None)

@@ -1,0 +1,20 @@
+#!/bin/bash
+# benchmark: SGLang bench_serving on node 0 of component 0
+# Started by hpcserve_job.py with NODELIST set to this step's nodes.
+set -euo pipefail
+exec srun \
+  --het-group=0 \
+  --nodes=1 \
+  --ntasks=1 \
+  --ntasks-per-node=1 \
+  --nodelist="${NODELIST}" \
+  --overlap \
+  --job-name=bench \
+  --kill-on-bad-exit=1 \
+  --container-image=/jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sqsh \
+  --container-mounts=/lustre:/lustre,/jobs/kimi-k2-instruct-4p12d:/jobs/kimi-k2-instruct-4p12d \
+  --container-workdir=/jobs/kimi-k2-instruct-4p12d \
+  --no-container-mount-home \
+  --container-writable \
+  --container-env=NCCL_IB_HCA,NCCL_SOCKET_IFNAME,GLOO_SOCKET_IFNAME,UCX_NET_DEVICES \
+  bash /jobs/kimi-k2-instruct-4p12d/launch/container-task.sh bench bash /jobs/kimi-k2-instruct-4p12d/launch/bench.sh
