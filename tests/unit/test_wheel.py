@@ -64,3 +64,29 @@ def test_submit_says_what_to_install_when_the_router_python_lacks_it(installed, 
     assert r.stderr.startswith("hpcserve: error: the router runs as "), r.stderr
     assert "cannot import sglang_router" in r.stderr and "hpcserve[dev]" in r.stderr
     assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "job").exists()
+
+
+def test_the_installed_wheel_draws_a_benchmark_report(installed, tmp_path):
+    """matplotlib comes with the wheel: `hpcserve report` writes the PNGs and the page."""
+    import json
+    from test_bench_gate import spec, vllm_result, write
+    from hpcserve.runtime import bench
+    jd = tmp_path / "job"
+    (jd / "bench").mkdir(parents=True)
+    for lb in ("c1", "c4"):
+        write(jd / "bench", lb, vllm_result())
+    state = {"phase": "done", "benchmark": bench.evaluate(str(jd / "bench"), spec("vllm"))}
+    (jd / "state.json").write_text(json.dumps(state))
+    (jd / "plan.json").write_text(json.dumps({
+        "name": "w", "engine": {"title": "vLLM", "version": "0.32.0"},
+        "components": [{"nodes": 2}], "instances": [{"gpus_per_node": 8, "nodes": 2}]}))
+    sd = tmp_path / "state"
+    sd.mkdir()
+    (sd / "deployments.jsonl").write_text(json.dumps(
+        {"job_id": "5", "name": "w", "job_dir": str(jd), "remote": None}) + "\n")
+    r = subprocess.run([str(installed), "report", "5"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "HPCSERVE_STATE_DIR": str(sd)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == f"report: {jd}/report/report.html"
+    assert {p.name for p in (jd / "report").iterdir()} == {
+        "throughput.png", "latency.png", "report.html", "report.json"}
