@@ -18,6 +18,7 @@ from pathlib import Path
 from . import engines
 from .engines.bench_clients import CLIENTS, BenchClient, BenchPoint, BenchRun
 from .errors import HpcserveError
+from .slurm.runner import read_json
 from .words import Var, Word, quote
 
 
@@ -100,8 +101,8 @@ class Prepared:
 def prepare(entry, runner, ask: Sweep, stamp: str) -> Prepared:
     """The run's launch script and spec in JOB_DIR/bench-runs/STAMP, for a job that serves."""
     jd = entry.job_dir
-    plan = _json(runner, f"{jd}/plan.json")
-    state = _json(runner, f"{jd}/state.json") or {}
+    plan = read_json(runner, f"{jd}/plan.json")
+    state = read_json(runner, f"{jd}/state.json") or {}
     if not plan:
         raise HpcserveError(f"{jd}/plan.json cannot be read: not an hpcserve job directory")
     if state.get("phase") != "serving":
@@ -157,14 +158,6 @@ def _instance_url(state: dict) -> str:
     if len(urls) != 1:
         raise HpcserveError("the job serves no single endpoint to benchmark")
     return urls[0].split("/", 3)[0] + "//" + urls[0].split("/", 3)[2]
-
-
-def _json(runner, path: str):
-    text = runner.read_text(path)
-    try:
-        return json.loads(text) if text else None
-    except ValueError:
-        return None
 
 
 def in_allocation(prep: Prepared, entry, runner, timeout: float) -> dict:
@@ -223,6 +216,6 @@ def as_job(prep: Prepared, plan_partition: str | None, minutes: int, name: str) 
 
 def partition_of(runner, entry) -> str | None:
     """The partition the deployment's first component runs in: the small job goes beside it."""
-    plan = _json(runner, f"{entry.job_dir}/plan.json") or {}
+    plan = read_json(runner, f"{entry.job_dir}/plan.json") or {}
     comps = plan.get("components") or [{}]
     return next((v for k, v in comps[0].get("directives", []) if k == "partition"), None)

@@ -55,6 +55,22 @@ def write_tiny_model(file: str) -> None:
                    timeout=300)
 
 
+def show_benchmark(entry, job_dir: Path, runner) -> None:
+    """The deployment's benchmark: step, which started once it served: its verdict, then
+    `hpcserve report` (the table, and the plots and page in the job's report/)."""
+    from . import report
+    print("   the benchmark (its engine's own client, one run per point) runs beside it...")
+    end = time.time() + 600
+    while "passed" not in (json.loads((job_dir / "state.json").read_text()).get("benchmark")
+                           or {}):
+        if time.time() > end:
+            raise HpcserveError("the benchmark gave no verdict within 600 s")
+        time.sleep(1)
+    jb = report.load(entry, runner)
+    print("   " + report.table_text([jb]).replace("\n", "\n   "))
+    print(f"   hpcserve report {entry.job_id}: {report.write([jb], job_dir / 'report')}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scripts/demo")
     ap.add_argument("--keep", action="store_true", help="leave the job and the cluster running")
@@ -90,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.real:
             print("   (real tokens from vLLM; the weights are random, so the text is too)")
         entry = deployments.find(job_id)
+        if json.loads((job_dir / "plan.json").read_text()).get("benchmark"):
+            show_benchmark(entry, job_dir, runner)
         print("4. hpcserve status:")
         print("   " + ops.status_table(ops.status([entry], lambda _r: runner)).replace("\n", "\n   "))
         if a.keep:

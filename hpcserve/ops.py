@@ -18,6 +18,7 @@ from . import deployments
 from .errors import HpcserveError
 from .slurm import parsers
 from .slurm.client import parse_job_id
+from .slurm.runner import read_json
 
 TERMINAL_PHASES = {"done", "cancelled", "failed"}
 ACTIVE_SLURM = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
@@ -99,11 +100,7 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
 
 def preflight_result(runner, job_dir: str) -> dict | None:
     """state.json's preflight table (None where the job ended before its checks ran)."""
-    text = runner.read_text(posixpath.join(job_dir, "state.json"))
-    try:
-        return json.loads(text).get("preflight") if text else None
-    except ValueError:
-        return None
+    return (read_json(runner, posixpath.join(job_dir, "state.json")) or {}).get("preflight")
 
 
 def plan_ports(p) -> set[int]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import HpcserveError
+from .slurm.runner import read_json
 
 PLOTS = ("throughput.png", "latency.png")
 
@@ -32,8 +33,8 @@ class JobBench:
 
 def load(entry, runner) -> JobBench:
     """One job's benchmark, or a one-line error saying why there is none."""
-    state = _read_json(runner, f"{entry.job_dir}/state.json")
-    plan = _read_json(runner, f"{entry.job_dir}/plan.json")
+    state = read_json(runner, f"{entry.job_dir}/state.json")
+    plan = read_json(runner, f"{entry.job_dir}/plan.json")
     b = (state or {}).get("benchmark")
     if not plan or not b or "points" not in b:
         why = ("it is still running" if b and b.get("running") else
@@ -44,14 +45,6 @@ def load(entry, runner) -> JobBench:
     gpus = sum(i["gpus_per_node"] * i["nodes"] for i in plan["instances"])
     return JobBench(entry.job_id, plan["name"], f"{plan['engine']['title']} "
                     f"{plan['engine']['version']}", nodes, max(gpus, 1), b)
-
-
-def _read_json(runner, path: str):
-    text = runner.read_text(path)
-    try:
-        return json.loads(text) if text else None
-    except ValueError:
-        return None
 
 
 def _ms(p: dict, metric: str, stat: str):
@@ -127,7 +120,7 @@ def plot_data(data: list[dict]) -> dict:
         out["throughput"].append((f"{name} ({job})", [r["concurrency"] for r in pts],
                                   [r["output_tok_s_per_gpu"] for r in pts]))
         for key, label, _ in LATENCIES:
-            out["latency"].append((f"{label} {job}", [r["output_tok_s_per_gpu"] for r in pts],
+            out["latency"].append((f"{label}, job {job}", [r["output_tok_s_per_gpu"] for r in pts],
                                    [r[key] for r in pts]))
     return out
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what hpcserve's demo and tests need on a fresh Debian/Ubuntu machine, idempotently:
-# system packages (Slurm, OpenMPI, OpenSSH, iproute2) and a project virtualenv in .venv.
+# system packages (Slurm, OpenMPI, OpenSSH, iproute2, Chromium for the report page test) and a
+# project virtualenv in .venv.
 # Every step is skipped when its result is already there, so re-running costs about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."

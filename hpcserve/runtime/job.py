@@ -716,7 +716,10 @@ class Job:
             self.log(f"node cleanup error: {e!r}")
         final = "cancelled" if phase == "cancelled" else phase
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-        if final == "failed" and self.requeue_after(reason, restarts):
+        # A benchmark that failed its gate measured the deployment: another try of the same
+        # deployment would measure the same, so that failure is not requeued.
+        if final == "failed" and (failure or {}).get("reason") != "benchmark failed" and \
+                self.requeue_after(reason, restarts):
             return 0
         self.record(final, reason=reason, finished_at=round(now(), 3), restarts=restarts)
         self.log(f"final state: {final} ({reason})")
@@ -861,6 +864,19 @@ class Job:
         self.log(f"benchmark: {b['title']} on {node} against {url}, "
                  f"{len(b['points'])} point(s)")
 
+    def bench_evidence(self, reason: str, bdir: str) -> str:
+        """What the logs add to a failed point: the client's last words (or srun's, where the
+        step never started it), and the first error an engine logged meanwhile."""
+        out = ""
+        if "wrote no results" in reason or "did not run" in reason:
+            last = (_tail(os.path.join(bdir, "bench.log"), 1) if "wrote" in reason else
+                    _tail(os.path.join(self.dir, "logs", f"{BENCH_STEP}.srun.log"), 1,
+                          self.log_offsets.get(BENCH_STEP, 0)))
+            if last:
+                out += f": {last[0].strip()[:300]}"
+        seen = self.engine_error(self.bench["log_sizes"])
+        return out + (f"; engine log {seen}" if seen else "")
+
     def engine_log_sizes(self) -> dict:
         """Each engine log's size now: what an engine logs from here on is the benchmark's."""
         logs = os.path.join(self.dir, "logs")
@@ -915,14 +931,8 @@ class Job:
         result.update(node=self.bench["node"], step_rc=rc,
                       took_s=round(now() - self.bench["t0"], 3))
         f = result["failed"]
-        if f and "wrote no results" in f["reason"]:
-            last = _tail(os.path.join(bdir, "bench.log"), 1)
-            if last:
-                f["reason"] += f": {last[0].strip()[:300]}"
         if f:
-            seen = self.engine_error(self.bench["log_sizes"])
-            if seen:
-                f["reason"] += f"; engine log {seen}"
+            f["reason"] += self.bench_evidence(f["reason"], bdir)
         with open(os.path.join(bdir, "summary.json"), "w") as fh:
             json.dump(result, fh, indent=1)
         self.state.update(benchmark=result)

@@ -7,6 +7,7 @@ command, its exit code and what it printed.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -33,6 +34,15 @@ class CommandError(HpcserveError):
         if detail:
             msg += ": " + " | ".join(detail[-3:])
         super().__init__(msg)
+
+
+def read_json(runner, path: str):
+    """A JSON file through a runner (None: absent, unreadable or not JSON yet)."""
+    text = runner.read_text(path)
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
 
 
 class LocalRunner:

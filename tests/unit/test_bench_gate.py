@@ -102,8 +102,8 @@ def test_report_rows_are_per_node_and_per_gpu_and_the_plot_draws_them(tmp_path):
     assert "TTFT p50" in text and text.splitlines()[-1].split()[:3] == ["42", "c4", "ok"]
     drawn = report.plot_data(rows)
     assert drawn["throughput"] == [("kimi (42)", [1, 4], [3.125, 3.125])]
-    assert [ln[0] for ln in drawn["latency"]] == ["TTFT p50 42", "TTFT p99 42", "TPOT p50 42",
-                                                  "TPOT p99 42"]
+    assert [ln[0] for ln in drawn["latency"]] == ["TTFT p50, job 42", "TTFT p99, job 42",
+                                                  "TPOT p50, job 42", "TPOT p99, job 42"]
     page = report.write([j], tmp_path / "r").read_text()
     assert page.count("data:image/png;base64,") == 2 and "<td>c4</td>" in page
 
