@@ -99,6 +99,35 @@ def test_the_gate_fails_a_benchmark_that_proves_nothing(hs_module, dev_cluster, 
     wait_no_job_processes(dev_cluster, 60)
 
 
+def test_a_real_vllm_on_cpu_benchmarked_by_its_own_client_then_the_job_ends(
+        hs, dev_cluster, tiny_models, tmp_path):
+    """The real engine, its own `vllm bench serve` from the same environment (the site's engine
+    python), then `then: stop`: the job ends done, the report draws it."""
+    from conftest import real_deployment, write_deployment
+    jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
+    dep = real_deployment("real-bench", tiny_models["llama"], "tiny-llama", jobs, {},
+                          str(Path(dev_cluster.state_dir).parent / "inductor-cache"))
+    dep["benchmark"] = {"input_tokens": IN, "output_tokens": OUT, "concurrency": POINTS,
+                        "prompts_per_point": PROMPTS, "warmup": 1}
+    out = hs("submit", str(write_deployment(tmp_path, dep)), check=False).stdout
+    job = _job_id(out)
+    job_dir = Path(_status(hs, job)["job_dir"])
+    st = wait_final(job_dir, {"failed", "done", "cancelled"}, 600)
+    assert (st["phase"], st["reason"]) == ("done", f"benchmark passed ({len(POINTS)} point(s))"), \
+        (job_dir / "logs" / "hpcserve-job.log").read_text()[-3000:]
+    b = st["benchmark"]
+    assert [(p["label"], p["completed"], p["output_tokens"]) for p in b["points"]] == [
+        (f"c{c}", PROMPTS, PROMPTS * OUT) for c in POINTS]
+    raw = json.loads((job_dir / "bench" / "c4.json").read_text())
+    assert raw["backend"] == "openai" and raw["tokenizer_id"] == tiny_models["llama"]
+    # the real engine's own metrics, scraped while it ran
+    assert "vllm:generation_tokens_total" in (job_dir / "bench" / "metrics" /
+                                              "worker-0.prom").read_text()
+    rep = hs("report", job, "--out", str(tmp_path / "r")).stdout
+    assert "passed" in rep.splitlines()[0] and (tmp_path / "r" / "throughput.png").is_file()
+    wait_no_job_processes(dev_cluster, 60)
+
+
 @pytest.fixture(scope="module")
 def passed_job(request, tmp_path_factory, dev_cluster, vllm_cpu, tiny_models):
     """One simulated deployment whose benchmark passed and that goes on serving."""
@@ -259,32 +288,3 @@ def test_hpcserve_bench_over_ssh_runs_as_a_step_of_the_allocation(passed_job, de
     # a step of the deployment's own job, on its first instance's leader node
     node = (job_dir / "run" / "prefill-0.nodes").read_text().split()[1]
     assert f"hpcserve-bench: Slurm job {job} step " in log and f" on {node}, " in log, log
-
-
-def test_a_real_vllm_on_cpu_benchmarked_by_its_own_client_then_the_job_ends(
-        hs, dev_cluster, tiny_models, tmp_path):
-    """The real engine, its own `vllm bench serve` from the same environment (the site's engine
-    python), then `then: stop`: the job ends done, the report draws it."""
-    from conftest import real_deployment, write_deployment
-    jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
-    dep = real_deployment("real-bench", tiny_models["llama"], "tiny-llama", jobs, {},
-                          str(Path(dev_cluster.state_dir).parent / "inductor-cache"))
-    dep["benchmark"] = {"input_tokens": IN, "output_tokens": OUT, "concurrency": POINTS,
-                        "prompts_per_point": PROMPTS, "warmup": 1}
-    out = hs("submit", str(write_deployment(tmp_path, dep)), check=False).stdout
-    job = _job_id(out)
-    job_dir = Path(_status(hs, job)["job_dir"])
-    st = wait_final(job_dir, {"failed", "done", "cancelled"}, 600)
-    assert (st["phase"], st["reason"]) == ("done", f"benchmark passed ({len(POINTS)} point(s))"), \
-        (job_dir / "logs" / "hpcserve-job.log").read_text()[-3000:]
-    b = st["benchmark"]
-    assert [(p["label"], p["completed"], p["output_tokens"]) for p in b["points"]] == [
-        (f"c{c}", PROMPTS, PROMPTS * OUT) for c in POINTS]
-    raw = json.loads((job_dir / "bench" / "c4.json").read_text())
-    assert raw["backend"] == "openai" and raw["tokenizer_id"] == tiny_models["llama"]
-    # the real engine's own metrics, scraped while it ran
-    assert "vllm:generation_tokens_total" in (job_dir / "bench" / "metrics" /
-                                              "worker-0.prom").read_text()
-    rep = hs("report", job, "--out", str(tmp_path / "r")).stdout
-    assert "passed" in rep.splitlines()[0] and (tmp_path / "r" / "throughput.png").is_file()
-    wait_no_job_processes(dev_cluster, 60)
