@@ -126,10 +126,13 @@ def plot_data(data: list[dict]) -> dict:
 
 
 def plot(jobs: list[JobBench], out: Path) -> list[Path]:
-    """throughput.png and latency.png in `out`, one line per job (and latency)."""
+    """throughput.png and latency.png in `out`, one line per job (and latency), and the same
+    figures as SVG (text kept as text, each line a group "<plot>-<k>"), which a script or a
+    test can read back: axes, labels, and where each point was drawn."""
     import matplotlib
     matplotlib.use("Agg")  # no display on a login node
     import matplotlib.pyplot as plt
+    plt.rcParams["svg.fonttype"] = "none"
     out.mkdir(parents=True, exist_ok=True)
     lines = plot_data(rows(jobs))
     styles = [s for _, _, s in LATENCIES]
@@ -141,7 +144,7 @@ def plot(jobs: list[JobBench], out: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for k, (label, xs, ys) in enumerate(lines[name]):
             ax.plot(xs, ys, "o-" if name == "throughput" else styles[k % len(styles)],
-                    label=label)
+                    label=label, gid=f"{name}-{k}")
         ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
         if name == "throughput":
             ax.set_xscale("log", base=2)
@@ -149,6 +152,7 @@ def plot(jobs: list[JobBench], out: Path) -> list[Path]:
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out / f"{name}.png", dpi=100)
+        fig.savefig(out / f"{name}.svg")
         plt.close(fig)
     return [out / p for p in PLOTS]
 

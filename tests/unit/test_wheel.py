@@ -89,4 +89,5 @@ def test_the_installed_wheel_draws_a_benchmark_report(installed, tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == f"report: {jd}/report/report.html"
     assert {p.name for p in (jd / "report").iterdir()} == {
-        "throughput.png", "latency.png", "report.html", "report.json"}
+        "throughput.png", "latency.png", "throughput.svg", "latency.svg", "report.html",
+        "report.json"}
