@@ -128,3 +128,24 @@ def test_bench_and_report_of_a_job_that_is_not_serving_say_so_in_one_line(tmp_pa
         p = subprocess.run([hs, *args], env=env, capture_output=True, text=True, timeout=60)
         assert (p.returncode, p.stderr, p.stdout) == (2, want, ""), p
     assert not (jd / "bench-runs").exists()
+
+
+def test_two_jobs_side_by_side_one_line_each(tmp_path):
+    jobs = []
+    for jid, nodes, lens in (("42", 16, [OUT] * 8), ("43", 4, [OUT // 2 - 1] * 8)):
+        d = tmp_path / jid
+        d.mkdir()
+        for lb in ("c1", "c4"):
+            write(d, lb, vllm_result(lens=lens))
+        jobs.append(report.JobBench(jid, f"kimi-{jid}", "vLLM 0.33.0", nodes=nodes, gpus=8 * nodes,
+                                    bench=bench.evaluate(str(d), spec("vllm"))))
+    text = report.table_text(jobs)
+    assert [ln.split()[:3] for ln in text.splitlines() if ln[:2] in ("42", "43")] == [
+        ["42", "c1", "ok"], ["42", "c4", "ok"], ["43", "c1", "fail"], ["43", "c4", "fail"],
+        ["43", "c1:", "mean"], ["43", "c4:", "mean"]]  # the rows, then each failure's reason
+    assert "job 43 (kimi-43): vLLM 0.33.0, 4 node(s), 32 GPU(s)" in text and "FAILED" in text
+    assert text.splitlines()[-2] == "43 c1: mean output 49.0 tokens of the 100 asked"
+    drawn = report.plot_data(report.rows(jobs))
+    assert [ln[0] for ln in drawn["throughput"]] == ["kimi-42 (42)", "kimi-43 (43)"]
+    assert report.as_json(jobs)["jobs"][1]["failed"] == {
+        "point": "c1", "reason": "mean output 49.0 tokens of the 100 asked"}
