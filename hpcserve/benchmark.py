@@ -109,28 +109,13 @@ def prepare(entry, runner, ask: Sweep, stamp: str) -> Prepared:
         raise HpcserveError(f"job {entry.job_id} is not serving (phase: "
                             f"{state.get('phase', 'pending')}): nothing to benchmark")
     url = state.get("endpoint") or _instance_url(state)
-    own = plan.get("benchmark") or {}
-    name = ask.client or own.get("client") or engines.get(plan["engine"]["name"]).bench_client
-    if name not in CLIENTS:
-        raise HpcserveError(f"--client {name!r}: one of {', '.join(sorted(CLIENTS))}")
-    client = CLIENTS[name]
-    inp = ask.input_tokens or own.get("input_tokens") or 2000
-    out = ask.output_tokens or own.get("output_tokens") or 100
-    warmup = ask.warmup if ask.warmup is not None else own.get("warmup", 2)
-    conc = list(ask.concurrency) or [p["concurrency"] for p in own.get("points", [])] or [1, 16]
-    points = _dedup(sweep(client, served_name=plan["served_name"],
-                          tokenizer=ask.tokenizer or own.get("tokenizer") or plan["model_path"],
-                          input_tokens=inp,
-                          output_tokens=out, warmup=warmup, concurrency=conc,
-                          rates=list(ask.rates), prompts_per_point=ask.prompts))
+    own = plan.get("benchmark") or {}   # the deployment's own benchmark:, the defaults here
+    client = _client(ask.client or own.get("client") or
+                     engines.get(plan["engine"]["name"]).bench_client)
     rel = f"{RUNS_DIR}/{stamp}"
-    s = spec(client, points, bench_dir=rel, input_tokens=inp, output_tokens=out, warmup=warmup,
-             point_timeout_s=own.get("point_timeout_s", 1800),
-             min_success=own.get("gate", {}).get("min_success", 1.0),
-             output_tolerance=own.get("gate", {}).get("output_tolerance", 0.25),
-             metrics_interval_s=0, then="serve")
-    text = launch_script(client, ask.python or own.get("python") or "python3", s, points, job_dir=jd,
-                         target=url, env=[("PYTHONUNBUFFERED", "1")],
+    points, s = _run_spec(client, ask, own, plan, rel)
+    text = launch_script(client, ask.python or own.get("python") or "python3", s, points,
+                         job_dir=jd, target=url, env=[("PYTHONUNBUFFERED", "1")],
                          started_by="Started by `hpcserve bench` against a deployment that "
                                     "serves", serving_url=url)
     with tempfile.TemporaryDirectory() as tmp:
@@ -139,9 +124,34 @@ def prepare(entry, runner, ask: Sweep, stamp: str) -> Prepared:
         runner.put_tree(tmp, f"{jd}/{rel}")
     first = plan["instances"][0]
     rows = (runner.read_text(f"{jd}/run/{first['name']}.nodes") or "").split()
-    node = rows[1] if len(rows) > 1 else ""
     het = first["component"] if len(plan["components"]) > 1 else None
-    return Prepared(jd, f"{jd}/{rel}", f"{jd}/{rel}/launch.sh", s, node, het)
+    return Prepared(jd, f"{jd}/{rel}", f"{jd}/{rel}/launch.sh", s,
+                    rows[1] if len(rows) > 1 else "", het)
+
+
+def _client(name: str) -> BenchClient:
+    if name not in CLIENTS:
+        raise HpcserveError(f"--client {name!r}: one of {', '.join(sorted(CLIENTS))}")
+    return CLIENTS[name]
+
+
+def _run_spec(client: BenchClient, ask: Sweep, own: dict, plan: dict, rel: str) -> tuple:
+    """The points and the spec of one run: what was asked, else the deployment's benchmark:,
+    else the seed guides' workload."""
+    inp = ask.input_tokens or own.get("input_tokens") or 2000
+    out = ask.output_tokens or own.get("output_tokens") or 100
+    warmup = ask.warmup if ask.warmup is not None else own.get("warmup", 2)
+    conc = list(ask.concurrency) or [p["concurrency"] for p in own.get("points", [])] or [1, 16]
+    points = _dedup(sweep(client, served_name=plan["served_name"],
+                          tokenizer=ask.tokenizer or own.get("tokenizer") or plan["model_path"],
+                          input_tokens=inp, output_tokens=out, warmup=warmup, concurrency=conc,
+                          rates=list(ask.rates), prompts_per_point=ask.prompts))
+    gate = own.get("gate", {})
+    return points, spec(client, points, bench_dir=rel, input_tokens=inp, output_tokens=out,
+                        warmup=warmup, point_timeout_s=own.get("point_timeout_s", 1800),
+                        min_success=gate.get("min_success", 1.0),
+                        output_tolerance=gate.get("output_tolerance", 0.25),
+                        metrics_interval_s=0, then="serve")
 
 
 def _dedup(points: list) -> list:
