@@ -602,9 +602,9 @@ def _benchmark(d: _Draft, router: RouterPlan | None) -> BenchPlan | None:
              (d.instances[0].component, d.instances[0].node_offset))
     tokenizer = b.tokenizer or dep.model.path
     points = benchmark.sweep(client, served_name=d.served_name, tokenizer=tokenizer,
-                             input_tokens=inp,
-                             output_tokens=out, warmup=b.warmup, concurrency=b.concurrency,
-                             rates=b.request_rate, prompts_per_point=b.prompts_per_point)
+                             input_tokens=inp, output_tokens=out, warmup=b.warmup,
+                             concurrency=b.concurrency, rates=b.request_rate,
+                             prompts_per_point=b.prompts_per_point)
     d.notes.extend(client.notes)
     spec = benchmark.spec(client, points, bench_dir=BENCH_DIR, input_tokens=inp,
                           output_tokens=out, warmup=b.warmup, point_timeout_s=b.point_timeout_s,
@@ -617,7 +617,7 @@ def _benchmark(d: _Draft, router: RouterPlan | None) -> BenchPlan | None:
 
 
 def _bench_client(d: _Draft) -> tuple:
-    """The client benchmark: runs and the python that has it: benchmark.python, else the
+    """The benchmark's client, and the python that has it: benchmark.python, else the
     site's python for that client's engine, else the engine's own (when it is the engine's
     client and the engine is real), else the container's (or the node's) python3."""
     dep = d.cfg.deployment

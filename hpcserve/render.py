@@ -13,8 +13,8 @@ import shlex
 from pathlib import Path
 
 from . import __version__, engines, package_data
-from .containers import container_files, wrap_task
 from .benchmark import launch_script
+from .containers import container_files, wrap_task
 from .engines.bench_clients import CLIENTS
 from .errors import HpcserveError
 from .plan import Instance, Plan

@@ -44,6 +44,19 @@ class Case:
 
 
 CASES = [
+    Case("benchmark_empty_sweep", BASE_HEAD + PD + "benchmark:\n  concurrency: []  #<\n",
+         "benchmark.concurrency", ["give at least one point"]),
+    Case("benchmark_zero_concurrency", BASE_HEAD + PD + "benchmark:\n  concurrency: [4, 0]  #<\n",
+         "benchmark.concurrency[1]", ["must be above 0", "not 0"]),
+    Case("benchmark_unknown_client", BASE_HEAD + PD + "benchmark:\n  client: vllmx  #<\n",
+         "benchmark.client", ["expected one of auto, sglang, vllm, trtllm"]),
+    Case("benchmark_without_one_address", BASE_HEAD + """roles:
+  worker:
+    instances: 2
+router:
+  enabled: false
+benchmark: {}  #<
+""", "benchmark", ["the benchmark needs one address to measure: enable the router"]),
     Case("unknown_nested_key", BASE_HEAD + """roles:
   prefill:
     nodes: 1
