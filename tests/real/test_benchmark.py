@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+# At import, while "conftest" is still tests/real's (pytest loads each directory's conftest
+# under that one name, so inside a test it may be another directory's)
+from conftest import hpcserve_runner, real_deployment, write_deployment
 from test_vllm_cpu import _job_id, _status, wait_no_job_processes
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real_engine]
@@ -103,7 +106,6 @@ def test_a_real_vllm_on_cpu_benchmarked_by_its_own_client_then_the_job_ends(
         hs, dev_cluster, tiny_models, tmp_path):
     """The real engine, its own `vllm bench serve` from the same environment (the site's engine
     python), then `then: stop`: the job ends done, the report draws it."""
-    from conftest import real_deployment, write_deployment
     jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
     dep = real_deployment("real-bench", tiny_models["llama"], "tiny-llama", jobs, {},
                           str(Path(dev_cluster.state_dir).parent / "inductor-cache"))
@@ -149,7 +151,6 @@ def passed_job(request, tmp_path_factory, dev_cluster, vllm_cpu, tiny_models):
 
 @pytest.fixture(scope="module")
 def hs_module(dev_cluster, tmp_path_factory):
-    from conftest import hpcserve_runner
     return hpcserve_runner(dev_cluster, tmp_path_factory.mktemp("hs"))
 
 
@@ -255,10 +256,13 @@ def test_hpcserve_bench_as_a_job_of_its_own_brings_the_verdict_back(passed_job):
     brings its return value (the gate's verdict, computed on the cluster) back to the command."""
     hs, job, job_dir = passed_job
     before = set((job_dir / "bench-runs").iterdir()) if (job_dir / "bench-runs").exists() else set()
-    v = json.loads(hs("bench", job, "-c", "1,2", "--prompts", "4", "--json").stdout)
-    assert v["passed"] and [p["label"] for p in v["points"]] == ["c1", "c2"], v
+    v = json.loads(hs("bench", job, "-c", "2", "--rate", "50,100", "--prompts", "4",
+                      "--json").stdout)
+    assert v["passed"] and [p["label"] for p in v["points"]] == ["c2-r50", "c2-r100"], v
     assert all((p["completed"], p["output_tokens"]) == (4, 4 * OUT) for p in v["points"]), v
     (run,) = set((job_dir / "bench-runs").iterdir()) - before
+    assert [json.loads((run / f"c2-r{r}.json").read_text())["request_rate"]
+            for r in (50, 100)] == [50.0, 100.0]  # the rates reached vLLM's client
     log = (run / "bench.log").read_text()
     bench_job = log.split("Slurm job ")[1].split()[0]
     assert bench_job != job and bench_job.isdigit(), log  # a job of its own
