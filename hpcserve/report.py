@@ -86,16 +86,24 @@ def _cell(v) -> str:
     return f"{v:.1f}" if isinstance(v, float) else str(v)
 
 
+def _about(j: JobBench) -> str:
+    b = j.bench
+    return (f"{j.engine}, {j.nodes} node(s), {j.gpus} GPU(s); {b['title']}, "
+            f"{b['input_tokens']} in / {b['output_tokens']} out tokens")
+
+
+def _verdict(j: JobBench) -> str:
+    return "passed" if j.bench["passed"] else "FAILED"
+
+
 def table_text(jobs: list[JobBench]) -> str:
-    head = [f"job {j.job_id} ({j.name}): {j.engine}, {j.nodes} node(s), {j.gpus} GPU(s); "
-            f"{j.bench['title']}, {j.bench['input_tokens']} in / {j.bench['output_tokens']} out "
-            f"tokens; {'passed' if j.bench['passed'] else 'FAILED'}" for j in jobs]
-    grid = [[title for _, title in COLUMNS]] + [[_cell(r[k]) for k, _ in COLUMNS]
-                                                 for r in rows(jobs)]
+    head = [f"job {j.job_id} ({j.name}): {_about(j)}; {_verdict(j)}" for j in jobs]
+    data = rows(jobs)
+    grid = [[title for _, title in COLUMNS]] + [[_cell(r[k]) for k, _ in COLUMNS] for r in data]
     widths = [max(len(r[i]) for r in grid) for i in range(len(COLUMNS))]
     lines = ["  ".join(c.rjust(w) if i > 2 else c.ljust(w) for i, (c, w) in
                        enumerate(zip(r, widths))).rstrip() for r in grid]
-    fails = [f"{r['job']} {r['point']}: {r['reason']}" for r in rows(jobs) if r["reason"]]
+    fails = [f"{r['job']} {r['point']}: {r['reason']}" for r in data if r["reason"]]
     return "\n".join(head + [""] + lines + ([""] + fails if fails else []))
 
 
@@ -160,18 +168,17 @@ def plot(jobs: list[JobBench], out: Path) -> list[Path]:
 def html_page(jobs: list[JobBench], pngs: list[Path]) -> str:
     """One self-contained page: the table, and the plots inlined as data: URIs."""
     e = html.escape
-    heads = "".join(f"<li>job {e(j.job_id)} <b>{e(j.name)}</b>: {e(j.engine)}, {j.nodes} "
-                    f"node(s), {j.gpus} GPU(s); {e(j.bench['title'])}, "
-                    f"{j.bench['input_tokens']} in / {j.bench['output_tokens']} out tokens; "
-                    f"<span class=\"{'ok' if j.bench['passed'] else 'fail'}\">"
-                    f"{'passed' if j.bench['passed'] else 'FAILED'}</span></li>" for j in jobs)
+    heads = "".join(f"<li>job {e(j.job_id)} <b>{e(j.name)}</b>: {e(_about(j))}; "
+                    f"<span class=\"{'ok' if j.bench['passed'] else 'fail'}\">{_verdict(j)}"
+                    f"</span></li>" for j in jobs)
+    data = rows(jobs)
     th = "".join(f"<th>{e(t)}</th>" for _, t in COLUMNS)
     trs = "".join("<tr>" + "".join(f"<td>{e(_cell(r[k]))}</td>" for k, _ in COLUMNS) + "</tr>"
-                  for r in rows(jobs))
+                  for r in data)
     imgs = "".join(f'<figure><img alt="{e(p.stem)}" src="data:image/png;base64,'
                    f'{base64.b64encode(p.read_bytes()).decode()}"></figure>' for p in pngs)
     reasons = "".join(f"<li>{e(r['job'])} {e(r['point'])}: {e(r['reason'])}</li>"
-                      for r in rows(jobs) if r["reason"])
+                      for r in data if r["reason"])
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>hpcserve benchmark "
             f"report</title><style>{_CSS}</style></head><body><h1>hpcserve benchmark report</h1>"
             f"<ul>{heads}</ul><table id=\"results\"><thead><tr>{th}</tr></thead>"

@@ -11,7 +11,6 @@ import json
 import shutil
 import struct
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import yaml
 # At import, while "conftest" is still tests/real's (pytest loads each directory's conftest
 # under that one name, so inside a test it may be another directory's)
 from conftest import hpcserve_runner, real_deployment, write_deployment
-from test_vllm_cpu import _job_id, _status, wait_no_job_processes
+from test_vllm_cpu import _job_id, _status, read_state, wait_no_job_processes, wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real_engine]
 
@@ -58,25 +57,6 @@ def submit(hs, tmp_path: Path, dep: dict) -> tuple[str, Path]:
     return job, Path(_status(hs, job)["job_dir"])
 
 
-def state(job_dir: Path) -> dict:
-    try:
-        return json.loads((job_dir / "state.json").read_text())
-    except (OSError, ValueError):
-        return {}  # not written yet (pending), or being replaced
-
-
-def wait_final(job_dir: Path, phases: set, timeout: float = 300) -> dict:
-    end = time.time() + timeout
-    st: dict = {}
-    while time.time() < end:
-        st = state(job_dir) or st
-        if st.get("phase") in phases:
-            return st
-        time.sleep(0.5)
-    raise AssertionError(f"{job_dir}: still {st.get('phase')} after {timeout} s: "
-                         f"{(job_dir / 'logs' / 'hpcserve-job.log').read_text()[-3000:]}")
-
-
 # First: the module's passing deployment goes on serving on these nodes (and ports).
 @pytest.mark.parametrize("fault,reason", [
     ({"decode": {"kind": "empty", "after_requests": 1}}, "0 output tokens"),
@@ -91,7 +71,7 @@ def test_the_gate_fails_a_benchmark_that_proves_nothing(hs_module, dev_cluster, 
         dep["roles"][role]["sim_fault"] = f
     dep["env"]["HPCSERVE_SIM_BOOTSTRAP_TIMEOUT"] = 2
     job, job_dir = submit(hs_module, tmp_path, dep)
-    st = wait_final(job_dir, {"failed", "done", "cancelled"})
+    st = wait_state(job_dir, {"failed", "done", "cancelled"}, 300)
     f = st["failure"]
     assert st["phase"] == "failed" and f["reason"] == "benchmark failed", st
     assert (f["role"], f["point"], f["node"]) == ("benchmark", "c2", st["benchmark"]["node"])
@@ -114,7 +94,7 @@ def test_a_real_vllm_on_cpu_benchmarked_by_its_own_client_then_the_job_ends(
     out = hs("submit", str(write_deployment(tmp_path, dep)), check=False).stdout
     job = _job_id(out)
     job_dir = Path(_status(hs, job)["job_dir"])
-    st = wait_final(job_dir, {"failed", "done", "cancelled"}, 600)
+    st = wait_state(job_dir, {"failed", "done", "cancelled"}, 600)
     assert (st["phase"], st["reason"]) == ("done", f"benchmark passed ({len(POINTS)} point(s))"), \
         (job_dir / "logs" / "hpcserve-job.log").read_text()[-3000:]
     b = st["benchmark"]
@@ -137,13 +117,9 @@ def passed_job(request, tmp_path_factory, dev_cluster, vllm_cpu, tiny_models):
     jobs = str(Path(dev_cluster.state_dir).parent / "jobs" / "bench")
     dep = sim_pd("t-bench-ok", jobs, vllm_cpu, tiny_models["llama"], then="serve")
     job, job_dir = submit(hs, tmp_path_factory.mktemp("bench"), dep)
-    deadline = time.time() + 300
-    while time.time() < deadline:  # serving, then the benchmark's verdict beside it
-        st = state(job_dir)
-        if st.get("phase") in ("failed", "cancelled", "done") or \
-                "passed" in (st.get("benchmark") or {}):
-            break
-        time.sleep(0.5)
+    # serving, then the benchmark's verdict beside it
+    wait_state(job_dir, lambda st: st.get("phase") in ("failed", "cancelled", "done") or
+               "passed" in (st.get("benchmark") or {}), 300)
     yield hs, job, job_dir
     hs("cancel", job, "--wait", check=False)
     wait_no_job_processes(dev_cluster, 60)
@@ -270,7 +246,7 @@ def test_hpcserve_bench_as_a_job_of_its_own_brings_the_verdict_back(passed_job):
     sub = run / "submitit"
     assert (sub / f"{bench_job}_submission.sh").is_file()
     assert (sub / f"{bench_job}_0_result.pkl").is_file()
-    assert state(job_dir)["phase"] == "serving"  # the deployment went on serving
+    assert read_state(job_dir)["phase"] == "serving"  # the deployment went on serving
 
 
 def test_hpcserve_bench_over_ssh_runs_as_a_step_of_the_allocation(passed_job, dev_cluster,

@@ -140,7 +140,7 @@ def test_the_deepseek_v3_shape_with_expert_parallelism(hs, dev_cluster, tiny_mod
             assert e.code == 500 and not _cpu_has("amx_tile"), e
             crashed = True
         if crashed:  # liveness notices the dead engine and says which
-            state = _wait_state(job_dir, {"failed"}, 120)
+            state = wait_state(job_dir, {"failed"}, 120)
             assert (state["failure"]["role"], state["failure"]["instance"]) == ("worker", 0)
             assert "cpu_fused_moe" in _worker_logs(job_dir)
         else:
@@ -162,15 +162,27 @@ def _worker_logs(job_dir: Path) -> str:
                    for p in (job_dir / "logs").glob("worker-0.node*.log"))
 
 
-def _wait_state(job_dir: Path, phases: set, timeout: float) -> dict:
+def read_state(job_dir: Path) -> dict:
+    try:
+        return json.loads((job_dir / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}  # not written yet (pending), or being replaced
+
+
+def wait_state(job_dir: Path, until, timeout: float) -> dict:
+    """state.json once `until` (a set of phases, or a test of the state) holds, polled until
+    the deadline."""
+    ok = until if callable(until) else (lambda st: st.get("phase") in until)
     end = time.time() + timeout
+    st: dict = {}
     while time.time() < end:
-        st = json.loads((job_dir / "state.json").read_text())
-        if st.get("phase") in phases:
+        st = read_state(job_dir) or st
+        if ok(st):
             return st
         time.sleep(0.5)
-    raise AssertionError(f"still {st.get('phase')} after {timeout} s: "
-                         f"{(job_dir / 'logs' / 'hpcserve-job.log').read_text()[-2000:]}")
+    log = job_dir / "logs" / "hpcserve-job.log"
+    raise AssertionError(f"{job_dir}: still {st.get('phase')} after {timeout} s: "
+                         f"{log.read_text()[-3000:] if log.exists() else ''}")
 
 
 def _render_edit_sbatch(hs, dev_cluster, f: Path, rel: str, old: str, new: str):
@@ -186,16 +198,7 @@ def _render_edit_sbatch(hs, dev_cluster, f: Path, rel: str, old: str, new: str):
 
 
 def _wait_terminal(job_dir: Path, timeout: float) -> dict:
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            st = json.loads((job_dir / "state.json").read_text())
-            if st.get("phase") in ("failed", "cancelled", "done", "serving"):
-                return st
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"no final state in {timeout} s")
+    return wait_state(job_dir, {"failed", "cancelled", "done", "serving"}, timeout)
 
 
 def _nodes(job_dir: Path) -> list[list[str]]:

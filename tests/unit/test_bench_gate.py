@@ -6,7 +6,6 @@ streams usage, so the retokenized count is read) and vLLM's bench serve (one obj
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -108,16 +107,21 @@ def test_report_rows_are_per_node_and_per_gpu_and_the_plot_draws_them(tmp_path):
     assert page.count("data:image/png;base64,") == 2 and "<td>c4</td>" in page
 
 
-def test_bench_and_report_of_a_job_that_is_not_serving_say_so_in_one_line(tmp_path):
+def listed(monkeypatch, tmp_path: Path, job_id: str, name: str, jd: Path) -> None:
+    """The job in hpcserve's own list of deployments (the one `submit` writes), for commands
+    run from here on."""
+    from hpcserve import deployments
+    monkeypatch.setenv("HPCSERVE_STATE_DIR", str(tmp_path / "state"))
+    deployments.record(deployments.Entry(job_id, name, str(jd)))
+
+
+def test_bench_and_report_of_a_job_that_is_not_serving_say_so_in_one_line(tmp_path,
+                                                                          monkeypatch):
     jd = tmp_path / "job"
     (jd / "run").mkdir(parents=True)
     (jd / "plan.json").write_text(json.dumps({"name": "x", "instances": [], "components": []}))
     (jd / "state.json").write_text(json.dumps({"phase": "failed"}))
-    state = tmp_path / "state"
-    state.mkdir()
-    (state / "deployments.jsonl").write_text(json.dumps(
-        {"job_id": "77", "name": "x", "job_dir": str(jd), "remote": None}) + "\n")
-    env = {**os.environ, "HPCSERVE_STATE_DIR": str(state)}
+    listed(monkeypatch, tmp_path, "77", "x", jd)
     hs = str(Path(sys.executable).parent / "hpcserve")
     for args, want in ((["bench", "77", "--in-allocation"],
                         "hpcserve: error: job 77 is not serving (phase: failed): nothing to "
@@ -125,7 +129,7 @@ def test_bench_and_report_of_a_job_that_is_not_serving_say_so_in_one_line(tmp_pa
                        (["report", "77"], f"hpcserve: error: job 77 ({jd}): it has no "
                                           "benchmark results (no benchmark: in its deployment, "
                                           "or it ended before the benchmark)\n")):
-        p = subprocess.run([hs, *args], env=env, capture_output=True, text=True, timeout=60)
+        p = subprocess.run([hs, *args], capture_output=True, text=True, timeout=60)
         assert (p.returncode, p.stderr, p.stdout) == (2, want, ""), p
     assert not (jd / "bench-runs").exists()
 

@@ -66,10 +66,10 @@ def test_submit_says_what_to_install_when_the_router_python_lacks_it(installed, 
     assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "job").exists()
 
 
-def test_the_installed_wheel_draws_a_benchmark_report(installed, tmp_path):
+def test_the_installed_wheel_draws_a_benchmark_report(installed, tmp_path, monkeypatch):
     """matplotlib comes with the wheel: `hpcserve report` writes the PNGs and the page."""
     import json
-    from test_bench_gate import spec, vllm_result, write
+    from test_bench_gate import listed, spec, vllm_result, write
     from hpcserve.runtime import bench
     jd = tmp_path / "job"
     (jd / "bench").mkdir(parents=True)
@@ -80,12 +80,9 @@ def test_the_installed_wheel_draws_a_benchmark_report(installed, tmp_path):
     (jd / "plan.json").write_text(json.dumps({
         "name": "w", "engine": {"title": "vLLM", "version": "0.32.0"},
         "components": [{"nodes": 2}], "instances": [{"gpus_per_node": 8, "nodes": 2}]}))
-    sd = tmp_path / "state"
-    sd.mkdir()
-    (sd / "deployments.jsonl").write_text(json.dumps(
-        {"job_id": "5", "name": "w", "job_dir": str(jd), "remote": None}) + "\n")
+    listed(monkeypatch, tmp_path, "5", "w", jd)
     r = subprocess.run([str(installed), "report", "5"], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=120, env={**os.environ, "HPCSERVE_STATE_DIR": str(sd)})
+                       text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == f"report: {jd}/report/report.html"
     assert {p.name for p in (jd / "report").iterdir()} == {

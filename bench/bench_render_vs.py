@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""A render of the 16-node 4P12D example, this checkout against another revision, in one run.
+
+    .venv/bin/python bench/bench_render_vs.py REV [RUNS]
+
+The revision is checked out into a temporary git worktree; both render with this venv's
+python (the revision's package first on PYTHONPATH), alternating run by run so that the
+machine's load falls on both alike. Prints each median and their ratio.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = "examples/kimi-k2-instruct-4p12d.yaml"
+CLI = "import sys; from hpcserve.cli import main; sys.argv[0] = 'hpcserve'; main()"
+
+
+def render_once(root: Path, out: Path) -> float:
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", CLI, "render", str(root / EXAMPLE), "--out", str(out)],
+                   env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, check=True)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    rev, runs = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 9
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base),
+                        rev], check=True)
+        try:
+            times: dict[str, list[float]] = {rev: [], "this checkout": []}
+            for _ in range(runs):
+                times[rev].append(render_once(base, Path(tmp) / "out-base"))
+                times["this checkout"].append(render_once(ROOT, Path(tmp) / "out-head"))
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
+                           check=False)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for k, v in times.items():
+        print(f"{k:<16} median {med[k]:.3f} s  min {min(v):.3f}  max {max(v):.3f}  n={len(v)}")
+    print(f"ratio (this checkout / {rev}): {med['this checkout'] / med[rev]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
