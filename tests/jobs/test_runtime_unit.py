@@ -442,7 +442,7 @@ def test_leftover_enroot_containers_are_removed_on_every_component(tmp_path, mon
     for comp, c in enumerate(sruns):
         assert f"--het-group={comp}" in c["argv"] and "--overlap" in c["argv"]
         assert c["command"] == ["bash", f"{jd}/launch/container-task.sh", "--cleanup"]
-    assert [c["nodes"] for c in sruns] == [["nodeA"], ["nodeA", "nodeB"]]
+    assert [c["nodes"] for c in sruns] == [["nodeA", "nodeB"], ["nodeA", "nodeB"]]
     assert "none left" in (jd / "logs" / "hpcserve-job.log").read_text()
 
 

@@ -144,8 +144,16 @@ def test_plan_json_is_the_plan(tmp_path):
     r = CliRunner().invoke(main, ["plan", "--json", str(ROOT / "examples" / "demo.yaml")])
     assert r.exit_code == 0
     d = json.loads(r.output)
-    assert [c["nodes"] for c in d["components"]] == [1, 2]
+    assert [c["nodes"] for c in d["components"]] == [2, 2]
     assert [i["name"] for i in d["instances"]] == ["prefill-0", "decode-0"]
+
+
+def test_the_demo_renders_without_a_warning(tmp_path):
+    """The demo is what a newcomer runs first: its layout holds its model's context, so it
+    renders (as submit does) with nothing on stderr."""
+    p = subprocess.run([_cli(), "render", str(ROOT / "examples" / "demo.yaml"), "--out",
+                        str(tmp_path / "job")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
 
 
 def test_render_writes_the_job_directory_and_prints_it(tmp_path):

@@ -1,6 +1,6 @@
 #!/bin/bash
-# prefill-0: simulated SGLang 0.5.23 prefill instance 0, TP 8, DP-attention 8, EP 8 (component 0 nodes 0)
-# Runs once on each of the instance's 1 node(s). The node rank and the
+# prefill-0: simulated SGLang 0.5.23 prefill instance 0, TP 16, DP-attention 16, EP 16 (component 0 nodes 0-1)
+# Runs once on each of the instance's 2 node(s). The node rank and the
 # addresses are looked up in the task from this node's own name (SLURMD_NODENAME) in
 # run/prefill-0.nodes, which hpcserve_job.py writes after address discovery.
 set -euo pipefail
@@ -49,8 +49,11 @@ exec \
   --port 30000 \
   --disaggregation-mode prefill \
   --disaggregation-bootstrap-port 8998 \
-  --tp-size 8 \
-  --attn-dp-size 8 \
+  --dist-init-addr "${LEADER_IP}":5757 \
+  --nnodes 2 \
+  --node-rank "${NODE_RANK}" \
+  --tp-size 16 \
+  --attn-dp-size 16 \
   --moe-a2a-backend deepep \
   --deepep-mode normal \
   --tool-call-parser kimi_k2 \

@@ -4,8 +4,8 @@
 set -euo pipefail
 exec srun \
   --het-group=0 \
-  --nodes=1 \
-  --ntasks=1 \
+  --nodes=2 \
+  --ntasks=2 \
   --ntasks-per-node=1 \
   --overlap \
   --job-name=discover-prefill \

@@ -1,11 +1,11 @@
 #!/bin/bash
-# prefill-0: simulated SGLang 0.5.23 prefill instance 0, TP 8, DP-attention 8, EP 8 (component 0 nodes 0)
+# prefill-0: simulated SGLang 0.5.23 prefill instance 0, TP 16, DP-attention 16, EP 16 (component 0 nodes 0-1)
 # Started by hpcserve_job.py with NODELIST set to this step's nodes.
 set -euo pipefail
 exec srun \
   --het-group=0 \
-  --nodes=1 \
-  --ntasks=1 \
+  --nodes=2 \
+  --ntasks=2 \
   --ntasks-per-node=1 \
   --nodelist="${NODELIST}" \
   --overlap \
