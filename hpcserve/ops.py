@@ -329,8 +329,9 @@ def failure_detail(v: View, lines: int = 10) -> str:
     if v.summary_phase != "failed" or not tail:
         return ""
     where = posixpath.join(v.job_dir, f["log"]) if v.job_dir and f.get("log") else "its log"
-    return "\n".join([f"job {v.job_id}: last lines of {where}:"] +
-                     [f"  {ln}" for ln in tail[-lines:]])
+    error = [f"job {v.job_id}: last error in {where}: {f['error']}"] if f.get("error") else []
+    return "\n".join(error + [f"job {v.job_id}: last lines of {where}:"] +
+                      [f"  {ln}" for ln in tail[-lines:]])
 
 
 def status_table(views: list[View]) -> str:

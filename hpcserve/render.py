@@ -68,6 +68,10 @@ def topology(plan: Plan) -> list[str]:
     return lines
 
 
+# s srun lets the other tasks of an instance run after one of them ended (srun --wait)
+INSTANCE_TASK_WAIT = 5
+
+
 def _srun(plan: Plan, component: int, nodes: int | None, name: str, *, nodelist: bool,
           overlap: bool, inst: Instance | None = None) -> list[Word]:
     w: list[Word] = []
@@ -88,6 +92,12 @@ def _srun(plan: Plan, component: int, nodes: int | None, name: str, *, nodelist:
         w.append(("--nodelist=", Var("NODELIST")))
     if overlap:
         w.append("--overlap")
+    if inst and (nodes or 1) * tasks_per_node > 1:
+        # One task of an instance that ends, even with exit code 0 (vLLM's headless rank
+        # shuts down cleanly once its worker died), leaves the others serving nothing:
+        # srun ends the step this long after the first exit ("First task exited Ns ago",
+        # then each task's state), where --kill-on-bad-exit acts on non-zero codes only.
+        w.append(f"--wait={INSTANCE_TASK_WAIT}")
     w += [f"--job-name={name}", "--kill-on-bad-exit=1"]
     return w
 

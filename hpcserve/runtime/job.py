@@ -466,6 +466,15 @@ class Job:
                           "exit_code": code if code is not None else 128 + _SIGNALS.get(
                               m.group(3), 9),
                           "cause": stop_at is None or m.start() < stop_at.start()})
+        # A task that ended with code 0 while the others ran: srun's --wait ends the step and
+        # lists each task's state first ("StepId=4.1 task 1: exited").
+        for m in re.finditer(r"StepId=\S+ tasks? ([\d,-]+): exited$", text, re.M):
+            for task in _task_ids(m.group(1)):
+                rank = task // self.tasks_per_node(name)
+                rows = self.nodes.get(name, [])
+                tasks.append({"node": rows[rank][1] if rank < len(rows) else None,
+                              "node_rank": rank, "task": task, "how": "exited",
+                              "exit_code": 0, "cause": True})
         if tasks:
             f["tasks"] = tasks
             primary = min(tasks, key=lambda t: (not t["cause"],
@@ -479,9 +488,22 @@ class Job:
             f["node"] = self.nodes[name][0][1]
             f["node_rank"] = 0
         f["log"] = self._log_file(name, f.get("node_rank"), f.get("node"), f.get("rank"))
-        path = os.path.join(self.dir, f["log"]) if f["log"] else srun_log
-        f["log_tail"] = _tail(path, offset=offset if path == srun_log else 0)
+        self.last_words(f)
         return f
+
+    def last_words(self, f: dict) -> None:
+        """The failure's log tail and the last error line in it (a Python stack trace's frames
+        are not one). Read again once the steps are gone: an engine may still be writing its
+        last lines when its task's end is first seen."""
+        if not f.get("step"):
+            return
+        srun_log = os.path.join("logs", f"{f['step']}.srun.log")
+        rel = f.get("log") or srun_log
+        text = _read_from(os.path.join(self.dir, rel),
+                          self.log_offsets.get(f["step"], 0) if rel == srun_log else 0)
+        lines = text.splitlines()
+        f["log_tail"] = lines[-20:]
+        f["error"] = _last_error(lines)
 
     def tasks_per_node(self, name: str) -> int:
         return next((i.get("tasks_per_node", 1) for i in self.plan["instances"]
@@ -714,6 +736,8 @@ class Job:
             self.cleanup_nodes(min(self.CLEANUP_TIMEOUT, max(10.0, stop_at + grace - 5 - now())))
         except Exception as e:
             self.log(f"node cleanup error: {e!r}")
+        if failure:
+            self.last_words(failure)  # the engines' processes are gone: their logs are whole
         final = "cancelled" if phase == "cancelled" else phase
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         # A benchmark that failed its gate measured the deployment: another try of the same
@@ -997,7 +1021,7 @@ class Job:
         f = {**step_identity(name), "node": self.leader_node(name), "node_rank": 0}
         f.update(reason=kind, probe=url, detail=detail, exit_code=None,
                  log=self._log_file(name, 0, f["node"]))
-        f["log_tail"] = _tail(os.path.join(self.dir, f["log"]))
+        self.last_words(f)
         return f
 
     def check_nodes(self) -> None:
@@ -1408,6 +1432,15 @@ def probe(url: str, timeout: float) -> tuple[str | None, str]:
         return "unreachable", str(e)
 
 
+def _task_ids(spec: str) -> list[int]:
+    """Slurm's task list ("1", "0-3", "0,2-3") as task ids."""
+    out = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return out
+
+
 def _dotted(obj, path: str):
     for part in path.split("."):
         obj = obj.get(part) if isinstance(obj, dict) else None
@@ -1451,6 +1484,19 @@ def _first_line(path: str) -> str:
 
 def _tail(path: str, n: int = 20, offset: int = 0) -> list[str]:
     return _read_from(path, offset).splitlines()[-n:]
+
+
+_ERROR_LINE = re.compile(r"\b(ERROR|FATAL|CRITICAL|Error|Fatal|Segfault|Segmentation fault|"
+                         r"Traceback|Aborted)\b")
+
+
+def _last_error(lines: list[str]) -> str | None:
+    """The last line that reports an error (Python's, an engine logger's, a crash handler's),
+    not a line of a stack trace."""
+    for ln in reversed(lines):
+        if _ERROR_LINE.search(ln) and not ln.lstrip().startswith(("File ", "at ", "#")):
+            return ln.strip()[:500]
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -130,9 +130,10 @@ def alive(pid: int) -> bool:
 # ------------------------------------------------------------------------------- srun + pyxis
 
 SRUN_LONG = {"het-group": "req", "nodes": "req", "ntasks": "req", "ntasks-per-node": "req",
-             "nodelist": "req", "overlap": "none", "job-name": "req", "kill-on-bad-exit": "opt"}
+             "nodelist": "req", "overlap": "none", "job-name": "req", "kill-on-bad-exit": "opt",
+             "wait": "req"}
 SRUN_SHORT = {"N": ("nodes", "req"), "n": ("ntasks", "req"), "w": ("nodelist", "req"),
-              "J": ("job-name", "req"), "K": ("kill-on-bad-exit", "opt")}
+              "J": ("job-name", "req"), "K": ("kill-on-bad-exit", "opt"), "W": ("wait", "req")}
 # pyxis 0.24.0 args.c spank_opts: has_arg 1 -> required argument, 0 -> none.
 PYXIS_LONG = {
     "container-image": "req", "container-mounts": "req", "container-workdir": "req",
@@ -433,6 +434,9 @@ def srun(argv: list[str]) -> int:
     if "kill-on-bad-exit" in opts and opts["kill-on-bad-exit"] not in (None, "0", "1"):
         raise Fail(f"srun: error: Invalid --kill-on-bad-exit value: {opts['kill-on-bad-exit']}")
     kill_on_bad = opts.get("kill-on-bad-exit", "0") in (None, "1")
+    if "wait" in opts and not re.fullmatch(r"\d+", opts["wait"] or ""):
+        raise Fail(f"srun: error: Invalid --wait specification: {opts['wait']}")
+    max_wait = int(opts["wait"]) if opts.get("wait") not in (None, "0") else None
     if "nodelist" in opts:
         nodes = expand_hostlist(opts["nodelist"] or "")
         if not nodes or any(not n for n in nodes):
@@ -492,6 +496,16 @@ def srun(argv: list[str]) -> int:
         signal.signal(s, forward)
     codes: dict[int, int] = {}
     killed = False
+    first_exit = None
+
+    def kill_all() -> None:
+        for q in tasks:
+            for pid in session_pids(q.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
     while len(codes) < len(tasks):
         for k, p in enumerate(tasks):
             if k in codes:
@@ -500,14 +514,23 @@ def srun(argv: list[str]) -> int:
             if rc is None:
                 continue
             codes[k] = rc if rc >= 0 else 128 - rc
+            first_exit = first_exit or time.time()
             if codes[k] != 0 and kill_on_bad and not killed:
                 killed = True
-                for q in tasks:
-                    for pid in session_pids(q.pid):
-                        try:
-                            os.kill(pid, signal.SIGKILL)
-                        except OSError:
-                            pass
+                kill_all()
+        if max_wait is not None and first_exit and not killed and \
+                time.time() - first_exit >= max_wait:
+            # srun --wait: the step ends N s after its first task did, each task's state said
+            # first (srun/task_state.c's words)
+            killed = True
+            print(f"srun: First task exited {max_wait}s ago", file=sys.stderr)
+            for k in range(len(tasks)):
+                print(f"srun: StepId={job}.{step} task {k}: "
+                      f"{'running' if k not in codes else 'exited' if codes[k] == 0 else 'exited abnormally'}",
+                      file=sys.stderr)
+            print(f"srun: launch/slurm: _step_signal: Terminating StepId={job}.{step}",
+                  file=sys.stderr, flush=True)
+            kill_all()
         time.sleep(0.02)
     # The step ends with its tasks: whatever they left running dies with the step's cgroup.
     for p in tasks:

@@ -107,6 +107,27 @@ def test_killed_decode_engine_ends_the_job_within_5s(submit, dev_cluster):
     wait_no_job_processes(dev_cluster, 15)
 
 
+def test_a_rank_that_exits_0_while_serving_fails_its_instance_naming_the_node(submit, dev_cluster):
+    """vLLM's headless rank shuts down with exit code 0 once its worker died: srun's
+    --kill-on-bad-exit does not act on that, its --wait does, and the job names that rank."""
+    dep = deployment(1, 2, name="t-exit0")
+    dep["roles"]["decode"]["sim_fault"] = {"kind": "exit", "exit_code": 0, "after": 8, "ranks": [1]}
+    # and, as vLLM's API server on node rank 0 did, the leader does not notice
+    dep["env"] = {"HPCSERVE_SIM_PEER_LOSS_DELAY": 600}
+    job = submit(dep)
+    st = job.wait({"serving", "failed", "cancelled"}, 60)
+    assert st["phase"] == "serving", job.logs()
+    st = job.wait({"failed", "cancelled", "done"}, 30)
+    f = st["failure"]
+    victim = job.node_rows("decode-0")[1][1]
+    assert st["phase"] == "failed", st
+    assert (f["role"], f["instance"], f["node"], f["node_rank"], f["exit_code"]) == \
+        ("decode", 0, victim, 1, 0), f
+    assert {"node": victim, "node_rank": 1, "task": 1, "how": "exited", "exit_code": 0,
+            "cause": True} in f["tasks"]
+    wait_no_job_processes(dev_cluster, 15)
+
+
 def test_dead_router_ends_the_deployment(submit, dev_cluster):
     job = submit(deployment(1, 1, name="t-router"))
     st = job.wait({"serving", "failed", "cancelled"}, 60)

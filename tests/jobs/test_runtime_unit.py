@@ -288,6 +288,33 @@ def test_a_retry_is_not_blamed_on_the_previous_tries_srun_lines(make_job):
     assert "nodeX" in log.read_text()  # the file itself keeps every try
 
 
+def test_a_task_that_ended_with_code_0_while_the_others_ran_is_the_cause(make_job):
+    # What srun --wait=5 printed on the test cluster when node rank 1 of two exited 0.
+    job = make_job([], {"worker-0.sh": "cat <<'EOF'\n"
+                        "srun: First task exited 5s ago\n"
+                        "srun: StepId=1.0 task 0: running\n"
+                        "srun: StepId=1.0 task 1: exited\n"
+                        "srun: launch/slurm: _step_signal: Terminating StepId=1.0\n"
+                        "slurmstepd-node1: error: *** STEP 1.0 ON node1 CANCELLED AT 2026 ***\n"
+                        "srun: error: node1: task 0: Killed\n"
+                        "srun: Force Terminated StepId=1.0\n"
+                        "EOF\nexit 137"})
+    job.nodes["worker-0"] = [["0", "node1", "10.0.0.1", "ib0", "-"],
+                             ["1", "node2", "10.0.0.2", "ib0", "-"]]
+    job.start_step("worker-0", "steps/worker-0.sh", ["node1", "node2"])
+    assert job.steps["worker-0"].wait(10) == 137
+    f = job.failure_of("worker-0", 137)
+    assert (f["node"], f["node_rank"], f["exit_code"]) == ("node2", 1, 0), f
+    assert f["log"] == "logs/worker-0.node1.node2.log"
+    assert [(t["task"], t["how"], t["cause"]) for t in f["tasks"]] == [
+        (0, "Killed", False), (1, "exited", True)]
+
+
+def test_slurm_task_lists_are_read_as_task_ids():
+    assert jobmod._task_ids("1") == [1]
+    assert jobmod._task_ids("0-2,5") == [0, 1, 2, 5]
+
+
 # --------------------------------------------------------------------------------------- teardown
 
 def test_run_tears_down_although_state_json_cannot_be_written(make_job, restore_signals,

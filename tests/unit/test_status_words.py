@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpcserve import ops
+from hpcserve.runtime import job as jobmod
 
 
 def _view(slurm: str | None, phase: str | None, **state) -> ops.View:
@@ -39,3 +40,24 @@ def test_a_failed_job_names_its_log_and_shows_the_last_lines():
     assert lines[0] == "job 42: last lines of /jobs/dep/logs/decode-0.node1.n3.log:"
     assert lines[1:] == [f"  line {i}" for i in range(20, 30)]
     assert ops.failure_detail(_view("RUNNING", "serving")) == ""
+
+
+def test_a_failed_job_says_its_last_error_line_first():
+    f = {"role": "worker", "instance": 0, "node": "n2", "node_rank": 1, "exit_code": 0,
+         "log": "logs/worker-0.node1.n2.log", "log_tail": ["a", "b"],
+         "error": "ERROR Worker proc VllmWorker-1 died unexpectedly"}
+    v = _view(None, "failed", reason="step worker-0 exited with code 137", failure=f)
+    lines = ops.failure_detail(v).splitlines()
+    assert lines[0] == ("job 42: last error in /jobs/dep/logs/worker-0.node1.n2.log: "
+                        "ERROR Worker proc VllmWorker-1 died unexpectedly")
+    assert lines[1:] == ["job 42: last lines of /jobs/dep/logs/worker-0.node1.n2.log:",
+                         "  a", "  b"]
+
+
+def test_the_last_error_line_is_not_a_stack_frame():
+    lines = ["INFO up", "!!!!!!! Segfault encountered !!!!!!!",
+             '  File "csrc/cpu/cpu_fused_moe.cpp", line 242, in fused_moe_impl', "",
+             "(MainProcess) ERROR [multiproc_executor.py:315] Worker proc died", "INFO bye"]
+    assert jobmod._last_error(lines) == "(MainProcess) ERROR [multiproc_executor.py:315] Worker proc died"
+    assert jobmod._last_error(lines[:3]) == "!!!!!!! Segfault encountered !!!!!!!"
+    assert jobmod._last_error(["INFO all fine"]) is None

@@ -9,6 +9,7 @@ exec srun \
   --ntasks-per-node=1 \
   --nodelist="${NODELIST}" \
   --overlap \
+  --wait=5 \
   --job-name=prefill-0 \
   --kill-on-bad-exit=1 \
   bash /jobs/demo/launch/prefill-0.sh

@@ -10,6 +10,7 @@ exec srun \
   --mpi=pmix \
   --nodelist="${NODELIST}" \
   --overlap \
+  --wait=5 \
   --job-name=prefill-0 \
   --kill-on-bad-exit=1 \
   --container-image=/jobs/.hpcserve-images/nvcr.io+nvidia+tensorrt-llm+release+1.2.1.sqsh \

@@ -9,6 +9,7 @@ exec srun \
   --mpi=pmix \
   --nodelist="${NODELIST}" \
   --overlap \
+  --wait=5 \
   --job-name=worker-0 \
   --kill-on-bad-exit=1 \
   --container-image=/jobs/.hpcserve-images/nvcr.io+nvidia+tensorrt-llm+release+1.2.1.sqsh \

@@ -26,6 +26,10 @@ ulimit -S -l "$(ulimit -H -l)" 2>/dev/null || true
 export TMPDIR="${TMPDIR:-/tmp}/hpcserve-job${SLURM_JOB_ID:?}/worker-0.${NODE_RANK}"
 mkdir -p -- "$TMPDIR" "$JOB_DIR/run/scratch"
 : >"$JOB_DIR/run/scratch/worker-0.${NODE_RANK}.$me"
+# POSIX shared memory goes to /dev/shm whatever TMPDIR says, and a worker that crashes never
+# unlinks its segments: what was there before the engine lets the cleanup tell what it left.
+mkdir -p -- "$JOB_DIR/run/shm"
+ls -A /dev/shm >"$JOB_DIR/run/shm/worker-0.${NODE_RANK}.$me" 2>/dev/null || :
 
 export PYTHONUNBUFFERED=1
 export GLOO_SOCKET_IFNAME=eth0

@@ -8,6 +8,7 @@ exec srun \
   --ntasks-per-node=1 \
   --nodelist="${NODELIST}" \
   --overlap \
+  --wait=5 \
   --job-name=worker-0 \
   --kill-on-bad-exit=1 \
   bash /jobs/vllm-cpu-tp2/launch/worker-0.sh

@@ -9,6 +9,7 @@ exec srun \
   --ntasks-per-node=1 \
   --nodelist="${NODELIST}" \
   --overlap \
+  --wait=5 \
   --job-name=decode-0 \
   --kill-on-bad-exit=1 \
   bash /jobs/vllm-demo/launch/decode-0.sh

@@ -8,6 +8,7 @@ exec srun \
   --ntasks-per-node=1 \
   --nodelist="${NODELIST}" \
   --overlap \
+  --wait=5 \
   --job-name=worker-0 \
   --kill-on-bad-exit=1 \
   --container-image=/jobs/.hpcserve-images/vllm+vllm-openai+v0.33.0.sqsh \
