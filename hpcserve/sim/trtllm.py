@@ -9,7 +9,7 @@ trtllm-llmapi-launch does:
   (each its own world of one), fails with the rank, its node and both numbers;
 - rank 0 binds --host:--port (default localhost, as trtllm-serve's) and serves /health,
   /v1/models, /v1/completions and /v1/chat/completions; the other ranks are its workers and
-  serve nothing; the options are TensorRT-LLM 1.2.1's click options (an unknown one is refused
+  serve nothing; the options are TensorRT-LLM 1.3.0rc3's click options (an unknown one is refused
   with click's words), the --extra_llm_api_options file's keys its LLM API fields;
 - disaggregated: a request with disaggregated_params {request_type: context_only} runs the
   prefill and keeps the request's KV for the generation server, named in the answer's

@@ -1,5 +1,5 @@
 #!/bin/bash
-# decode-0: TensorRT-LLM 1.2.1 decode instance 0, TP 16, EP 16, attention-DP 16 (component 1 nodes 0-1)
+# decode-0: TensorRT-LLM 1.3.0rc3 decode instance 0, TP 16, EP 16, attention-DP 16 (component 1 nodes 0-1)
 # Started by hpcserve_job.py with NODELIST set to this step's nodes.
 set -euo pipefail
 exec srun \
@@ -13,7 +13,7 @@ exec srun \
   --wait=5 \
   --job-name=decode-0 \
   --kill-on-bad-exit=1 \
-  --container-image=/jobs/.hpcserve-images/nvcr.io+nvidia+tensorrt-llm+release+1.2.1.sqsh \
+  --container-image=/jobs/.hpcserve-images/nvcr.io+nvidia+tensorrt-llm+release+1.3.0rc3.sqsh \
   --container-mounts=/lustre:/lustre,/jobs/trtllm-kimi-k2-disagg:/jobs/trtllm-kimi-k2-disagg \
   --container-workdir=/jobs/trtllm-kimi-k2-disagg \
   --no-container-mount-home \

@@ -1,5 +1,5 @@
 #!/bin/bash
-# prefill-0: TensorRT-LLM 1.2.1 prefill instance 0, TP 8, EP 8, attention-DP 8 (component 0 nodes 0)
+# prefill-0: TensorRT-LLM 1.3.0rc3 prefill instance 0, TP 8, EP 8, attention-DP 8 (component 0 nodes 0)
 # Started by hpcserve_job.py with NODELIST set to this step's nodes.
 set -euo pipefail
 exec srun \
@@ -13,7 +13,7 @@ exec srun \
   --wait=5 \
   --job-name=prefill-0 \
   --kill-on-bad-exit=1 \
-  --container-image=/jobs/.hpcserve-images/nvcr.io+nvidia+tensorrt-llm+release+1.2.1.sqsh \
+  --container-image=/jobs/.hpcserve-images/nvcr.io+nvidia+tensorrt-llm+release+1.3.0rc3.sqsh \
   --container-mounts=/lustre:/lustre,/jobs/trtllm-kimi-k2-disagg:/jobs/trtllm-kimi-k2-disagg \
   --container-workdir=/jobs/trtllm-kimi-k2-disagg \
   --no-container-mount-home \

@@ -1,5 +1,5 @@
 #!/bin/bash
-# worker-0: TensorRT-LLM 1.2.1 plain instance 0, TP 16, EP 8, attention-DP 16 (component 0 nodes 0-1)
+# worker-0: TensorRT-LLM 1.3.0rc3 plain instance 0, TP 16, EP 8, attention-DP 16 (component 0 nodes 0-1)
 # Runs as 8 tasks on each of the instance's 2 node(s), one per GPU under srun --mpi=pmix
 # (MPI ranks, each with its own log), inside the container. The node rank and the
 # addresses are looked up in the task from this node's own name (SLURMD_NODENAME) in

@@ -1,5 +1,5 @@
 #!/bin/bash
-# worker-0: TensorRT-LLM 1.2.1 plain instance 0, TP 16, EP 8, attention-DP 16 (component 0 nodes 0-1)
+# worker-0: TensorRT-LLM 1.3.0rc3 plain instance 0, TP 16, EP 8, attention-DP 16 (component 0 nodes 0-1)
 # Started by hpcserve_job.py with NODELIST set to this step's nodes.
 set -euo pipefail
 exec srun \
@@ -12,7 +12,7 @@ exec srun \
   --wait=5 \
   --job-name=worker-0 \
   --kill-on-bad-exit=1 \
-  --container-image=/jobs/.hpcserve-images/nvcr.io+nvidia+tensorrt-llm+release+1.2.1.sqsh \
+  --container-image=/jobs/.hpcserve-images/nvcr.io+nvidia+tensorrt-llm+release+1.3.0rc3.sqsh \
   --container-mounts=/lustre:/lustre,/jobs/trtllm-kimi-k2-tp16:/jobs/trtllm-kimi-k2-tp16 \
   --container-workdir=/jobs/trtllm-kimi-k2-tp16 \
   --no-container-mount-home \
