@@ -114,8 +114,11 @@ def test_refusals_name_the_field(tmp_path, worker, key, text):
 
 
 def test_older_sglang_spells_the_amx_flags(tmp_path):
-    p = plan_of(tmp_path, kt_doc({"kt_cpuinfer": 8}, engine={"name": "ktransformers",
-                                                             "version": "0.5.4.post3"}))
+    # Kimi-K2-Instruct: SGLang 0.5.4.post3 predates the kimi_k2 reasoning parser that
+    # Kimi-K2-Thinking's profile asks for (refused with that release's choices).
+    model = {"profile": "kimi-k2-instruct", "path": "/models/k2", "served_name": "k2"}
+    p = plan_of(tmp_path, kt_doc({"kt_cpuinfer": 8}, model=model,
+                                 engine={"name": "ktransformers", "version": "0.5.4.post3"}))
     assert set(_flags(p.instances[0])) >= {"--kt-amx-weight-path", "--kt-amx-method"}
 
 

@@ -48,6 +48,9 @@ exec \
   --mem-fraction-static 0.98 \
   --max-running-requests 37 \
   --chunked-prefill-size 4096 \
+  --tool-call-parser kimi_k2 \
+  --reasoning-parser kimi_k2 \
+  --trust-remote-code \
   --kt-weight-path /lustre/models/Kimi-K2-Thinking-CPU-weight \
   --kt-method AMXINT4 \
   --kt-cpuinfer 104 \
