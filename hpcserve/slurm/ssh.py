@@ -6,7 +6,9 @@
   /etc/ssh/ssh_known_hosts); an unknown key and a changed key are both refused, before anything is
   authenticated or run. There is no "add it automatically" mode.
 - A command is its argv joined with shlex.join; environment variables travel as `env K=V ... cmd`
-  on the command line (servers silently drop SSH env requests they do not AcceptEnv).
+  on the command line (servers silently drop SSH env requests they do not AcceptEnv). Its output
+  is what it printed between two markers of its own: what the login shell's start-up files print
+  (module systems, conda init, banners) is not the command's.
 - Files go over SFTP; put_tree uploads to a hidden sibling and renames it into place, so a job
   directory appears whole or not at all, with each file's mode (job scripts stay executable).
 - paramiko is imported on first connection only, so `hpcserve --help` stays fast. The connection
@@ -134,6 +136,29 @@ def remote_command(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
     if any("\0" in w for w in words):
         raise SSHError("ssh: a command argument contains a NUL byte")
     return shlex.join(words)
+
+
+def marked_command(cmd: str, mark: str) -> str:
+    """`cmd` between two marker lines on both streams: the remote shell's start-up files (module
+    systems, conda and pyenv init, banners) print before it, a trap of theirs may print after,
+    and own_output keeps only what the command printed. The command's exit code is kept."""
+    begin = shlex.quote(mark + ":begin")
+    end = shlex.quote(mark + ":end")
+    return (f"printf '%s\\n' {begin}; printf '%s\\n' {begin} >&2; {cmd}\n"
+            f"hpcserve_rc=$?; printf '\\n%s\\n' {end}; printf '\\n%s\\n' {end} >&2; "
+            "exit $hpcserve_rc")
+
+
+def own_output(text: str, mark: str) -> str:
+    """What a marked_command's command printed on one stream. Without the markers (the shell
+    failed before the command ran) the whole text, so the shell's own words are kept."""
+    begin, end = f"{mark}:begin\n", f"\n{mark}:end\n"
+    start = text.find(begin)
+    if start < 0:
+        return text
+    body = text[start + len(begin):]
+    stop = body.rfind(end)
+    return body[:stop] if stop >= 0 else body
 
 
 def _paramiko() -> Any:
@@ -362,7 +387,8 @@ class SSHRunner:
 
     def run(self, argv: list[str], *, check: bool = True, timeout: float = 60.0,
             env: Mapping[str, str] | None = None) -> Result:
-        cmd = remote_command(argv, {**self.env, **(env or {})})
+        mark = f"hpcserve-{secrets.token_hex(8)}"
+        cmd = marked_command(remote_command(argv, {**self.env, **(env or {})}), mark)
         res_argv = tuple(str(a) for a in argv)
         t = self._transport()
         paramiko = _paramiko()
@@ -399,7 +425,8 @@ class SSHRunner:
         finally:
             done.set()
             chan.close()
-        res = Result(res_argv, rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+        res = Result(res_argv, rc, own_output(out.decode("utf-8", "replace"), mark),
+                     own_output(err.decode("utf-8", "replace"), mark))
         if rc == 127 and re.search(r"not found|No such file", res.err):
             raise HpcserveError(f"`{res_argv[0]}` not found{self._where}: is Slurm's client "
                                 f"installed and on the PATH of non-interactive SSH sessions?")

@@ -45,6 +45,28 @@ def sshd(tmp_path_factory: pytest.TempPathFactory, ssh_keys: dict[str, Path]) ->
     yield from _serve(tmp_path_factory, ssh_keys, "main", "AllowTcpForwarding yes")
 
 
+# What login nodes' start-up files print (module systems, conda init, banners): on both streams,
+# a line left open, and a trap that speaks when the shell exits. sshd runs it in the user's shell
+# in place of the command (ForceCommand), and it runs the command itself in between, as a shell
+# reads its start-up files before the command it was given.
+NOISY_LOGIN = """\
+echo 'Welcome to the login node: lmod loaded 12 modules'
+echo "pyenv: cannot rehash: /root/.pyenv/shims isn't writable" >&2
+printf 'conda: (base) '
+printf 'a warning left open' >&2
+trap 'echo bye from .bashrc; echo bye on stderr >&2' EXIT
+bash -c "$SSH_ORIGINAL_COMMAND"
+"""
+
+
+@pytest.fixture(scope="session")
+def sshd_noisy(tmp_path_factory: pytest.TempPathFactory,
+               ssh_keys: dict[str, Path]) -> Iterator[Sshd]:
+    login = tmp_path_factory.mktemp("login") / "noisy-login.sh"
+    login.write_text(NOISY_LOGIN)
+    yield from _serve(tmp_path_factory, ssh_keys, "noisy", f"ForceCommand bash {login}")
+
+
 @pytest.fixture(scope="session")
 def sshd_nofwd(tmp_path_factory: pytest.TempPathFactory,
                ssh_keys: dict[str, Path]) -> Iterator[Sshd]:

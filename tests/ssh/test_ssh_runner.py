@@ -139,6 +139,32 @@ def test_concurrent_runs_on_one_runner(sshd: Sshd) -> None:
         assert (res.rc, res.out, res.err) == (i % 3, f"out{i}\n", f"err{i}\n")
 
 
+def test_start_up_files_that_print_never_reach_the_command_output(sshd_noisy: Sshd) -> None:
+    r = sshd_noisy.runner()
+    assert r.run(["sh", "-c", "echo out"]).out == "out\n"
+    res = r.run(["sh", "-c", "printf 'no newline'; printf err >&2; exit 4"], check=False)
+    assert (res.rc, res.out, res.err) == (4, "no newline", "err")
+    cmds = [["sh", "-c", f"echo out{i}; echo err{i} >&2; exit {i % 3}"] for i in range(16)]
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda c: r.run(c, check=False), cmds))
+    for i, res in enumerate(results):
+        assert (res.rc, res.out, res.err) == (i % 3, f"out{i}\n", f"err{i}\n")
+
+
+def test_the_start_up_noise_is_really_printed_on_both_streams(sshd_noisy: Sshd) -> None:
+    """The test above proves something only if that server's shell prints around commands: a
+    plain ssh client sees it."""
+    out = subprocess.run(["ssh", "-p", str(sshd_noisy.port), "-i", str(sshd_noisy.user_key),
+                          "-o", f"UserKnownHostsFile={sshd_noisy.known_hosts}",
+                          "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+                          f"{sshd_noisy.user}@127.0.0.1", "echo mine"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("Welcome to the login node") and "mine" in out.stdout
+    assert "bye from .bashrc" in out.stdout
+    assert "cannot rehash" in out.stderr and "bye on stderr" in out.stderr
+
+
 class LateOutputChannel:
     """A channel whose exit status arrives before its output, as OpenSSH sometimes sends it
     (seen for ~5% of short commands): a runner that stops at the exit status loses output."""
