@@ -162,12 +162,12 @@ def submit(file, sets, out, dry_run, check, follow, wait, remote, jump, identity
     click.echo(f"submitted job {res.job_id}: {res.name}")
     click.echo(f"job directory: {res.job_dir}")
     if not (follow or wait):
+        from .deployments import reference
         r = f" --remote {remote}" if remote else ""
-        click.echo(f"follow it with: hpcserve status {res.job_id}{r}   "
-                   f"(logs: hpcserve logs {res.job_id}{r})")
+        ref = reference(res.entry)
+        click.echo(f"follow it with: hpcserve status {ref}{r}   (logs: hpcserve logs {ref}{r})")
         return
-    from . import deployments
-    sys.exit(ops.follow(deployments.find(res.job_id, remote), runner, echo=click.echo, quiet=wait))
+    sys.exit(ops.follow(res.entry, runner, echo=click.echo, quiet=wait))
 
 
 @main.command()
@@ -178,14 +178,13 @@ def submit(file, sets, out, dry_run, check, follow, wait, remote, jump, identity
 def preflight(file, sets, as_json, remote, jump, identity, known_hosts):
     """Run FILE's preflight checks as a short job of its own, before a long one: the same
     allocation, ten minutes, no engines. Prints one row per node; exit 1 if a check failed."""
-    from . import deployments, ops
+    from . import ops
     runner = _runner(remote, jump, identity, known_hosts)
     res = ops.submit(file, sets, runner=runner, remote=remote, out=None, dry_run=False,
                      check=False, preflight_only=True,
                      warn=lambda w: click.echo(f"hpcserve: warning: {w}", err=True))
     click.echo(f"submitted preflight job {res.job_id}: {res.job_dir}", err=True)
-    entry = deployments.find(res.job_id, remote)
-    rc = ops.follow(entry, runner, echo=lambda line: click.echo(line, err=True), quiet=True,
+    rc = ops.follow(res.entry, runner, echo=lambda line: click.echo(line, err=True), quiet=True,
                     until_serving=False)
     result = ops.preflight_result(runner, res.job_dir)
     if as_json:

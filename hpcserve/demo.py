@@ -105,13 +105,14 @@ def main(argv: list[str] | None = None) -> int:
         print("   usage: ", resp.get("usage"))
         if a.real:
             print("   (real tokens from vLLM; the weights are random, so the text is too)")
-        entry = deployments.find(job_id)
+        entry = sub.entry
         if json.loads((job_dir / "plan.json").read_text()).get("benchmark"):
             show_benchmark(entry, job_dir, runner)
         print("4. hpcserve status:")
         print("   " + ops.status_table(ops.status([entry], lambda _r: runner)).replace("\n", "\n   "))
         if a.keep:
-            print(f"kept running: job {job_id}, endpoint {url}; stop with `hpcserve cancel {job_id}`"
+            print(f"kept running: job {job_id}, endpoint {url}; stop with `hpcserve cancel "
+                  f"{deployments.reference(entry)}`"
                   f" (after `eval \"$(hpcserve dev-cluster env)\"`), then `hpcserve dev-cluster down`")
             return 0
         print("5. hpcserve cancel: router first, then the engines")

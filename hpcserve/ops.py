@@ -41,6 +41,7 @@ class Submitted:
     job_dir: str
     name: str
     remote: str | None
+    entry: deployments.Entry
 
 
 def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out: str | None,
@@ -94,8 +95,15 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
     script = posixpath.join(job_dir, "job.sbatch")
     res = runner.run(["sbatch", "--parsable", script])
     job_id = parse_job_id(res.out)
-    deployments.record(deployments.new_entry(job_id, p.name, job_dir, remote))
-    return Submitted(job_id, job_dir, p.name, remote)
+    entry = deployments.new_entry(job_id, p.name, job_dir, remote, cluster_name(runner))
+    deployments.record(entry)
+    return Submitted(job_id, job_dir, p.name, remote, entry)
+
+
+def cluster_name(runner) -> str | None:
+    """Slurm's ClusterName where the runner runs (None where scontrol does not say)."""
+    res = runner.run(parsers.config_argv(), check=False)
+    return parsers.parse_config(res.out).get("ClusterName") if res.rc == 0 else None
 
 
 def preflight_result(runner, job_dir: str) -> dict | None:
@@ -116,9 +124,10 @@ def ports_in_use(runner, remote: str | None) -> set[int]:
     if not mine:
         return set()
     queue = _squeue(runner)
+    here = _listed_here(runner, mine)
     used: set[int] = set()
     for e in mine:
-        q = queue.get(e.job_id)
+        q = queue.get(e.job_id) if e in here else None
         text = runner.read_text(posixpath.join(e.job_dir, "plan.json")) if q and \
             q.state in ACTIVE_SLURM else None
         try:
@@ -232,9 +241,12 @@ def status(entries: list[deployments.Entry], runner_of: Callable[[str | None], A
     for remote, es in by_remote.items():
         runner = runner_of(remote)
         queue = _squeue(runner)  # one call for every job on this cluster
+        here = _listed_here(runner, es)
         for e in es:
             v = View(e.job_id, e.name, e.job_dir, remote)
-            j = queue.get(e.job_id)
+            j = queue.get(e.job_id) if e in here else None
+            if j is not None and j.name != e.name:
+                j = None  # the id went to another job of this user's since
             if j is not None:
                 v.slurm_state = j.state
                 v.reason = j.reason
@@ -258,6 +270,17 @@ def status(entries: list[deployments.Entry], runner_of: Callable[[str | None], A
             views.append(v)
         _from_accounting(runner, [v for v in views if v.remote == remote])
     return views
+
+
+def _listed_here(runner, es: list[deployments.Entry]) -> set[deployments.Entry]:
+    """The entries that may be the job Slurm lists under their id on the runner's cluster: the
+    newest submission of each id, of this cluster where the entries name several (asked only
+    then: one login host may reach several clusters)."""
+    newest = deployments.newest_per_job(es)
+    if len({e.cluster for e in newest if e.cluster}) > 1:
+        here = cluster_name(runner)
+        newest = {e for e in newest if e.cluster in (None, here)}
+    return newest
 
 
 def _from_accounting(runner, views: list[View]) -> None:

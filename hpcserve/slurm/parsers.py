@@ -34,7 +34,7 @@ __all__ = [
     "SQUEUE_FORMAT", "STEPS_FORMAT", "SACCT_FIELDS", "SACCT_FORMAT",
     "ACTIVE_STATES", "TERMINAL_STATES",
     "JobRecord", "FoldedJob", "StepRecord", "SlurmParseError",
-    "squeue_argv", "steps_argv", "sacct_argv", "scontrol_argv",
+    "squeue_argv", "steps_argv", "sacct_argv", "scontrol_argv", "config_argv", "parse_config",
     "parse_squeue_json", "parse_squeue_format", "parse_scontrol_job", "parse_scontrol_fields",
     "parse_sacct", "sacct_disabled", "parse_steps", "fold_het", "group_steps",
     "reason_in_words", "REASON_WORDS", "parse_duration", "parse_timestamp",
@@ -76,6 +76,20 @@ def sacct_argv(job_ids: Sequence[str]) -> list[str]:
 
 def scontrol_argv(job_id: str | None = None) -> list[str]:
     return ["scontrol", "show", "job", "-o"] + ([job_id] if job_id else [])
+
+
+def config_argv() -> list[str]:
+    return ["scontrol", "show", "config"]
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """`scontrol show config` -> {Key: value} ('ClusterName = dev' lines; values as printed)."""
+    out = {}
+    for line in (text or "").splitlines():
+        key, eq, value = line.partition("=")
+        if eq and key.strip() and " " not in key.strip():
+            out[key.strip()] = value.strip()
+    return out
 
 
 # --------------------------------------------------------------------------------------------
