@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from . import deployments
 from .errors import HpcserveError
-from .slurm import parsers
+from .runtime import slurm_parsers as parsers
 from .slurm.client import parse_job_id
 from .slurm.runner import read_json
 

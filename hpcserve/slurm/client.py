@@ -1,4 +1,4 @@
-"""What sbatch prints, parsed (the other Slurm commands' output: slurm/parsers.py)."""
+"""What sbatch prints, parsed (the other commands' output: runtime/slurm_parsers.py)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpcserve.slurm.parsers import (ACTIVE_STATES, REASON_WORDS, TERMINAL_STATES, JobRecord,
+from hpcserve.runtime.slurm_parsers import (ACTIVE_STATES, REASON_WORDS, TERMINAL_STATES, JobRecord,
                                     fold_het, parse_duration, parse_squeue_format, parse_timestamp,
                                     reason_in_words)
 from slurm_samples import rec

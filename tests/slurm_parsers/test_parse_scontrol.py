@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hpcserve.slurm.parsers import (fold_het, parse_scontrol_fields, parse_scontrol_job,
+from hpcserve.runtime.slurm_parsers import (fold_het, parse_scontrol_fields, parse_scontrol_job,
                                     parse_squeue_format, scontrol_argv)
 from slurm_samples import rec, utc_epoch
 

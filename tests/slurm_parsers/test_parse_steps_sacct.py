@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from hpcserve.slurm.parsers import (SACCT_FIELDS, STEPS_FORMAT, fold_het, group_steps, parse_sacct,
+from hpcserve.runtime.slurm_parsers import (SACCT_FIELDS, STEPS_FORMAT, fold_het, group_steps, parse_sacct,
                                     parse_squeue_format, parse_steps, sacct_argv, sacct_disabled,
                                     steps_argv)
 from hpcserve.slurm.runner import Result

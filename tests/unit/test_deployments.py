@@ -8,7 +8,7 @@ import pytest
 
 from hpcserve import deployments, ops
 from hpcserve.errors import HpcserveError
-from hpcserve.slurm import parsers
+from hpcserve.runtime import slurm_parsers as parsers
 from hpcserve.slurm.runner import Result
 
 

@@ -1,13 +1,12 @@
-"""Pure parsers for what Slurm's commands print: squeue (JSON and -o), scontrol show job, sacct, steps.
+"""Pure parsers for what Slurm's commands print: squeue -o, scontrol show job/node/config, sacct,
+steps, sinfo.
 
-Nothing here runs a command; the callers run them through the Runner seam (hpcserve.slurm.runner)
-and hand the text over. Standard library only, so `hpcserve status` starts fast.
+Nothing here runs a command: the operator commands run them through the Runner seam
+(hpcserve.slurm.runner), the in-job runtime through runtime/slurm.py, and both hand the text over.
+Standard library only and nothing of hpcserve: it ships in the job directory with the runtime, so
+the job and `hpcserve status` read Slurm's words with the same code.
 
 What each parser accepts (samples in tests/data/slurm/, see its README):
-- `parse_squeue_json`: `squeue --json` of Slurm 22.05 (openapi v0.0.38: plain ints, `job_state` a
-  string), 23.02 (data_parser v0.0.39: `{"set","infinite","number"}` objects for most numbers, times
-  still plain ints) and 23.11+ (v0.0.40, v0.0.41, v0.0.42: times are objects too, `job_state` a list
-  of flags, `exit_code` a `{"status","return_code","signal"}` object).
 - `parse_squeue_format`: `squeue -h -t all -o SQUEUE_FORMAT` (or another `-o` format: pass it).
 - `parse_scontrol_job`: `scontrol show job [-o] [ID]`, one or many records, one-line or multi-line.
 - `parse_sacct`: `sacct -X -P -n --format=SACCT_FORMAT`; `sacct_disabled` spots a cluster without
@@ -17,25 +16,23 @@ What each parser accepts (samples in tests/data/slurm/, see its README):
 - `reason_in_words`: a pending reason in words for people.
 
 Slurm prints times in the cluster's local time without a zone; the text parsers read them in this
-process's time zone (right for a local runner; over SSH set TZ to the cluster's). JSON has epochs.
+process's time zone (right for a local runner; over SSH set TZ to the cluster's).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..errors import HpcserveError
 
 __all__ = [
     "SQUEUE_FORMAT", "STEPS_FORMAT", "SACCT_FIELDS", "SACCT_FORMAT",
     "ACTIVE_STATES", "TERMINAL_STATES",
-    "JobRecord", "FoldedJob", "StepRecord", "SlurmParseError",
+    "JobRecord", "FoldedJob", "StepRecord",
     "squeue_argv", "steps_argv", "sacct_argv", "scontrol_argv", "config_argv", "parse_config",
-    "parse_squeue_json", "parse_squeue_format", "parse_scontrol_job", "parse_scontrol_fields",
+    "parse_squeue_format", "parse_scontrol_job", "parse_scontrol_fields",
     "parse_sacct", "sacct_disabled", "parse_steps", "fold_het", "group_steps",
     "reason_in_words", "REASON_WORDS", "parse_duration", "parse_timestamp",
 ]
@@ -103,13 +100,6 @@ ACTIVE_STATES = frozenset({
     "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT", "STOPPED", "RESV_DEL_HOLD", "SIGNALING",
     "STAGE_OUT", "POWER_UP_NODE", "LAUNCH_FAILED", "RECONFIG_FAIL", "UPDATE_DB",
 })
-# job_state_string() in src/common/slurm_protocol_defs.c: a flag, when set, names the state
-# (a completing job is shown COMPLETING whatever its base state), in this order.
-_FLAG_PRECEDENCE = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "RESIZING", "REQUEUED", "REQUEUE_FED",
-                    "REQUEUE_HOLD", "SPECIAL_EXIT", "STOPPED", "REVOKED", "RESV_DEL_HOLD",
-                    "SIGNALING")
-_BASE_STATES = ("PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT",
-                "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY")
 # squeue %t / sacct compact codes.
 _COMPACT_STATES = {
     "BF": "BOOT_FAIL", "CA": "CANCELLED", "CD": "COMPLETED", "CF": "CONFIGURING",
@@ -127,10 +117,6 @@ _ACTIVE_PRECEDENCE = ("STOPPED", "SUSPENDED", "SPECIAL_EXIT", "REQUEUE_HOLD", "R
                       "COMPLETING", "CONFIGURING", "POWER_UP_NODE", "RUNNING")
 
 
-class SlurmParseError(HpcserveError, ValueError):
-    """Output that cannot be read at all (e.g. truncated JSON). Text parsers skip bad lines instead."""
-
-
 @dataclass(frozen=True)
 class JobRecord:
     """One job, or one component of a het job, as one of Slurm's commands showed it.
@@ -140,14 +126,12 @@ class JobRecord:
     """
 
     job_id: str                      # as squeue %i prints it: '123', '123+1' (het), '123_4' (array)
-    unique_id: int | None = None     # the record's own numeric id (squeue %A, JSON job_id, JobId=)
+    unique_id: int | None = None     # the record's own numeric id (squeue %A, JobId=)
     het_job_id: int | None = None    # the het leader's id, for het components only
     het_offset: int | None = None    # 0, 1, ... for het components only
     name: str = ""
     state: str = ""                  # long form as squeue %T: RUNNING, PENDING, COMPLETING, ...
-    state_flags: tuple[str, ...] = ()  # JSON >= 23.11 only: the whole list ('COMPLETED', 'COMPLETING')
     reason: str = ""                 # code or Slurm's text: 'Priority', 'ReqNodeNotAvail, Unavail...'
-    reason_detail: str = ""          # JSON state_description, when Slurm gave one
     nodes: str = ""                  # hostlist expression: 'node[2-3]'
     node_count: int | None = None
     partition: str = ""
@@ -164,7 +148,7 @@ class JobRecord:
     work_dir: str = ""
     stdout: str = ""
     stderr: str = ""
-    source: str = ""                 # 'squeue-json', 'squeue', 'scontrol', 'sacct'
+    source: str = ""                 # 'squeue', 'scontrol', 'sacct'
 
     @property
     def is_het(self) -> bool:
@@ -333,145 +317,6 @@ def _clean(text: Any) -> str:
 def _reason(text: Any) -> str:
     s = _clean(text)
     return "" if s in ("None", "none") else s
-
-
-# --------------------------------------------------------------------------------------------
-# squeue --json
-
-def _json_number(value: Any) -> int | None:
-    """Plain int (22.05), {"set","infinite","number"} (23.02+), "Infinity"/null (complex mode).
-
-    Unset and infinite both read as None.
-    """
-    if isinstance(value, Mapping):
-        if value.get("infinite") is True or value.get("set") is False:
-            return None
-        return _json_number(value.get("number"))
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return int(value)
-    if isinstance(value, str):
-        return int(value) if value.strip().isdigit() else None
-    return None
-
-
-def _json_epoch(value: Any) -> int | None:
-    n = _json_number(value)
-    return n if n else None  # 0 means "not yet" / "never" in every generation
-
-
-def _wait_status_to_exit(status: int) -> str:
-    """A raw wait(2) status (22.05 and 23.02 JSON) as 'code:signal'."""
-    sig = status & 0x7F
-    if sig == 0:
-        return f"{(status >> 8) & 0xFF}:0"
-    return f"0:{sig}"
-
-
-def _json_exit_code(value: Any) -> str:
-    """'code:signal' from a raw wait status (22.05, 23.02) or a PROCESS_EXIT_CODE object (23.11+:
-    {"status": "SUCCESS"|"ERROR"|"SIGNALED"|"PENDING"|..., "return_code": N, "signal": {"id": N,
-    "name": "TERM"}}); '' while the job has no exit code yet."""
-    if value is None:
-        return ""
-    if isinstance(value, Mapping) and ({"status", "return_code", "signal"} & set(value)):
-        status = value.get("status")  # a single-flag string; tolerate a list too
-        statuses = [status] if isinstance(status, str) else status if isinstance(status, list) else []
-        if "PENDING" in statuses:
-            return ""
-        rc = _json_number(value.get("return_code"))
-        sig_v = value.get("signal")
-        sig = _json_number(sig_v.get("id")) if isinstance(sig_v, Mapping) else _json_number(sig_v)
-        return f"{rc or 0}:{sig or 0}"
-    raw = _json_number(value)
-    return "" if raw is None else _wait_status_to_exit(raw)
-
-
-def _json_state(value: Any) -> tuple[str, tuple[str, ...]]:
-    """(long state, flags list): a string (<= 23.02) or a list of flags (>= 23.11)."""
-    if isinstance(value, str):
-        return value.strip().upper(), ()
-    if isinstance(value, Mapping):  # never seen; tolerate {"current": [...]} shapes
-        return _json_state(value.get("current") or value.get("state") or "")
-    if isinstance(value, list):
-        flags = tuple(str(f).strip().upper() for f in value if isinstance(f, str) and f.strip())
-        for f in _FLAG_PRECEDENCE:
-            if f in flags:
-                return f, flags
-        for f in flags:
-            if f in _BASE_STATES:
-                return f, flags
-        return (flags[0] if flags else ""), flags
-    return "", ()
-
-
-def _load_json(text: str, what: str) -> Any:
-    s = text.strip() if text else ""
-    if not s:
-        return None
-    try:
-        return json.loads(s)
-    except ValueError as e:
-        start = s.find("{")  # a warning line printed before the document
-        if start > 0:
-            try:
-                return json.loads(s[start:])
-            except ValueError:
-                pass
-        raise SlurmParseError(f"{what} printed JSON that cannot be read (truncated?): {e}") from None
-
-
-def parse_squeue_json(text: str) -> list[JobRecord]:
-    """`squeue --json` of any generation (22.05 ... 24.11+) -> one JobRecord per job/component.
-
-    Empty output gives []; output that is not JSON raises SlurmParseError. Unknown fields are
-    ignored, missing ones stay at their defaults, a job entry that is not an object is skipped.
-    """
-    doc = _load_json(text, "squeue --json")
-    if doc is None:
-        return []
-    jobs = doc.get("jobs") if isinstance(doc, Mapping) else doc
-    if not isinstance(jobs, list):
-        return []
-    return [_job_from_json(j) for j in jobs if isinstance(j, Mapping)]
-
-
-def _job_from_json(j: Mapping[str, Any]) -> JobRecord:
-    uid = _json_number(j.get("job_id"))
-    het = _json_number(j.get("het_job_id")) or None  # 0: not a het job
-    off = _json_number(j.get("het_job_offset")) if het is not None else None
-    if het is not None and off is None:
-        off = 0 if uid == het else None
-    arr = _json_number(j.get("array_job_id")) or None
-    task = _json_number(j.get("array_task_id")) if arr is not None else None
-    if het is not None:
-        shown = f"{het}+{off if off is not None else 0}"
-    elif arr is not None and task is not None:
-        shown = f"{arr}_{task}"
-    else:
-        shown = str(uid) if uid is not None else ""
-    state, flags = _json_state(j.get("job_state"))
-    limit = _json_number(j.get("time_limit"))
-    start, end = _json_epoch(j.get("start_time")), _json_epoch(j.get("end_time"))
-    used = end - start if (state in TERMINAL_STATES and start and end and end >= start) else None
-    user = _clean(j.get("user_name"))
-    if not user and _json_number(j.get("user_id")) is not None:
-        user = str(_json_number(j.get("user_id")))
-    return JobRecord(
-        job_id=shown, unique_id=uid, het_job_id=het, het_offset=off,
-        name=_clean(j.get("name")), state=state, state_flags=flags,
-        reason=_reason(j.get("state_reason")), reason_detail=_clean(j.get("state_description")),
-        nodes=_clean(j.get("nodes")), node_count=_json_number(j.get("node_count")),
-        partition=_clean(j.get("partition")), user=user, time_used=used,
-        time_limit=limit * 60 if limit is not None else None,
-        submit_time=_json_epoch(j.get("submit_time")), start_time=start, end_time=end,
-        exit_code=_json_exit_code(j.get("exit_code")), dependency=_clean(j.get("dependency")),
-        batch_host=_clean(j.get("batch_host")),
-        work_dir=_clean(j.get("current_working_directory")),
-        stdout=_clean(j.get("standard_output")), stderr=_clean(j.get("standard_error")),
-        source="squeue-json",
-    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,84 @@
+"""The one contract between the renderer, the in-job runtime and the operator commands.
+
+Declared here once, imported by all three sides: the renderer writes plan.json with SPEC and
+SPEC_VERSION, the runtime refuses any other version and writes state.json with these PHASES and
+keys, and `hpcserve status/list/cancel` read state.json by the same names. This module ships in the
+job directory with the rest of the runtime, so it is stdlib-only and imports nothing of hpcserve.
+
+Spec versions: 1 was hpcserve 0.1.0's undeclared dump of the plan; 2 declared it; 3 adds
+container.import (pyxis: the image imported once per job before any step); 4 adds preflight (the
+checks every node runs in the discovery step); 5 adds benchmark (the serving benchmark's points,
+where its results are and what its gate asks).
+"""
+
+from __future__ import annotations
+
+SPEC = "hpcserve-job"
+SPEC_VERSION = 5
+
+# The job's phases, in the order a deployment goes through them.
+PHASES = ("pending", "starting", "engines_ready", "router_ready", "serving", "stopping",
+          "requeued", "done", "cancelled", "failed")
+# A phase the job never leaves: state.json's last word on the deployment.
+TERMINAL_PHASES = frozenset({"done", "cancelled", "failed"})
+
+# What a recorded failure may say its reason was (state.json's failure.reason).
+FAILURE_REASONS = ("node lost", "preempted", "hung", "unreachable", "unhealthy", "port taken",
+                   "readiness timeout", "smoke request failed", "smoke request returned 0 tokens",
+                   "preflight failed", "image import failed", "benchmark failed",
+                   "incompatible job directory")
+
+_NUM = {"type": "number"}
+_STR_OR_NULL = {"type": ["string", "null"]}
+_NUM_OR_NULL = {"type": ["number", "null"]}
+_INT_OR_NULL = {"type": ["integer", "null"]}
+
+FAILURE_SCHEMA = {
+    "type": ["object", "null"],
+    "properties": {
+        "step": _STR_OR_NULL, "role": _STR_OR_NULL, "instance": _INT_OR_NULL,
+        "node": _STR_OR_NULL, "node_rank": _INT_OR_NULL, "rank": _INT_OR_NULL,
+        "reason": _STR_OR_NULL, "exit_code": _INT_OR_NULL, "log": _STR_OR_NULL,
+        "log_tail": {"type": "array", "items": {"type": "string"}},
+        "error": _STR_OR_NULL, "detail": _STR_OR_NULL, "probe": {"type": "string"},
+        "tasks": {"type": "array", "items": {"type": "object"}},
+        "slurm_state": {"type": "string"}, "port": {"type": "integer"},
+        "holder": {"type": "string"}, "check": {"type": "string"},
+        "instances": {"type": "array", "items": {"type": "string"}},
+        "failed": {"type": "array"}, "point": {"type": ["string", "null"]},
+    },
+    "additionalProperties": False,
+}
+
+# state.json, as the runtime writes it (tests validate every job's state.json against it).
+STATE_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": f"hpcserve job state (state.json, spec {SPEC_VERSION})",
+    "type": "object",
+    "required": ["phase", "history", "updated_at"],
+    "properties": {
+        "phase": {"enum": list(PHASES)},
+        "history": {"type": "array", "items": {
+            "type": "object", "required": ["phase", "at"], "additionalProperties": False,
+            "properties": {"phase": {"enum": list(PHASES)}, "at": _NUM}}},
+        "job_id": _STR_OR_NULL,
+        "updated_at": _NUM,
+        "started_at": _NUM, "runtime_at": _NUM, "finished_at": _NUM_OR_NULL,
+        "batch_host": {"type": "string"},
+        "restarts": {"type": "integer"},
+        "reason": _STR_OR_NULL,
+        "failure": FAILURE_SCHEMA,
+        "endpoint": _STR_OR_NULL,
+        "router_node": {"type": "string"},
+        "engines_ready_count": {"type": "integer"},
+        "engines_total": {"type": "integer"},
+        "health_urls": {"type": "object", "additionalProperties": {"type": "string"}},
+        "health": {"type": "object", "additionalProperties": {"type": "string"}},
+        "smoke_tokens": _INT_OR_NULL,
+        "serving_after_s": _NUM_OR_NULL,
+        "preflight": {"type": "object"},
+        "benchmark": {"type": "object"},
+        "slurm_unreachable": {"type": ["object", "null"]},
+    },
+    "additionalProperties": False,
+}
