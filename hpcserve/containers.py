@@ -10,7 +10,7 @@ holds everything runtime-specific that happens in the task:
 
 - pyxis: the container exists before the task starts (srun's --container-* flags); the script
   runs inside it and only raises the memlock limit before it execs the launch script. A docker
-  image is imported once per job, by hpcserve_job.py on the batch node before any step starts,
+  image is imported once per job, by hpcserve_runtime on the batch node before any step starts,
   into the shared cache (the same enroot-import.sh), and every step's --container-image names
   that squashfs file: nodes never pull from the registry themselves.
 - apptainer: the script runs on the host and execs `apptainer exec --nv --bind ... IMAGE`.
@@ -150,7 +150,7 @@ def apptainer_image(plan: "Plan") -> str:
 def stop_timeout(plan: "Plan") -> int:
     """Seconds the enroot task waits for its engine after a TERM before it KILLs it itself.
 
-    hpcserve_job.py KILLs an engine step at the earliest (signal_grace - 5) / 2 seconds after its
+    hpcserve_runtime KILLs an engine step at the earliest (signal_grace - 5) / 2 seconds after its
     TERM; the container can only be removed while the task still runs, so the task gives up on
     the engine 10 s before that, leaving the removal time to finish.
     """
@@ -170,7 +170,7 @@ def wrap_task(plan: "Plan", job_dir: str, task: str) -> tuple[list[Word], list[W
     if c.runtime != "pyxis":
         return [], prefix
     flags: list[Word] = [
-        # the squashfs hpcserve_job.py imported once for every node (or the site's own .sqsh)
+        # the squashfs hpcserve_runtime imported once for every node (or the site's own .sqsh)
         f"--container-image={enroot_image(plan, job_dir)[1]}",
         "--container-mounts=" + ",".join(m.pyxis() for m in ms),
         f"--container-workdir={c.workdir or job_dir}",

@@ -421,7 +421,7 @@ def cancel(entry: deployments.Entry, runner, *, wait: bool, echo: Callable[[str]
              "nothing to cancel")
         return 0
     if v.slurm_state == "RUNNING":
-        # Only the batch shell (hpcserve_job.py) gets USR1: it tears down router first, then the
+        # Only the batch shell (hpcserve_runtime) gets USR1: it tears down router first, then the
         # engines rank 0 first, and records `cancelled`. A plain scancel would signal every step
         # at once.
         runner.run(["scancel", "--batch", "--signal=USR1", entry.job_id])

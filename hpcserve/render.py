@@ -23,10 +23,10 @@ from .runtime.spec import job_spec
 from .templates import jinja
 from .words import Var, Word, quote
 
-RUNTIME = package_data.path("runtime", "job.py")
-OWNPORT = package_data.path("runtime", "ownport.py")  # beside each engine: whose is its port
-PREFLIGHT = package_data.path("runtime", "preflight.py")  # the checks every node runs
-BENCH = package_data.path("runtime", "bench.py")  # the benchmark's results and gate
+# The in-job runtime, copied whole into the job directory as a package of its own: a folder,
+# not a zipapp, so that it is read (and patched, on a site that must) like the scripts beside it.
+RUNTIME = package_data.path("runtime")
+RUNTIME_DIR = "hpcserve_runtime"
 SIM_CORE = package_data.path("sim", "hpcserve_simcore.py")  # every stand-in's
 
 
@@ -192,15 +192,18 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
         files[path] = (text, 0o644)
     files.update(container_files(plan, jd))
     files["plan.json"] = (spec_dumps(job_spec(plan, jd)), 0o644)
-    files["hpcserve_job.py"] = (RUNTIME.read_text(encoding="utf-8"), 0o755)
-    files["hpcserve_ownport.py"] = (OWNPORT.read_text(encoding="utf-8"), 0o755)
-    files["hpcserve_preflight.py"] = (PREFLIGHT.read_text(encoding="utf-8"), 0o755)
-    files["hpcserve_bench.py"] = (BENCH.read_text(encoding="utf-8"), 0o755)
+    files.update(runtime_files())
     if plan.simulate:
         sim = engines.get(plan.engine).sim_source()
         files["hpcserve_sim.py"] = (sim.read_text(encoding="utf-8"), 0o755)
         files[SIM_CORE.name] = (SIM_CORE.read_text(encoding="utf-8"), 0o755)
     return files
+
+
+def runtime_files() -> dict[str, tuple[str, int]]:
+    """hpcserve_runtime/*.py: every module of hpcserve.runtime, as they are in the package."""
+    return {f"{RUNTIME_DIR}/{f.name}": (f.read_text(encoding="utf-8"), 0o644)
+            for f in sorted(RUNTIME.glob("*.py"))}
 
 
 def _bench_files(plan: Plan, jd: str, step) -> dict[str, tuple[str, int]]:
@@ -217,7 +220,7 @@ def _bench_files(plan: Plan, jd: str, step) -> dict[str, tuple[str, int]]:
             command=[quote(w) for w in prefix + ["bash", f"{jd}/launch/bench.sh"]]), 0o755),
         "launch/bench.sh": (launch_script(
             CLIENTS[b.client], b.python, b.spec, list(b.points), job_dir=jd, target=target,
-            env=list(b.env), started_by="Started by hpcserve_job.py once the deployment "
+            env=list(b.env), started_by="Started by hpcserve_runtime once the deployment "
                                        "serves (SERVING_URL: run/endpoints.env)"), 0o755)}
 
 

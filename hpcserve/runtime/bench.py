@@ -1,9 +1,8 @@
-"""hpcserve_bench.py: the serving benchmark's results read the same way whoever's client wrote
-them, and the gate that refuses results which prove nothing (stdlib only, Python 3.7+).
+"""The serving benchmark's results read the same way whoever's client wrote them, and the gate
+that refuses results which prove nothing (stdlib only, Python 3.7+).
 
-Copied into every job directory beside hpcserve_job.py, which runs the gate when the benchmark
-step ends; `hpcserve report` reads the same files with the same code. What a client's results
-file holds, and under which names, comes from plan.json's benchmark.keys (the engines'
+The job runs the gate when the benchmark step ends (bench_step.py); `hpcserve report` reads the
+same files with the same code. What a client's results file holds, and under which names, comes from plan.json's benchmark.keys (the engines'
 bench_clients module), so nothing here names a client.
 
 A point fails the gate when its client failed (exit code, no results file), when fewer requests

@@ -13,6 +13,9 @@ where its results are and what its gate asks).
 
 from __future__ import annotations
 
+import json
+import os
+
 SPEC = "hpcserve-job"
 SPEC_VERSION = 5
 
@@ -82,3 +85,25 @@ STATE_SCHEMA = {
     },
     "additionalProperties": False,
 }
+
+
+class SpecError(Exception):
+    """plan.json is not a spec this runtime understands: nothing may start."""
+
+
+def load_spec(job_dir: str) -> dict:
+    """plan.json of `job_dir`, refused unless it is the SPEC_VERSION this runtime understands."""
+    path = os.path.join(job_dir, "plan.json")
+    try:
+        with open(path) as f:
+            plan = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SpecError(f"cannot read {path}: {e}") from None
+    got = (plan.get("spec"), plan.get("spec_version")) if isinstance(plan, dict) else (None, None)
+    if got != (SPEC, SPEC_VERSION):
+        made_by = plan.get("hpcserve_version", "an older hpcserve") if isinstance(plan, dict) \
+            else "?"
+        raise SpecError(f"{path} is run-time spec {got[1]!r} (rendered by hpcserve {made_by}); "
+                        f"this hpcserve_runtime understands spec {SPEC_VERSION} only: render the "
+                        "job directory again with one hpcserve version")
+    return plan

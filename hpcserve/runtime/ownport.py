@@ -1,15 +1,15 @@
-"""hpcserve_ownport.py: whose process listens on a serving port (stdlib only, Python 3.7+).
+"""Whose process listens on a serving port (stdlib only, Python 3.7+).
 
-Copied into every job directory. Each launch script starts it in the background, on the node
-where its engine (or the router) serves, with the script's own PID, which the engine takes over
-by exec:
+Run as a script of its own (hpcserve_runtime/ownport.py in the job directory): each launch
+script starts it in the background, on the node where its engine (or the router) serves, with
+the script's own PID, which the engine takes over by exec:
 
-    python3 -S -I hpcserve_ownport.py PID PORT[,PORT...] OUT [TIMEOUT]
+    python3 -S -I hpcserve_runtime/ownport.py PID PORT[,PORT...] OUT [TIMEOUT]
 
 Once something listens on one of the ports it writes OUT: "ours" when it is PID's process tree
 on the first (serving) port, or "taken PORT by OWNER" when any of them is held by another
 process (another deployment on a shared node, a stale engine), named as far as /proc shows
-it. hpcserve_job.py counts the instance ready only on "ours". It exits 1 without writing when
+it. The runtime counts the instance ready only on "ours". It exits 1 without writing when
 PID ends before anything listens (its step's exit says why), or at TIMEOUT.
 
 A file of its own, small and without third-party or heavy imports, so that it starts in a few
@@ -140,7 +140,7 @@ def main(argv: list) -> int:
         pid, ports = int(argv[0]), [int(p) for p in argv[1].split(",")]
         out, timeout = argv[2], float(argv[3]) if len(argv) > 3 else 3600.0
     except (IndexError, ValueError):
-        sys.stderr.write("usage: hpcserve_ownport.py PID PORT[,PORT...] OUT [TIMEOUT]\n")
+        sys.stderr.write("usage: ownport.py PID PORT[,PORT...] OUT [TIMEOUT]\n")
         return 2
     start = time.monotonic()
     verdict = None

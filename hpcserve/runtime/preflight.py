@@ -1,4 +1,4 @@
-"""hpcserve's preflight checks, copied into every job directory as hpcserve_preflight.py.
+"""hpcserve's preflight checks, run on every node by the discovery step (stdlib only).
 
 Stdlib only (mpi4py where the discovery step runs under `srun --mpi=pmix` and has it). Two halves:
 
@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
+
+from . import ownport
 
 CHECKS = ("python", "tools", "image", "model", "gpus", "ib", "peer_memory", "shm", "memlock",
           "ports", "clock")
@@ -258,12 +260,8 @@ def check_memlock(rdma: bool) -> list:
 def _holder(port: int) -> str:
     """' by process PID (comm) of Slurm job J' where /proc shows who listens on the port: on a
     shared node that is most often another deployment, and its job id is what a user acts on."""
-    try:
-        import hpcserve_ownport as own  # beside this file in the job directory
-    except ImportError:
-        from hpcserve.runtime import ownport as own
-    inodes = own.listening_inodes(port)
-    return f" by {own.owner_of(inodes)}" if inodes else ""
+    inodes = ownport.listening_inodes(port)
+    return f" by {ownport.owner_of(inodes)}" if inodes else ""
 
 
 def check_ports(ports: list) -> list:

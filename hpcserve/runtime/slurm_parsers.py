@@ -31,7 +31,8 @@ __all__ = [
     "SQUEUE_FORMAT", "STEPS_FORMAT", "SACCT_FIELDS", "SACCT_FORMAT",
     "ACTIVE_STATES", "TERMINAL_STATES",
     "JobRecord", "FoldedJob", "StepRecord",
-    "squeue_argv", "steps_argv", "sacct_argv", "scontrol_argv", "config_argv", "parse_config",
+    "squeue_argv", "steps_argv", "NODE_STATES_FORMAT", "parse_node_states", "node_lost",
+    "controller_unreachable", "BACKOFF", "sacct_argv", "scontrol_argv", "config_argv", "parse_config",
     "parse_squeue_format", "parse_scontrol_job", "parse_scontrol_fields",
     "parse_sacct", "sacct_disabled", "parse_steps", "fold_het", "group_steps",
     "reason_in_words", "REASON_WORDS", "parse_duration", "parse_timestamp",
@@ -87,6 +88,43 @@ def parse_config(text: str) -> dict[str, str]:
         if eq and key.strip() and " " not in key.strip():
             out[key.strip()] = value.strip()
     return out
+
+
+# sinfo -h -N -o NODE_STATES_FORMAT: one line per node, its compact state ('idle', 'mix*').
+NODE_STATES_FORMAT = "%N %t"
+
+
+def parse_node_states(text: str) -> dict[str, str]:
+    """`sinfo -h -N -o NODE_STATES_FORMAT` -> {node: compact state}."""
+    out = {}
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            out[parts[0]] = parts[1]
+    return out
+
+
+def node_lost(state: str) -> bool:
+    """A compact sinfo state of a node that is gone for its jobs: down, failed or not responding
+    (any state with '*')."""
+    return state.endswith("*") or state.rstrip("*") in ("down", "fail", "failg")
+
+
+# --------------------------------------------------------------------------------------------
+# A controller that does not answer
+
+# What Slurm's client commands print while slurmctld is busy, restarting or away.
+_UNREACHABLE = re.compile(
+    r"Unable to contact slurm controller|Socket timed out on send/recv operation|"
+    r"Slurm backup controller in standby mode|Zero Bytes were transmitted or received")
+# Seconds between the tries of one query while the controller does not answer.
+BACKOFF = (1.0, 2.0, 4.0, 8.0)
+
+
+def controller_unreachable(text: str) -> bool:
+    """Whether a Slurm command's error text says the controller did not answer (not that the
+    query itself was wrong)."""
+    return bool(_UNREACHABLE.search(text or ""))
 
 
 # --------------------------------------------------------------------------------------------
@@ -482,18 +520,19 @@ def _split_key_values(line: str) -> dict[str, str]:
     return out
 
 
-def parse_scontrol_fields(text: str) -> list[dict[str, str]]:
-    """`scontrol show job [-o]` -> one {Key: value} per record, in order.
+def parse_scontrol_fields(text: str, first: str = "JobId") -> list[dict[str, str]]:
+    """`scontrol show job [-o]` (or `show node`, first="NodeName") -> one {Key: value} per
+    record, in order.
 
-    Records start at 'JobId='; the multi-line form (no -o) is joined first. Values stay as printed
-    ('(null)', 'Unknown', 'root(0)').
+    Records start at 'JobId=' ('NodeName='); the multi-line form (no -o) is joined first. Values
+    stay as printed ('(null)', 'Unknown', 'root(0)').
     """
     records: list[list[str]] = []
     for line in (text or "").splitlines():
         s = line.strip()
         if not s:
             continue
-        if s.startswith("JobId="):
+        if s.startswith(first + "="):
             records.append([s])
         elif records and "=" in s:
             records[-1].append(s)

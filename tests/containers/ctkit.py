@@ -90,7 +90,7 @@ def _low_memlock() -> None:
 
 def write_job(tmp_path: Path, sets: list[str]) -> Path:
     """Render the demo with `sets` into tmp_path/job (the model path a real directory there) and
-    give every instance and the router its node table, as hpcserve_job.py would."""
+    give every instance and the router its node table, as the runtime would."""
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     job = tmp_path / "job"

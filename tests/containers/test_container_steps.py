@@ -1,7 +1,7 @@
 """The rendered steps run for real under the strict stand-ins: srun+pyxis, enroot, apptainer.
 
 Each test renders examples/demo.yaml for one runtime into a job directory, gives the instances
-their node tables (as hpcserve_job.py would after discovery) and runs steps/<name>.sh with
+their node tables (as the runtime would after discovery) and runs steps/<name>.sh with
 NODELIST set. The stand-ins check every command line and then run the inner command here, so the
 launch scripts really execute and the python3 stub records the engine's argv and environment.
 """
@@ -80,7 +80,7 @@ def assert_memlock_raised(engine: dict) -> None:
 # ------------------------------------------------------------------------------------- pyxis
 
 def import_as_the_runtime_does(fakes: Fakes, job: Path) -> str:
-    """What hpcserve_job.py runs once per pyxis job before any step: plan.json's import."""
+    """What the runtime runs once per pyxis job before any step: plan.json's import."""
     imp = json.loads((job / "plan.json").read_text())["container"]["import"]
     r = fakes.run(["bash", imp["helper"], imp["uri"], imp["sqsh"]])
     assert r.returncode == 0, r.stderr

@@ -118,7 +118,7 @@ def test_apptainer_image(image: str, want: str) -> None:
 def test_stop_timeout_leaves_room_before_the_kill(grace: int, want: int) -> None:
     p = plan("enroot", f"site.slurm.signal_grace={grace}")
     assert containers.stop_timeout(p) == want
-    # hpcserve_job.py KILLs an engine tier at the earliest (grace - 5) / 2 s after its TERM
+    # the runtime KILLs an engine tier at the earliest (grace - 5) / 2 s after its TERM
     assert want < max(1.0, (grace - 5) / 2)
 
 

@@ -194,7 +194,7 @@ def test_a_too_old_python_on_one_node_is_named_before_engines_start(submit, dev_
         shutil.rmtree(root)
     f = st["failure"]
     assert st["phase"] == "failed" and (f["check"], f["node"]) == ("python", "node2"), st
-    assert f["detail"].startswith("Python 3.6.8: hpcserve_job.py needs Python 3.7 or later")
+    assert f["detail"].startswith("Python 3.6.8: hpcserve_runtime needs Python 3.7 or later")
     assert st["preflight"]["nodes"]["node1"]["python"][0] == "ok"
     _ended_in_seconds(st)
     _no_engine_started(job)

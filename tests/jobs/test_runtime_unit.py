@@ -1,4 +1,4 @@
-"""hpcserve_job.py's own logic without a cluster: discovery output through a file, signal
+"""The in-job runtime's own logic without a cluster: discovery output through a file, signal
 handling outside the handler, per-try srun logs, best-effort teardown, direct HTTP, a smoke request
 that a signal cuts short, and the removal of leftover enroot containers (with the stand-ins)."""
 
@@ -8,6 +8,7 @@ import http.server
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -17,15 +18,18 @@ from pathlib import Path
 import pytest
 
 from hpcserve import config, plan, render
+from hpcserve.runtime import contract, discovery, ownport
+from hpcserve.runtime import health as healthmod
 from hpcserve.runtime import job as jobmod
-from hpcserve.runtime import ownport
+from hpcserve.runtime.failures import Stop, task_ids
+from hpcserve.runtime.supervise import Supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKES = ROOT / "tests" / "fakes"
 
 
 def _plan(components: list[dict], **extra) -> dict:
-    return {"spec": "hpcserve-job", "spec_version": jobmod.SPEC_VERSION,
+    return {"spec": "hpcserve-job", "spec_version": contract.SPEC_VERSION,
             "components": components, "instances": [], "router": None, "signal_grace": 4,
             "requeue": 0, "served_name": "kimi-k2", "container": {"runtime": "none"},
             "readiness": {"engine_timeout": 5, "router_timeout": 5, "poll_interval": 0.1,
@@ -46,16 +50,16 @@ def make_job(tmp_path, monkeypatch):
         for name, text in (steps or {}).items():
             (d / "steps" / name).write_text("#!/bin/bash\n" + text + "\n")
         j = jobmod.Job(str(d))
-        made.append(j)
+        made.append((j, j.log))
         return j
 
     yield _make
-    for j in made:
-        for p in [*j.steps.values(), *j.discovery.values()]:
+    for j, log in made:
+        for p in [*j.steps.procs.values(), *j.discovery.procs.values()]:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        j.log_fh.close()
+        log.close()
 
 
 @pytest.fixture
@@ -77,7 +81,7 @@ def test_discovery_output_beyond_a_pipe_buffer_is_read_in_full(make_job):
     job = make_job([{"index": 0, "name": "decode", "nodes": n}],
                    {"discover-0.sh": f"for i in $(seq {n - 1} -1 0); do echo \"{line}\"; done"})
     t0 = time.time()
-    found = job.discover()
+    found = job.discovery.discover()
     assert time.time() - t0 < 20
     assert os.path.getsize(Path(job.dir) / "run" / "discover-0.out") > 64 * 1024
     assert len(found[0]) == n
@@ -95,34 +99,34 @@ def test_a_failed_component_stops_every_other_discovery(make_job):
                    {"discover-0.sh": "exec sleep 60", "discover-1.sh": IGNORE_TERM,
                     "discover-2.sh": "sleep 0.3; echo 'no such interface' >&2; exit 3"})
     t0 = time.time()
-    with pytest.raises(jobmod.Stop) as e:
-        job.discover()
+    with pytest.raises(Stop) as e:
+        job.discovery.discover()
     assert e.value.phase == "failed" and "component 2" in e.value.reason, e.value.reason
     assert e.value.failure["log_tail"] == ["no such interface"]
     assert time.time() - t0 < 8  # TERM, then KILL for the one that ignores TERM
-    assert all(p.poll() is not None for p in job.discovery.values())
-    assert job.discovery[0].returncode == -signal.SIGTERM
-    assert job.discovery[1].returncode == -signal.SIGKILL
+    assert all(p.poll() is not None for p in job.discovery.procs.values())
+    assert job.discovery.procs[0].returncode == -signal.SIGTERM
+    assert job.discovery.procs[1].returncode == -signal.SIGKILL
 
 
 def test_a_signal_during_discovery_stops_all_of_it(make_job):
     job = make_job([{"index": 0, "name": "prefill", "nodes": 1},
                     {"index": 1, "name": "decode", "nodes": 1}],
                    {"discover-0.sh": "exec sleep 60", "discover-1.sh": "exec sleep 60"})
-    threading.Timer(0.3, job.on_signal, (signal.SIGUSR1, None)).start()
-    with pytest.raises(jobmod.Stop) as e:
-        job.discover()
+    threading.Timer(0.3, job.supervisor.on_signal, (signal.SIGUSR1, None)).start()
+    with pytest.raises(Stop) as e:
+        job.discovery.discover()
     assert (e.value.phase, e.value.reason) == ("cancelled", "cancelled")
-    assert [p.returncode for p in job.discovery.values()] == [-signal.SIGTERM] * 2
+    assert [p.returncode for p in job.discovery.procs.values()] == [-signal.SIGTERM] * 2
 
 
 def test_discovery_times_out(make_job, monkeypatch):
-    monkeypatch.setattr(jobmod.Job, "DISCOVERY_TIMEOUT", 0.5)
+    monkeypatch.setattr(discovery.Discovery, "TIMEOUT", 0.5)
     job = make_job([{"index": 0, "name": "prefill", "nodes": 1}],
                    {"discover-0.sh": "exec sleep 60"})
-    with pytest.raises(jobmod.Stop) as e:
-        job.discover()
-    assert "timed out" in e.value.reason and job.discovery[0].returncode is not None
+    with pytest.raises(Stop) as e:
+        job.discovery.discover()
+    assert "timed out" in e.value.reason and job.discovery.procs[0].returncode is not None
 
 
 # ---------------------------------------------------------------------------------------- signals
@@ -134,18 +138,18 @@ def test_the_handler_only_records_and_check_resolves(make_job, monkeypatch):
         raise AssertionError("I/O in the signal handler")
 
     monkeypatch.setattr(job, "log", boom)
-    monkeypatch.setattr(jobmod.subprocess, "run", boom)
-    job.job_id = "123"
-    job.on_signal(signal.SIGTERM, None)
-    job.on_signal(signal.SIGUSR1, None)  # the first signal counts
+    monkeypatch.setattr(subprocess, "run", boom)
+    job.job_id = job.slurm.job_id = "123"
+    job.supervisor.on_signal(signal.SIGTERM, None)
+    job.supervisor.on_signal(signal.SIGUSR1, None)  # the first signal counts
     monkeypatch.undo()
-    assert job.signal_reason is None and job.signal_seen[0] == signal.SIGTERM
+    assert job.supervisor.signal_reason is None and job.supervisor.signal_seen[0] == signal.SIGTERM
 
-    class Out:
-        stdout = "0:40\n"
+    class Out:  # squeue's answer
+        returncode, stdout, stderr = 0, "0:40\n", ""
 
-    monkeypatch.setattr(jobmod.subprocess, "run", lambda *a, **k: Out())
-    with pytest.raises(jobmod.Stop) as e:
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: Out())
+    with pytest.raises(Stop) as e:
         job.check()
     # 40 s left is within signal_grace + 90: the time limit's TERM
     assert (e.value.phase, e.value.reason) == ("cancelled", "time_limit")
@@ -156,22 +160,22 @@ def test_the_handler_only_records_and_check_resolves(make_job, monkeypatch):
 def test_a_real_usr1_is_a_cancel_and_term_far_from_the_limit_too(make_job, restore_signals,
                                                                 monkeypatch):
     job = make_job([])
-    signal.signal(signal.SIGUSR1, job.on_signal)
+    signal.signal(signal.SIGUSR1, job.supervisor.on_signal)
     os.kill(os.getpid(), signal.SIGUSR1)
     time.sleep(0.05)
-    with pytest.raises(jobmod.Stop) as e:
+    with pytest.raises(Stop) as e:
         job.check()
     assert e.value.reason == "cancelled"
 
     job2 = make_job([])
-    job2.job_id = "123"
+    job2.job_id = job2.slurm.job_id = "123"
 
     class Out:
-        stdout = "2:00:00\n"
+        returncode, stdout, stderr = 0, "2:00:00\n", ""
 
-    monkeypatch.setattr(jobmod.subprocess, "run", lambda *a, **k: Out())
-    job2.on_signal(signal.SIGTERM, None)
-    assert job2.resolve_signal() == "cancelled"
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: Out())
+    job2.supervisor.on_signal(signal.SIGTERM, None)
+    assert job2.supervisor.resolve_signal() == "cancelled"
 
 
 @pytest.fixture
@@ -196,13 +200,13 @@ def slurm_says(tmp_path, monkeypatch):
     return _says
 
 
-def _term(job) -> jobmod.Stop:
-    job.job_id = "77"
-    job.nodes = {"prefill-0": [["0", "n1", "10.0.0.1", "eth0", "-"]],
+def _term(job) -> Stop:
+    job.job_id = job.slurm.job_id = "77"
+    job.instances.nodes = {"prefill-0": [["0", "n1", "10.0.0.1", "eth0", "-"]],
                  "decode-0": [["0", "n2", "10.0.0.2", "eth0", "-"],
                               ["1", "n3", "10.0.0.3", "eth0", "-"]]}
-    job.on_signal(signal.SIGTERM, None)
-    with pytest.raises(jobmod.Stop) as e:
+    job.supervisor.on_signal(signal.SIGTERM, None)
+    with pytest.raises(Stop) as e:
         job.check()
     return e.value
 
@@ -245,8 +249,8 @@ def test_a_requeue_keeps_every_component_off_the_lost_node(make_job, slurm_says)
     calls = slurm_says(["JobId=77 HetJobOffset=0 ExcNodeList=(null) Restarts=0",
                         "JobId=78 HetJobOffset=1 ExcNodeList=n9 Restarts=0"], "n3 down*")
     job = make_job([{"index": 0, "name": "prefill"}, {"index": 1, "name": "decode"}], requeue=1)
-    job.job_id = "77"
-    job.excluded_nodes = ["n3"]
+    job.job_id = job.slurm.job_id = "77"
+    job.supervisor.excluded_nodes = ["n3"]
     assert job.requeue_after("node n3 lost", 0)
     argv = calls.read_text().splitlines()
     assert "scontrol requeue 77" in argv
@@ -261,9 +265,9 @@ def test_a_job_slurm_requeued_itself_is_kept_only_within_requeue_n(make_job, slu
     calls = slurm_says(["JobId=77 JobState=REQUEUED Reason=NodeDown Restarts=%d" % (restarts + 1)],
                        "n3 down*")
     job = make_job([], requeue=1)
-    job.job_id = "77"
-    job.why_terminated(time.time())
-    assert job.requeued_by_slurm
+    job.job_id = job.slurm.job_id = "77"
+    job.supervisor.why_terminated(time.time())
+    assert job.supervisor.requeued_by_slurm
     assert job.requeue_after("node n3 lost", restarts) is want
     argv = calls.read_text().splitlines()
     assert "scontrol requeue 77" not in argv  # Slurm did it already
@@ -278,11 +282,11 @@ def test_a_retry_is_not_blamed_on_the_previous_tries_srun_lines(make_job):
     log = Path(job.dir) / "logs" / "decode-0.srun.log"
     log.write_text("srun: error: nodeX: task 1: Killed\n"
                    "srun: launch/slurm: _step_signal: Terminating StepId=9.2\n")
-    job.nodes["decode-0"] = [["0", "nodeY", "10.0.0.2", "ib0", "-"],
+    job.instances.nodes["decode-0"] = [["0", "nodeY", "10.0.0.2", "ib0", "-"],
                              ["1", "nodeX", "10.0.0.3", "ib0", "-"]]
-    job.start_step("decode-0", "steps/decode-0.sh", ["nodeY", "nodeX"])
+    job.steps.start("decode-0", "steps/decode-0.sh", ["nodeY", "nodeX"])
     assert job.steps["decode-0"].wait(10) == 7
-    f = job.failure_of("decode-0", 7)
+    f = job.supervisor.failure_of("decode-0", 7)
     assert [t["node"] for t in f["tasks"]] == ["nodeY"]
     assert (f["node"], f["node_rank"], f["exit_code"]) == ("nodeY", 0, 7)
     assert "nodeX" in log.read_text()  # the file itself keeps every try
@@ -299,11 +303,11 @@ def test_a_task_that_ended_with_code_0_while_the_others_ran_is_the_cause(make_jo
                         "srun: error: node1: task 0: Killed\n"
                         "srun: Force Terminated StepId=1.0\n"
                         "EOF\nexit 137"})
-    job.nodes["worker-0"] = [["0", "node1", "10.0.0.1", "ib0", "-"],
+    job.instances.nodes["worker-0"] = [["0", "node1", "10.0.0.1", "ib0", "-"],
                              ["1", "node2", "10.0.0.2", "ib0", "-"]]
-    job.start_step("worker-0", "steps/worker-0.sh", ["node1", "node2"])
+    job.steps.start("worker-0", "steps/worker-0.sh", ["node1", "node2"])
     assert job.steps["worker-0"].wait(10) == 137
-    f = job.failure_of("worker-0", 137)
+    f = job.supervisor.failure_of("worker-0", 137)
     assert (f["node"], f["node_rank"], f["exit_code"]) == ("node2", 1, 0), f
     assert f["log"] == "logs/worker-0.node1.node2.log"
     assert [(t["task"], t["how"], t["cause"]) for t in f["tasks"]] == [
@@ -311,8 +315,8 @@ def test_a_task_that_ended_with_code_0_while_the_others_ran_is_the_cause(make_jo
 
 
 def test_slurm_task_lists_are_read_as_task_ids():
-    assert jobmod._task_ids("1") == [1]
-    assert jobmod._task_ids("0-2,5") == [0, 1, 2, 5]
+    assert task_ids("1") == [1]
+    assert task_ids("0-2,5") == [0, 1, 2, 5]
 
 
 # --------------------------------------------------------------------------------------- teardown
@@ -335,8 +339,8 @@ def test_run_tears_down_although_state_json_cannot_be_written(make_job, restore_
 
     def serve():
         seen.update(job.state.data)
-        job.start_step("engine-0", "steps/engine.sh", ["n1"])
-        raise jobmod.Stop("failed", "step engine-0 failed")
+        job.steps.start("engine-0", "steps/engine.sh", ["n1"])
+        raise Stop("failed", "step engine-0 failed")
 
     monkeypatch.setattr(job.state, "update", update)
     monkeypatch.setattr(job, "serve", serve)
@@ -354,14 +358,14 @@ def test_run_tears_down_although_state_json_cannot_be_written(make_job, restore_
 
 def test_the_kill_tier_runs_even_when_the_term_tier_fails(make_job, monkeypatch):
     job = make_job([], {"engine.sh": IGNORE_TERM})
-    job.start_step("engine-0", "steps/engine.sh", ["n1"])
+    job.steps.start("engine-0", "steps/engine.sh", ["n1"])
 
-    def broken(*a, **k):
-        raise RuntimeError("squeue exploded")
+    def broken(*a, **k):  # not one of Slurm's errors: a bug
+        raise ValueError("squeue exploded")
 
-    monkeypatch.setattr(job, "step_ids", broken)
-    with pytest.raises(RuntimeError):
-        job.teardown()
+    monkeypatch.setattr(job.slurm, "step_ids", broken)
+    with pytest.raises(ValueError):
+        job.teardown.run()
     assert job.steps["engine-0"].poll() is not None
 
 
@@ -406,22 +410,22 @@ def test_runtime_http_ignores_the_submitters_proxy(server, monkeypatch):
         monkeypatch.delenv(k, raising=False)
     with pytest.raises(OSError):  # what plain urllib does with that environment
         urllib.request.build_opener().open(server + "/health", timeout=2)
-    assert jobmod.http_json(server + "/health") == (200, {"ok": True})
+    assert healthmod.http_json(server + "/health") == (200, {"ok": True})
 
 
 def test_a_signal_cuts_a_slow_smoke_request_short(server, make_job, monkeypatch):
     monkeypatch.setattr(_Handler, "delay", 20.0)
     job = make_job([])
-    threading.Timer(0.3, job.on_signal, (signal.SIGUSR1, None)).start()
+    threading.Timer(0.3, job.supervisor.on_signal, (signal.SIGUSR1, None)).start()
     t0 = time.time()
-    with pytest.raises(jobmod.Stop) as e:
-        job.smoke(server, job.plan["readiness"])
+    with pytest.raises(Stop) as e:
+        job.readiness.smoke(server, job.plan["readiness"])
     assert e.value.reason == "cancelled" and time.time() - t0 < 3
 
 
 def test_a_smoke_request_still_counts_its_tokens(server, make_job):
     job = make_job([])
-    job.smoke(server, job.plan["readiness"])
+    job.readiness.smoke(server, job.plan["readiness"])
     assert job.state.data["smoke_tokens"] == 4
 
 
@@ -458,9 +462,9 @@ def test_leftover_enroot_containers_are_removed_on_every_component(tmp_path, mon
     job = jobmod.Job(str(jd))
     try:
         assert job.plan["container"]["runtime"] == "enroot"
-        job.cleanup_nodes(30)
+        job.teardown.cleanup_nodes(30)
     finally:
-        job.log_fh.close()
+        job.log.close()
     assert sorted(os.listdir(made)) == []
     assert sorted(os.listdir(data)) == ["someone-elses"]
     calls = [json.loads(ln) for ln in fake_log.read_text().splitlines()]
@@ -477,14 +481,14 @@ def test_no_cleanup_step_without_leftovers_or_for_other_runtimes(make_job, monke
     def no_srun(*a, **k):
         raise AssertionError("no srun expected")
 
-    monkeypatch.setattr(jobmod.subprocess, "Popen", no_srun)
+    monkeypatch.setattr(subprocess, "Popen", no_srun)
     job = make_job([{"index": 0, "name": "p", "nodes": 1}])
     (Path(job.dir) / "run" / "containers").mkdir()
     (Path(job.dir) / "run" / "containers" / "hpcserve-1.2-p-0-n").touch()
-    job.cleanup_nodes(5)  # runtime none
+    job.teardown.cleanup_nodes(5)  # runtime none
     job.plan["container"]["runtime"] = "enroot"
     (Path(job.dir) / "run" / "containers" / "hpcserve-1.2-p-0-n").unlink()
-    job.cleanup_nodes(5)  # nothing left
+    job.teardown.cleanup_nodes(5)  # nothing left
 
 
 @pytest.mark.parametrize("reason,want_budget", [("time_limit", 115.0), ("cancelled", 2.15)])
@@ -493,10 +497,10 @@ def test_a_time_limit_teardown_uses_the_grace_and_a_scancel_keeps_killwait(make_
     # signal_grace 120: the time limit's TERM leaves 120 s; a plain scancel's TERM is followed by
     # Slurm's SIGKILL after KillWait (here 5 s), so the teardown must fit in half of that.
     job = make_job([], signal_grace=120)
-    monkeypatch.setattr(job, "kill_wait", lambda: 5.0)
-    job.signal_seen = (signal.SIGTERM, time.time())
-    job.signal_reason = reason
-    budget, hard_end = job.teardown_budget()
+    monkeypatch.setattr(job.teardown, "kill_wait", lambda: 5.0)
+    job.supervisor.signal_seen = (signal.SIGTERM, time.time())
+    job.supervisor.signal_reason = reason
+    budget, hard_end = job.teardown.budget()
     assert budget == pytest.approx(want_budget, abs=0.1)
     assert (hard_end == float("inf")) == (reason == "time_limit")
 
@@ -538,12 +542,12 @@ def _closed_port() -> int:
 
 def test_probe_tells_hung_from_unreachable_from_unhealthy(health):
     url = f"http://127.0.0.1:{health}/health"
-    assert jobmod.probe(url, 1) == (None, "")
+    assert healthmod.probe(url, 1) == (None, "")
     _Health.mode = "503"
-    assert jobmod.probe(url, 1) == ("unhealthy", "HTTP 503")
+    assert healthmod.probe(url, 1) == ("unhealthy", "HTTP 503")
     _Health.mode = "hang"
-    assert jobmod.probe(url, 0.5) == ("hung", "no answer within 0.5 s")
-    kind, detail = jobmod.probe(f"http://127.0.0.1:{_closed_port()}/health", 1)
+    assert healthmod.probe(url, 0.5) == ("hung", "no answer within 0.5 s")
+    kind, detail = healthmod.probe(f"http://127.0.0.1:{_closed_port()}/health", 1)
     assert kind == "unreachable" and "refused" in detail
 
 
@@ -552,7 +556,7 @@ def _liveness_job(make_job, port):
             "nodes": 2, "port": port, "health_path": "/health", "stop_signal": "TERM"}
     job = make_job([], instances=[inst], liveness={"interval": 0.1, "timeout": 0.5,
                                                    "failures": 3, "node_interval": 3600})
-    job.nodes["decode-0"] = [["0", "n7", "127.0.0.1", "eth0", "-"],
+    job.instances.nodes["decode-0"] = [["0", "n7", "127.0.0.1", "eth0", "-"],
                              ["1", "n8", "127.0.0.1", "eth0", "-"]]
     return job
 
@@ -560,8 +564,8 @@ def _liveness_job(make_job, port):
 def test_a_leader_that_stops_answering_ends_serving_as_hung_naming_it(make_job, health):
     job = _liveness_job(make_job, health)
     threading.Timer(0.5, lambda: setattr(_Health, "mode", "hang")).start()
-    with pytest.raises(jobmod.Stop) as e:
-        job.watch({"decode-0": "127.0.0.1"}, None)
+    with pytest.raises(Stop) as e:
+        job.liveness.watch({"decode-0": "127.0.0.1"}, None, lambda: None)
     f = e.value.failure
     assert e.value.phase == "failed" and "decode-0 hung" in e.value.reason
     assert (f["role"], f["instance"], f["node"], f["node_rank"], f["reason"]) == (
@@ -579,11 +583,11 @@ def test_a_probe_that_recovers_resets_the_count(make_job, health, monkeypatch):
         try:
             return next(answers)
         except StopIteration:
-            raise jobmod.Stop("cancelled", "all answers given") from None
+            raise Stop("cancelled", "all answers given") from None
 
-    monkeypatch.setattr(jobmod, "probe", flaky)
-    with pytest.raises(jobmod.Stop) as e:
-        job.watch({"decode-0": "127.0.0.1"}, None)
+    monkeypatch.setattr(healthmod, "probe", flaky)
+    with pytest.raises(Stop) as e:
+        job.liveness.watch({"decode-0": "127.0.0.1"}, None, lambda: None)
     assert e.value.reason == "all answers given"
     assert "answers again" in (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
 
@@ -594,12 +598,12 @@ def test_an_srun_stuck_after_terminating_a_step_names_the_lost_node(make_job, mo
     steps = {"decode.sh": "echo 'srun: error: n7: task 0: Exited with exit code 1'\n"
                           "echo 'srun: Terminating StepId=12.3'\nexec sleep 60"}
     job = make_job([], steps)
-    job.nodes["decode-0"] = [["0", "n7", "10.0.0.7", "eth0", "-"],
+    job.instances.nodes["decode-0"] = [["0", "n7", "10.0.0.7", "eth0", "-"],
                              ["1", "n8", "10.0.0.8", "eth0", "-"]]
-    monkeypatch.setattr(job, "slurmd_answers", lambda node: node != "n8")
-    job.start_step("decode-0", "steps/decode.sh", ["n7", "n8"])
+    monkeypatch.setattr(job.supervisor, "slurmd_answers", lambda node: node != "n8")
+    job.steps.start("decode-0", "steps/decode.sh", ["n7", "n8"])
     t0 = time.time()
-    with pytest.raises(jobmod.Stop) as e:
+    with pytest.raises(Stop) as e:
         while time.time() - t0 < 10:
             job.check()
             time.sleep(0.05)
@@ -607,7 +611,7 @@ def test_an_srun_stuck_after_terminating_a_step_names_the_lost_node(make_job, mo
     assert "node n8 lost" in e.value.reason
     assert (f["role"], f["instance"], f["node"], f["node_rank"], f["reason"]) == (
         "decode", 0, "n8", 1, "node lost")
-    assert jobmod.Job.STUCK_SRUN <= time.time() - t0 < jobmod.Job.STUCK_SRUN + 2
+    assert Supervisor.STUCK_SRUN <= time.time() - t0 < Supervisor.STUCK_SRUN + 2
 
 
 def test_slurm_reporting_a_node_not_responding_is_a_lost_node(make_job, tmp_path, monkeypatch):
@@ -617,10 +621,10 @@ def test_slurm_reporting_a_node_not_responding_is_a_lost_node(make_job, tmp_path
     (bindir / "sinfo").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     job = make_job([])
-    job.nodes["decode-0"] = [["0", "n7", "10.0.0.7", "eth0", "-"],
+    job.instances.nodes["decode-0"] = [["0", "n7", "10.0.0.7", "eth0", "-"],
                              ["1", "n8", "10.0.0.8", "eth0", "-"]]
-    with pytest.raises(jobmod.Stop) as e:
-        job.check_nodes()
+    with pytest.raises(Stop) as e:
+        job.supervisor.check_nodes()
     f = e.value.failure
     assert e.value.reason == "node n8 lost: Slurm reports it mix*"
     assert (f["role"], f["instance"], f["node"], f["node_rank"]) == ("decode", 0, "n8", 1)
@@ -637,10 +641,10 @@ def test_each_nodes_slurmd_address_comes_from_scontrol(make_job, tmp_path, monke
     (bindir / "scontrol").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     job = make_job([])
-    job.nodes["decode-0"] = [["0", "n7", "10.0.0.7", "eth0", "-"],
+    job.instances.nodes["decode-0"] = [["0", "n7", "10.0.0.7", "eth0", "-"],
                              ["1", "n8", "10.0.0.8", "eth0", "-"]]
     # a node's own Port= where slurm.conf gives one, else the cluster's SlurmdPort
-    assert job.slurmd_addresses() == {"n7": ("10.0.0.7", 29312), "n8": ("10.0.0.8", 7000)}
+    assert job.slurm.slurmd_addresses(job.instances.node_names()) == {"n7": ("10.0.0.7", 29312), "n8": ("10.0.0.8", 7000)}
 
 
 # ------------------------------------------------------------------------------ port ownership
@@ -683,20 +687,20 @@ def test_own_port_tells_this_process_tree_from_another_holder(tmp_path):
 
 def test_a_port_another_process_holds_fails_the_instance_naming_port_node_and_holder(make_job):
     job = make_job([])
-    job.nodes["decode-0"] = [["0", "n2", "10.0.0.2", "eth0", "-"]]
+    job.instances.nodes["decode-0"] = [["0", "n2", "10.0.0.2", "eth0", "-"]]
     ports = Path(job.dir) / "run" / "ports"
     ports.mkdir()
-    assert job.owns_port("decode-0") is False  # nothing recorded yet
+    assert job.readiness.owns_port("decode-0") is False  # nothing recorded yet
     (ports / "decode-0").write_text("taken 30000 by process 41 (python3) of Slurm job 9\n")
-    with pytest.raises(jobmod.Stop) as e:
-        job.owns_port("decode-0")
+    with pytest.raises(Stop) as e:
+        job.readiness.owns_port("decode-0")
     f = e.value.failure
     assert e.value.reason.startswith("port 30000 on node n2 is taken by process 41 (python3) of "
                                      "Slurm job 9: decode-0 cannot serve there")
     assert (f["role"], f["instance"], f["node"], f["reason"], f["port"]) == (
         "decode", 0, "n2", "port taken", 30000)
     (ports / "decode-0").write_text("ours\n")
-    assert job.owns_port("decode-0") is True
+    assert job.readiness.owns_port("decode-0") is True
 
 
 # ------------------------------------------------------------------------- pyxis image import
@@ -710,14 +714,14 @@ def test_the_pyxis_image_is_imported_once_before_any_step(make_job, tmp_path, rc
            "helper": str(helper)}
     job = make_job([], container={"runtime": "pyxis", "image": "lmsysorg/sglang:v0.5.23",
                                   "import": imp})
-    p = job.start_image_import()
+    p = job.discovery.start_image_import()
     if rc == 0:
-        job.wait_image_import(p)
+        job.discovery.wait_image_import(p)
         assert "image ready: /cache/sglang.sqsh" in (Path(job.dir) / "logs" /
                                                      "hpcserve-job.log").read_text()
     else:
-        with pytest.raises(jobmod.Stop) as e:
-            job.wait_image_import(p)
+        with pytest.raises(Stop) as e:
+            job.discovery.wait_image_import(p)
         f = e.value.failure
         assert e.value.reason.startswith("importing docker://lmsysorg/sglang:v0.5.23 into "
                                          "/cache/sglang.sqsh failed (exit 3)")
@@ -725,4 +729,4 @@ def test_the_pyxis_image_is_imported_once_before_any_step(make_job, tmp_path, rc
             "image import failed", 3, ["pulling layers"])
     assert calls.read_text() == "docker://lmsysorg/sglang:v0.5.23 /cache/sglang.sqsh\n"
     # other runtimes, or a site's own squashfs: nothing to import
-    assert make_job([]).start_image_import() is None
+    assert make_job([]).discovery.start_image_import() is None

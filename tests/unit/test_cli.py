@@ -162,7 +162,7 @@ def test_render_writes_the_job_directory_and_prints_it(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == str(out.resolve())
-    for rel in ("job.sbatch", "plan.json", "hpcserve_job.py", "hpcserve_sim.py",
+    for rel in ("job.sbatch", "plan.json", "hpcserve_runtime/job.py", "hpcserve_runtime/__main__.py", "hpcserve_sim.py",
                 "launch/prefill-0.sh", "steps/discover-0.sh"):
         assert (out / rel).is_file(), rel
     assert (out / "logs").is_dir() and (out / "run").is_dir()

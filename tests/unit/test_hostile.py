@@ -201,7 +201,7 @@ class Run:
                        SLURM_STEP_ID="3")
         runs = [("job.sbatch", [], {}, True)]
         imp = json.loads(self.files["plan.json"][0])["container"].get("import")
-        if imp:  # pyxis: what hpcserve_job.py runs once before any step
+        if imp:  # pyxis: what the runtime runs once before any step
             runs.append((os.path.basename(imp["helper"]), [imp["uri"], imp["sqsh"]], {}, True))
         runs += [(rel, [], {}, True) for rel in sorted(self.files) if rel.startswith("steps/")]
         tasks = [(i.name, nodes[i.name][0][1]) for i in self.plan.instances]

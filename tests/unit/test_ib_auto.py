@@ -26,7 +26,7 @@ def test_auto_hcas_reach_engine_flags_and_environment(tmp_path):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     # (the launch script's background port-owner check is a python3 call too: not the engine)
-    (bindir / "python3").write_text('#!/bin/sh\ncase "$3" in *hpcserve_ownport.py) exit 0;; esac\n'
+    (bindir / "python3").write_text('#!/bin/sh\ncase "$3" in *hpcserve_runtime/ownport.py) exit 0;; esac\n'
                                     'env > "$OUT.env"\nprintf "%s\\n" "$@" > "$OUT.argv"\n')
     (bindir / "python3").chmod(0o755)
     out = tmp_path / "engine"

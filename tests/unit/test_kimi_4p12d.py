@@ -92,7 +92,7 @@ D_NODES = [(r, f"gpu-d{r:02d}", f"10.20.0.{31 + r}", "ib0", HCAS) for r in range
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     """The example rendered and written at a real directory (JOB_DIR is baked in at render time),
-    with the run/ files hpcserve_job.py writes after address discovery."""
+    with the run/ files the runtime writes after address discovery."""
     from hpcserve.render import render_files, write_job
     from unitkit import load_plan
     base = tmp_path_factory.mktemp("kimi")
@@ -237,6 +237,6 @@ def test_only_the_serving_node_checks_who_holds_its_ports(job, stubs, inst, node
     assert len(checks) == 1, checks  # node rank 0 only: the others serve no HTTP
     a = checks[0]["argv"]
     # no site-packages, no PYTHON* variables: it needs neither and starts faster without
-    assert a[:3] == ["-S", "-I", f"{jd}/hpcserve_ownport.py"]
+    assert a[:3] == ["-S", "-I", f"{jd}/hpcserve_runtime/ownport.py"]
     assert a[4:6] == [ports, f"{jd}/run/ports/{inst}"] and int(a[3]) > 1
     assert checks[0]["env"]["SLURMD_NODENAME"] == nodes[0][1]

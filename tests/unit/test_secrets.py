@@ -45,7 +45,7 @@ def test_secrets_are_named_in_files_and_expanded_only_in_the_task(tmp_path, monk
     bindir = tmp_path / "bin"
     bindir.mkdir()
     # (the launch script's background port-owner check is a python3 call too: not the engine)
-    (bindir / "python3").write_text('#!/bin/sh\ncase "$3" in *hpcserve_ownport.py) exit 0;; esac\n'
+    (bindir / "python3").write_text('#!/bin/sh\ncase "$3" in *hpcserve_runtime/ownport.py) exit 0;; esac\n'
                                     'printf "%s\\n" "$@" > "$ARGV_OUT"\n')
     (bindir / "python3").chmod(0o755)
     (job / "run" / "prefill-0.nodes").write_text("0 n1 10.0.0.1 eth0 -\n")

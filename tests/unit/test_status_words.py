@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpcserve import ops
-from hpcserve.runtime import job as jobmod
+from hpcserve.runtime.logs import last_error
 
 
 def _view(slurm: str | None, phase: str | None, **state) -> ops.View:
@@ -58,6 +58,6 @@ def test_the_last_error_line_is_not_a_stack_frame():
     lines = ["INFO up", "!!!!!!! Segfault encountered !!!!!!!",
              '  File "csrc/cpu/cpu_fused_moe.cpp", line 242, in fused_moe_impl', "",
              "(MainProcess) ERROR [multiproc_executor.py:315] Worker proc died", "INFO bye"]
-    assert jobmod._last_error(lines) == "(MainProcess) ERROR [multiproc_executor.py:315] Worker proc died"
-    assert jobmod._last_error(lines[:3]) == "!!!!!!! Segfault encountered !!!!!!!"
-    assert jobmod._last_error(["INFO all fine"]) is None
+    assert last_error(lines) == "(MainProcess) ERROR [multiproc_executor.py:315] Worker proc died"
+    assert last_error(lines[:3]) == "!!!!!!! Segfault encountered !!!!!!!"
+    assert last_error(["INFO all fine"]) is None

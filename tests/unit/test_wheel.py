@@ -40,7 +40,7 @@ def test_the_installed_wheel_renders_every_example_as_its_golden(installed, tmp_
             got = (out / rel).read_text().replace(str(out), f"/jobs/{stem}").replace(
                 f"{tmp_path}/.hpcserve-images", "/jobs/.hpcserve-images")
             assert got == g.read_text(), rel
-    assert (out / "hpcserve_job.py").is_file()
+    assert (out / "hpcserve_runtime" / "job.py").is_file()
 
 
 def test_the_installed_wheel_answers_for_sites_profiles_and_schema(installed, tmp_path):

@@ -237,7 +237,7 @@ def install_stubs(bindir: Path) -> Path:
 
 def read_stub_log(log: Path, own_port: bool = False) -> list[dict]:
     """The stubs' calls in order: {prog, path, cwd, argv, env}; the launch scripts' background
-    port-owner checks (hpcserve_ownport.py) only when asked for."""
+    port-owner checks (hpcserve_runtime/ownport.py) only when asked for."""
     if not log.exists():
         return []
     toks = [t.decode("utf-8", "surrogateescape") for t in log.read_bytes().split(b"\0")]
@@ -263,7 +263,7 @@ def read_stub_log(log: Path, own_port: bool = False) -> list[dict]:
 
 
 def is_own_port(call: dict) -> bool:
-    return any(a.endswith("/hpcserve_ownport.py") for a in call["argv"][:3])
+    return any(a.endswith("/hpcserve_runtime/ownport.py") for a in call["argv"][:3])
 
 
 def stub_env(bindir: Path, log: Path, home: Path, **extra: str) -> dict[str, str]:
@@ -280,7 +280,7 @@ def run_bash(script: Path, env: dict, cwd: Path, timeout: float = 20) -> subproc
 
 
 def write_nodes(job_dir: Path, inst: str, rows: list[tuple]) -> None:
-    """run/<inst>.nodes as hpcserve_job.py writes it: rank name address interface ib-devices."""
+    """run/<inst>.nodes as the runtime writes it: rank name address interface ib-devices."""
     (job_dir / "run").mkdir(exist_ok=True)
     (job_dir / "run" / f"{inst}.nodes").write_text(
         "".join(" ".join(str(c) for c in r) + "\n" for r in rows), encoding="utf-8")

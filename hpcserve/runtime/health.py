@@ -1,0 +1,269 @@
+"""Whether the deployment serves: each instance leader's health, the router's readiness with
+every worker, one smoke request that must return tokens (readiness); then, while serving, every
+probe bounded in time, a hung engine told from an unreachable one (liveness). An answer counts
+only from this job's own process (run/ports/NAME, written by its launch script's port check):
+on a shared node another deployment's engine may answer on the same port."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from .failures import Stop, step_identity
+from .logs import read_from
+from .state import now
+
+# sbatch exports the submitter's environment, http_proxy/HTTP_PROXY included, and urlopen would
+# send /health, /readiness and the smoke request to that site proxy, which cannot reach (or must
+# not see) the allocation's nodes.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def http_json(url: str, body: dict | None = None, timeout: float = 2.0,
+              headers: dict | None = None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    with _DIRECT.open(req, timeout=timeout) as r:
+        raw = r.read()
+        return r.status, (json.loads(raw) if raw.strip() else None)
+
+
+def probe(url: str, timeout: float) -> tuple[str | None, str]:
+    """(None, "") when `url` answers 2xx/3xx/4xx within `timeout`; else the kind of failure:
+    hung (no answer in time), unreachable (refused, no route) or unhealthy (an error status)."""
+    try:
+        with _DIRECT.open(urllib.request.Request(url), timeout=timeout) as r:
+            r.read(65536)
+        return None, ""
+    except urllib.error.HTTPError as e:
+        return ("unhealthy", f"HTTP {e.code}") if e.code >= 500 else (None, "")
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, (socket.timeout, TimeoutError)):
+            return "hung", f"no answer within {timeout:g} s"
+        return "unreachable", str(e.reason)
+    except (socket.timeout, TimeoutError):
+        return "hung", f"no answer within {timeout:g} s"
+    except OSError as e:
+        return "unreachable", str(e)
+
+
+def _dotted(obj, path: str):
+    for part in path.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
+
+
+def _smoke_failed(why: str) -> Stop:
+    return Stop("failed", why, {"role": "router", "reason": "smoke request failed"})
+
+
+class Readiness:
+    SMOKE_TIMEOUT = 120.0  # s, the whole smoke request
+
+    def __init__(self, job):
+        self.job = job
+
+    def owns_port(self, name: str, wait: float = 0.0) -> bool:
+        """Whether the launch script of `name` (an instance or the router) found its own
+        process listening on its port (run/ports/NAME). Raises the port clash it found instead:
+        another process, another deployment's on a shared node, holds one of its ports."""
+        path = os.path.join(self.job.dir, "run", "ports", name)
+        end = now() + wait
+        verdict = read_from(path, 0).strip()
+        while not verdict and now() < end:
+            time.sleep(0.02)
+            verdict = read_from(path, 0).strip()
+        if not verdict.startswith("taken "):
+            return verdict == "ours"
+        port, _, holder = verdict[6:].partition(" by ")
+        node = self.job.instances.leader_node(name)
+        raise Stop("failed", f"port {port} on node {node} is taken by {holder}: {name} cannot "
+                             "serve there (another deployment on a shared node?)",
+                   {**step_identity(name), "node": node, "node_rank": 0,
+                    "reason": "port taken", "port": int(port), "holder": holder,
+                    "exit_code": None})
+
+    def wait_engines(self, heads: dict, rd: dict) -> None:
+        job = self.job
+        pending = {i["name"]: job.instances.health_url(heads, i) for i in job.plan["instances"]}
+        total = len(pending)
+        answered: set = set()  # answered /health, whoever's process that was
+        deadline = now() + rd["engine_timeout"]
+        job.state.update(engines_ready_count=0, engines_total=total)
+        while pending:
+            job.check()
+            for name, url in list(pending.items()):
+                # each poll may take its full 2 s: a signal must not wait for all instances' polls
+                job.check()
+                try:
+                    code, _ = http_json(url, timeout=2)
+                except (OSError, ValueError, urllib.error.URLError):
+                    continue
+                if code == 200:
+                    answered.add(name)
+                # it answers: its launch script's port check follows within moments
+                if code == 200 and self.owns_port(name, wait=0.5):
+                    del pending[name]
+                    job.log(f"{name} healthy ({url})")
+                    job.state.update(engines_ready_count=total - len(pending))
+            if pending:
+                if now() > deadline:
+                    raise self._engines_late(sorted(pending), answered, rd)
+                job.sleep(rd["poll_interval"])
+
+    @staticmethod
+    def _engines_late(pending: list, answered: set, rd: dict) -> Stop:
+        unowned = sorted(answered & set(pending))
+        return Stop("failed", f"not healthy within {rd['engine_timeout']} s: "
+                              + ", ".join(pending) + (
+                                  f" ({', '.join(unowned)} answered, but its launch "
+                                  "script never confirmed that it was its own "
+                                  "process: see its log)" if unowned else ""),
+                    {"role": pending[0].rpartition("-")[0],
+                     "instance": int(pending[0].rpartition("-")[2]),
+                     "reason": "readiness timeout"})
+
+    def wait_router(self, url: str, ready: dict, rd: dict) -> None:
+        """The router's readiness answers 200 and counts every instance as a healthy worker
+        (the sum of the fields the router adapter named; none present: the 200 suffices)."""
+        deadline = now() + rd["router_timeout"]
+        expected = ready["workers"]
+        seen = None
+        while True:
+            self.job.check()
+            try:
+                code, body = http_json(url + ready["path"], timeout=2)
+                seen = body
+                counts = [_dotted(body, f) for f in ready["count"]]
+                counts = [c for c in counts if isinstance(c, int)]
+                if code == 200 and (not counts or sum(counts) >= expected) and \
+                        self.owns_port("router", wait=0.5):
+                    self.job.log(f"router ready with {expected} worker(s) at {url}")
+                    return
+            except urllib.error.HTTPError as e:
+                seen = f"HTTP {e.code}"
+            except (OSError, ValueError, urllib.error.URLError):
+                pass
+            if now() > deadline:
+                raise Stop("failed", f"router not ready with {expected} workers within "
+                                     f"{rd['router_timeout']} s (last answer: {seen})",
+                           {"role": "router", "reason": "readiness timeout"})
+            self.job.sleep(rd["poll_interval"])
+
+    def smoke(self, url: str, rd: dict) -> None:
+        """One chat request through the router that must return tokens."""
+        code, resp = self._smoke_answer(url, rd)
+        tokens = ((resp or {}).get("usage") or {}).get("completion_tokens") or 0
+        if tokens <= 0:
+            raise Stop("failed", "smoke request returned 0 tokens",
+                       {"role": "router", "reason": "smoke request returned 0 tokens"})
+        self.job.log(f"smoke request returned {tokens} token(s)")
+        self.job.state.update(smoke_tokens=tokens)
+
+    def _smoke_answer(self, url: str, rd: dict):
+        plan = self.job.plan
+        # A router started with --api-key {from_env: NAME} wants it: read NAME from the job's
+        # environment (sbatch exported it), never from a file.
+        key_env = (plan.get("router") or {}).get("api_key_env")
+        auth = ({"Authorization": f"Bearer {os.environ.get(key_env, '')}"} if key_env else {})
+        body = {"model": plan["served_name"], "max_tokens": rd["smoke_tokens"],
+                "messages": [{"role": "user", "content": "hpcserve smoke test: say hello"}]}
+        # In a thread, so that a signal or a dying step ends the wait at once, not after up to
+        # SMOKE_TIMEOUT s; the thread is a daemon and ends with the router's connection.
+        box: dict = {}
+
+        def call() -> None:
+            try:
+                box["result"] = http_json(url + "/v1/chat/completions", body, headers=auth,
+                                          timeout=self.SMOKE_TIMEOUT)
+            except BaseException as e:
+                box["error"] = e
+
+        t = threading.Thread(target=call, name="hpcserve-smoke", daemon=True)
+        deadline = now() + self.SMOKE_TIMEOUT
+        t.start()
+        while t.is_alive():
+            self.job.check()
+            if now() > deadline:  # urllib's timeout is per socket operation, not overall
+                raise _smoke_failed(f"smoke request failed: no answer within "
+                                    f"{self.SMOKE_TIMEOUT:g} s")
+            t.join(0.1)
+        try:
+            if "error" in box:
+                raise box["error"]
+            return box["result"]
+        except urllib.error.HTTPError as e:
+            raise _smoke_failed(f"smoke request failed: HTTP {e.code} "
+                                f"{e.read()[:300].decode(errors='replace')}") from None
+        except (OSError, ValueError, urllib.error.URLError) as e:
+            raise _smoke_failed(f"smoke request failed: {e}") from None
+
+
+class Liveness:
+    def __init__(self, job):
+        self.job = job
+
+    def targets(self, heads: dict, router_url: str | None) -> list[tuple[str, str]]:
+        job = self.job
+        out = [(i["name"], job.instances.health_url(heads, i)) for i in job.plan["instances"]]
+        if router_url:
+            out.append(("router", router_url + job.plan["router"]["readiness"]["path"]))
+        return out
+
+    def watch(self, heads: dict, router_url: str | None, tick) -> None:
+        """While serving: probe every instance's leader (its engine's health path) and the
+        router's readiness, each probe bounded; ask Slurm about the nodes now and then; call
+        tick() once a round (the benchmark's). Ends only by raising Stop: a probe target failing
+        `failures` times in a row, a step that ended, a lost node, a signal. (One instance's
+        failure ends the deployment; replacing just that instance would take its place here.)"""
+        job = self.job
+        lv = job.plan["liveness"]
+        targets = self.targets(heads, router_url)
+        failed = dict.fromkeys((n for n, _ in targets), 0)
+        next_nodes = now() + lv["node_interval"]
+        while True:
+            job.sleep(lv["interval"])
+            tick()
+            for name, url in targets:
+                job.check()
+                kind, detail = probe(url, lv["timeout"])
+                if kind is None:
+                    if failed[name]:
+                        job.log(f"{name} answers again at {url}")
+                    failed[name] = 0
+                    continue
+                failed[name] += 1
+                job.log(f"{name}: {kind} ({detail}) at {url}, {failed[name]} of "
+                        f"{lv['failures']}")
+                if failed[name] >= lv["failures"]:
+                    raise self._gone(name, kind, url, detail, failed[name])
+            job.state.record(job.log, health={
+                n: ("ok" if c == 0 else f"failing {c}/{lv['failures']}") for n, c in failed.items()})
+            if now() >= next_nodes:
+                job.supervisor.check_nodes()
+                next_nodes = now() + lv["node_interval"]
+
+    def _gone(self, name: str, kind: str, url: str, detail: str, count: int) -> Stop:
+        sup, steps = self.job.supervisor, self.job.steps
+        if name in steps and steps.terminating(name):
+            sup.step_lost(name)  # not the engine's fault: a node or task is gone
+        if name in steps:  # an engine on a crashed node does not answer either
+            sup.raise_if_node_lost(name, sup.failure_of(name, None))
+        if kind == "hung":
+            sup.hung_steps.add(name)
+        return Stop("failed", f"{name} {kind}: {detail}, {count} probes of {url} in a row",
+                    self.probe_failure(name, kind, url, detail))
+
+    def probe_failure(self, name: str, kind: str, url: str, detail: str) -> dict:
+        inst = self.job.instances
+        f = {**step_identity(name), "node": inst.leader_node(name), "node_rank": 0}
+        f.update(reason=kind, probe=url, detail=detail, exit_code=None,
+                 log=inst.log_file(name, 0, f["node"]))
+        self.job.supervisor.last_words(f)
+        return f

@@ -1,0 +1,126 @@
+"""What the job asks Slurm, and tells it: every query through one place, retried with backoff
+while the controller is busy or restarting, read with the parsers the operator commands use.
+
+A controller that does not answer within the retries is not an answer: a query then raises
+Unreachable, and each caller says what it falls back to (the serving deployment goes on; a
+TERM whose cause cannot be asked is not called a cancel).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+from . import slurm_parsers as sp
+
+
+class Unreachable(Exception):
+    """The controller did not answer a query through all its tries."""
+
+    def __init__(self, argv: list[str], words: str, tries: int):
+        self.argv, self.words, self.tries = argv, words, tries
+        super().__init__(f"Slurm controller unreachable: {' '.join(argv)}: {words} "
+                         f"({tries} tries)")
+
+
+class Slurm:
+    TIMEOUT = 10.0  # s for one command
+
+    def __init__(self, job_id: str, pause=time.sleep, backoff=sp.BACKOFF):
+        self.job_id = job_id
+        self.pause = pause        # how to wait between tries (the job's sleep watches signals)
+        self.backoff = backoff
+        self._config: dict | None = None
+        self._slurmd: dict | None = None
+
+    # -- the one way a command runs
+    def run(self, argv: list[str], retry: bool = True, timeout: float | None = None) -> str:
+        """The command's stdout. A failure other than an unreachable controller raises
+        RuntimeError with Slurm's words; an unreachable one is retried (unless retry is False)
+        and then raises Unreachable."""
+        delays = list(self.backoff) if retry else []
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                res = subprocess.run(argv, capture_output=True, text=True,
+                                     timeout=timeout or self.TIMEOUT)
+            except subprocess.TimeoutExpired:
+                words = f"no answer within {timeout or self.TIMEOUT:g} s"
+            except OSError as e:
+                raise RuntimeError(f"{argv[0]}: {e}") from None
+            else:
+                if res.returncode == 0:
+                    return res.stdout
+                words = (res.stderr or res.stdout).strip()
+                if not sp.controller_unreachable(words):
+                    raise RuntimeError(words or f"{argv[0]} exited {res.returncode}")
+            if not delays or self.pause(delays.pop(0)) is False:
+                raise Unreachable(argv, words, tries)
+
+    def command(self, argv: list[str], retry: bool = True) -> str:
+        """Run a command that changes something; its error text, or '' when it succeeded."""
+        try:
+            self.run(argv, retry=retry, timeout=30)
+            return ""
+        except (RuntimeError, Unreachable) as e:
+            return str(e)
+
+    # -- the job
+    def records(self) -> list[dict]:
+        """`scontrol -o show job`: one key=value record per component of this job."""
+        if not self.job_id:
+            return []
+        return sp.parse_scontrol_fields(self.run(["scontrol", "-o", "show", "job", self.job_id]))
+
+    def time_left(self) -> int | None:
+        """Seconds until the job's time limit (squeue %L)."""
+        if not self.job_id:
+            return None
+        out = self.run(["squeue", "-h", "-j", self.job_id, "-o", "%L"], timeout=5).split()
+        return sp.parse_duration(out[0]) if out else None
+
+    def component_ids(self) -> list[str]:
+        """Each het component's own job id: `squeue --steps -j LEADER` lists only component 0's
+        steps (Slurm 22.05), so the others must be named by their own ids."""
+        n = int(os.environ.get("SLURM_HET_SIZE") or 0)
+        ids = [os.environ.get(f"SLURM_JOB_ID_HET_GROUP_{i}", "") for i in range(n)]
+        return [i for i in ids if i] or ([self.job_id] if self.job_id else [])
+
+    def step_ids(self, retry: bool = True) -> dict[str, str]:
+        """step name -> its step ids, space-separated (a name may run as several steps)."""
+        comps = self.component_ids()
+        if not comps:
+            return {}
+        ids: dict[str, list[str]] = {}
+        for s in sp.parse_steps(self.run(sp.steps_argv(comps), retry=retry)):
+            ids.setdefault(s.name, []).append(s.step_id)
+        return {k: " ".join(v) for k, v in ids.items()}
+
+    def config(self, key: str) -> str | None:
+        """A value of `scontrol show config` (asked once per job)."""
+        if self._config is None:
+            self._config = sp.parse_config(self.run(sp.config_argv(), timeout=5))
+        return self._config.get(key)
+
+    # -- the nodes
+    def node_states(self, names: list[str]) -> dict[str, str]:
+        """node -> its compact sinfo state."""
+        if not names:
+            return {}
+        return sp.parse_node_states(self.run(
+            ["sinfo", "-h", "-N", "-n", ",".join(names), "-o", sp.NODE_STATES_FORMAT]))
+
+    def slurmd_addresses(self, names: list[str]) -> dict:
+        """node -> (address, slurmd port), from `scontrol show node` (asked once)."""
+        if self._slurmd is None:
+            recs = sp.parse_scontrol_fields(
+                self.run(["scontrol", "-o", "show", "node", ",".join(names)]), first="NodeName")
+            conf = self.config("SlurmdPort") or ""
+            default_port = int(conf) if conf.isdigit() else 6818
+            # a node's own Port= where slurm.conf gives one, else SlurmdPort for all
+            self._slurmd = {r["NodeName"]: (r["NodeAddr"], int(r["Port"]) if r.get(
+                "Port", "").isdigit() else default_port) for r in recs
+                if r.get("NodeName") and r.get("NodeAddr")}
+        return self._slurmd
