@@ -91,7 +91,7 @@ def plan_cmd(file: str, sets: tuple[str, ...], as_json: bool) -> None:
     p = _plan(file, sets)
     if as_json:
         import json
-        from .runtime.spec import job_spec
+        from .plan_json import job_spec
         click.echo(json.dumps(job_spec(p, "<job-dir>"), indent=1))
         return
     from .fit import fit_table

@@ -18,8 +18,8 @@ from .containers import container_files, wrap_task
 from .engines.bench_clients import CLIENTS
 from .errors import HpcserveError
 from .plan import Instance, Plan
-from .runtime.spec import dumps as spec_dumps
-from .runtime.spec import job_spec
+from .plan_json import dumps as spec_dumps
+from .plan_json import job_spec
 from .templates import jinja
 from .words import Var, Word, quote
 
