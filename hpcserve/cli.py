@@ -231,7 +231,7 @@ def status(jobs, as_json, probe, follow, remote, jump, identity, known_hosts):
                 click.echo(detail)
     else:
         click.echo("no deployments")
-    failed = [v for v in views if v.summary_phase == "failed" or v.summary_phase.startswith("ended")]
+    failed = [v for v in views if v.summary_phase == "failed" or v.ended]
     sys.exit(1 if failed and jobs else 0)
 
 
@@ -243,11 +243,11 @@ def list_cmd(as_json, show_all, remote, jump, identity, known_hosts):
     """This user's deployments with their phase and endpoint."""
     import json
     from . import deployments, ops
+    from .runtime.contract import TERMINAL_PHASES
     entries = [e for e in deployments.entries() if not remote or e.remote == remote]
     views = ops.status(entries, lambda r: _runner(r or remote, jump, identity, known_hosts))
     if not show_all:
-        views = [v for v in views if v.summary_phase not in ops.TERMINAL_PHASES
-                 and not v.summary_phase.startswith("ended")]
+        views = [v for v in views if v.summary_phase not in TERMINAL_PHASES and not v.ended]
     if as_json:
         click.echo(json.dumps([v.as_json() for v in views], indent=1))
     else:
