@@ -91,7 +91,7 @@ def plan_cmd(file: str, sets: tuple[str, ...], as_json: bool) -> None:
     p = _plan(file, sets)
     if as_json:
         import json
-        from .runtime.spec import job_spec
+        from .plan_json import job_spec
         click.echo(json.dumps(job_spec(p, "<job-dir>"), indent=1))
         return
     from .fit import fit_table
@@ -231,7 +231,7 @@ def status(jobs, as_json, probe, follow, remote, jump, identity, known_hosts):
                 click.echo(detail)
     else:
         click.echo("no deployments")
-    failed = [v for v in views if v.summary_phase == "failed" or v.summary_phase.startswith("ended")]
+    failed = [v for v in views if v.summary_phase == "failed" or v.ended]
     sys.exit(1 if failed and jobs else 0)
 
 
@@ -243,11 +243,11 @@ def list_cmd(as_json, show_all, remote, jump, identity, known_hosts):
     """This user's deployments with their phase and endpoint."""
     import json
     from . import deployments, ops
+    from .runtime.contract import TERMINAL_PHASES
     entries = [e for e in deployments.entries() if not remote or e.remote == remote]
     views = ops.status(entries, lambda r: _runner(r or remote, jump, identity, known_hosts))
     if not show_all:
-        views = [v for v in views if v.summary_phase not in ops.TERMINAL_PHASES
-                 and not v.summary_phase.startswith("ended")]
+        views = [v for v in views if v.summary_phase not in TERMINAL_PHASES and not v.ended]
     if as_json:
         click.echo(json.dumps([v.as_json() for v in views], indent=1))
     else:
@@ -330,7 +330,7 @@ def bench(job, concurrency, rate, prompts, input_tokens, output_tokens, warmup, 
     """Benchmark a deployment that serves, with the engine's own client; the same gate as a
     deployment's benchmark: step. Exit 1 if a point fails it."""
     import time
-    from . import benchmark, ops
+    from . import bench_ops, ops
     from .runtime.bench import one_line
     e = ops.resolve(job, remote, _runner(remote, jump, identity, known_hosts))
     runner = _runner(e.remote, jump, identity, known_hosts)
@@ -338,16 +338,16 @@ def bench(job, concurrency, rate, prompts, input_tokens, output_tokens, warmup, 
         raise HpcserveError("over SSH the benchmark runs as a step of the deployment's own "
                             "allocation: add --in-allocation (submitit submits from this "
                             "machine)")
-    ask = benchmark.Sweep(concurrency, rate, prompts, input_tokens, output_tokens, warmup,
+    ask = bench_ops.Sweep(concurrency, rate, prompts, input_tokens, output_tokens, warmup,
                           client, python, tokenizer)
-    prep = benchmark.prepare(e, runner, ask, time.strftime("%Y%m%d-%H%M%S"))
+    prep = bench_ops.prepare(e, runner, ask, time.strftime("%Y%m%d-%H%M%S"))
     click.echo(f"benchmark of job {e.job_id}: {len(prep.spec['points'])} point(s), results in "
                f"{prep.bench_dir}", err=True)
     limit = prep.spec["point_timeout_s"] * len(prep.spec["points"]) + 120
     if in_allocation:
-        result = benchmark.in_allocation(prep, e, runner, limit)
+        result = bench_ops.in_allocation(prep, e, runner, limit)
     else:
-        result = benchmark.as_job(prep, benchmark.partition_of(runner, e), limit // 60 + 1,
+        result = bench_ops.as_job(prep, bench_ops.partition_of(runner, e), limit // 60 + 1,
                                   e.name)
     if as_json:
         click.echo(json.dumps(result, indent=1))

@@ -17,12 +17,14 @@ from typing import Any, Callable
 from . import deployments
 from .errors import HpcserveError
 from .runtime import slurm_parsers as parsers
+from .runtime.contract import TERMINAL_PHASES
 from .slurm.client import parse_job_id
 from .slurm.runner import read_json
 
-TERMINAL_PHASES = {"done", "cancelled", "failed"}
 ACTIVE_SLURM = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
                 "RESIZING", "SIGNALING", "STAGE_OUT"}
+# View.ended of a job that Slurm no longer lists, in its queue or its accounting
+GONE = "Slurm no longer lists the job"
 
 
 def runner_for(remote: str | None, **ssh: Any):
@@ -210,6 +212,21 @@ class View:
             "history": self.state.get("history", [])}
 
     @property
+    def ended(self) -> str | None:
+        """How a job ended that never wrote a final phase: Slurm's state for it (killed, node
+        failure...), or GONE; None for a job that still runs, waits, or wrote its final phase.
+        Derived from slurm_state and phase, so it holds whenever either is set (status fills
+        slurm_state in from accounting after the queue)."""
+        if self.phase in TERMINAL_PHASES or self.slurm_state in ("PENDING", "RUNNING",
+                                                                 "COMPLETING"):
+            return None
+        if self.slurm_state is None:
+            # Gone from the queue (and from accounting) without a final phase: whatever the job
+            # last wrote, say "serving at" an endpoint, is no longer true.
+            return GONE
+        return None if self.slurm_state in ACTIVE_SLURM else self.slurm_state or None
+
+    @property
     def summary_phase(self) -> str:
         """The phase a person should see: state.json's, or Slurm's when the job never started."""
         if self.phase and (self.phase in TERMINAL_PHASES or self.slurm_state in ("RUNNING",
@@ -217,13 +234,8 @@ class View:
             return self.phase
         if self.slurm_state == "PENDING":
             return "pending"
-        if self.slurm_state and self.slurm_state not in ACTIVE_SLURM:
-            # Slurm ended the job but the job never wrote a final phase (killed, node failure...)
-            return self.phase if self.phase in TERMINAL_PHASES else f"ended ({self.slurm_state})"
-        if self.slurm_state is None and self.phase not in TERMINAL_PHASES:
-            # Gone from the queue (and from accounting) without a final phase: whatever the job
-            # last wrote, say "serving at" an endpoint, is no longer true.
-            return "ended (Slurm no longer lists the job)"
+        if self.ended:
+            return f"ended ({self.ended})"
         return self.phase or "pending"
 
 
@@ -383,7 +395,7 @@ def follow(entry: deployments.Entry, runner, *, echo: Callable[[str], None], qui
             if quiet:
                 echo(line)
             return 0
-        if ph in TERMINAL_PHASES or ph.startswith("ended"):
+        if ph in TERMINAL_PHASES or v.ended:
             if quiet:
                 echo(line)
             return 0 if ph in ("done", "cancelled") else 1

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import benchmark, engines, fit
+from . import bench_sweep, engines, fit
 from .config import Resolved, merged_settings
 from .engines.base import EngineAdapter, Layout, Net, RoleContext
 from .engines.bench_clients import CLIENTS, BenchPoint
@@ -601,15 +601,16 @@ def _benchmark(d: _Draft, router: RouterPlan | None) -> BenchPlan | None:
     where = ((router.component, router.node_offset) if router else
              (d.instances[0].component, d.instances[0].node_offset))
     tokenizer = b.tokenizer or dep.model.path
-    points = benchmark.sweep(client, served_name=d.served_name, tokenizer=tokenizer,
-                             input_tokens=inp, output_tokens=out, warmup=b.warmup,
-                             concurrency=b.concurrency, rates=b.request_rate,
-                             prompts_per_point=b.prompts_per_point)
+    points = bench_sweep.sweep(client, served_name=d.served_name, tokenizer=tokenizer,
+                               input_tokens=inp, output_tokens=out, warmup=b.warmup,
+                               concurrency=b.concurrency, rates=b.request_rate,
+                               prompts_per_point=b.prompts_per_point)
     d.notes.extend(client.notes)
-    spec = benchmark.spec(client, points, bench_dir=BENCH_DIR, input_tokens=inp,
-                          output_tokens=out, warmup=b.warmup, point_timeout_s=b.point_timeout_s,
-                          min_success=b.min_success, output_tolerance=b.output_tolerance,
-                          metrics_interval_s=b.metrics_interval_s, then=b.then)
+    spec = bench_sweep.spec(client, points, bench_dir=BENCH_DIR, input_tokens=inp,
+                            output_tokens=out, warmup=b.warmup,
+                            point_timeout_s=b.point_timeout_s, min_success=b.min_success,
+                            output_tolerance=b.output_tolerance,
+                            metrics_interval_s=b.metrics_interval_s, then=b.then)
     env = {"PYTHONUNBUFFERED": "1", **{k: _env_word(v) for k, v in dep.env.items()}}
     return BenchPlan(client=client.name, title=client.title, python=python, tokenizer=tokenizer,
                      component=where[0], node_offset=where[1], points=tuple(points),

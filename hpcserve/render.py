@@ -13,13 +13,12 @@ import shlex
 from pathlib import Path
 
 from . import __version__, engines, package_data
-from .benchmark import launch_script
 from .containers import container_files, wrap_task
-from .engines.bench_clients import CLIENTS
+from .engines.bench_clients import CLIENTS, BenchClient
 from .errors import HpcserveError
 from .plan import Instance, Plan
-from .runtime.spec import dumps as spec_dumps
-from .runtime.spec import job_spec
+from .plan_json import dumps as spec_dumps
+from .plan_json import job_spec
 from .templates import jinja
 from .words import Var, Word, quote
 
@@ -218,10 +217,24 @@ def _bench_files(plan: Plan, jd: str, step) -> dict[str, tuple[str, int]]:
             srun=[quote(w) for w in _srun(plan, b.component, 1, "bench", nodelist=True,
                                           overlap=True) + srun_extra],
             command=[quote(w) for w in prefix + ["bash", f"{jd}/launch/bench.sh"]]), 0o755),
-        "launch/bench.sh": (launch_script(
+        "launch/bench.sh": (bench_launch_script(
             CLIENTS[b.client], b.python, b.spec, list(b.points), job_dir=jd, target=target,
             env=list(b.env), started_by="Started by hpcserve_runtime once the deployment "
                                        "serves (SERVING_URL: run/endpoints.env)"), 0o755)}
+
+
+def bench_launch_script(client: BenchClient, python: str, spec_: dict, points: list, *,
+                        job_dir: str, target: str, env: list[tuple[str, Word]], started_by: str,
+                        serving_url: str | None = None) -> str:
+    """The bash script that runs every point of a benchmark in turn (launch_bench.sh.j2): a
+    deployment's own launch/bench.sh, and each `hpcserve bench` run's (bench_ops.py)."""
+    cmd: list[Word] = list(client.command(python))
+    return jinja().get_template("launch_bench.sh.j2").render(
+        title=client.title, target=target, job_dir=job_dir, bench_dir=spec_["dir"],
+        started_by=started_by, serving_url=serving_url, input_tokens=spec_["input_tokens"],
+        output_tokens=spec_["output_tokens"], env=[(k, quote(v)) for k, v in env],
+        timeout=spec_["point_timeout_s"],
+        points=[(p.label, argv_lines(cmd, argv)) for p, argv in points])
 
 
 def _port_list(serving: int, *others: int | None) -> str:

@@ -17,7 +17,7 @@ JD = "/shared/jobs/demo-1"
 
 
 def containers_spec(p) -> str:
-    from hpcserve.runtime.spec import dumps, job_spec
+    from hpcserve.plan_json import dumps, job_spec
     return dumps(job_spec(p, JD))
 
 

@@ -13,23 +13,24 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from hpcserve import plan_json
+from hpcserve.runtime import contract
 from hpcserve.runtime import job as jobmod
-from hpcserve.runtime import spec
-from hpcserve.runtime.spec import SPEC_VERSION
+from hpcserve.runtime.contract import SPEC_VERSION
 from unitkit import EXAMPLES, ROOT, install_stubs, read_stub_log, render
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_every_rendered_plan_json_is_a_valid_spec(example):
     plan = json.loads(render(example, "/jobs/x")["plan.json"][0])
-    jsonschema.Draft202012Validator(spec.SCHEMA).validate(plan)
-    assert (plan["spec"], plan["spec_version"]) == (spec.SPEC, spec.SPEC_VERSION)
+    jsonschema.Draft202012Validator(plan_json.SCHEMA).validate(plan)
+    assert (plan["spec"], plan["spec_version"]) == (contract.SPEC, contract.SPEC_VERSION)
 
 
 def test_the_runtime_understands_the_spec_the_renderer_writes():
     # hpcserve_job.py is copied into job directories and cannot import hpcserve: it keeps its
     # own copy of the constants, which must not drift.
-    assert (jobmod.SPEC, jobmod.SPEC_VERSION) == (spec.SPEC, spec.SPEC_VERSION)
+    assert (jobmod.SPEC, jobmod.SPEC_VERSION) == (contract.SPEC, contract.SPEC_VERSION)
 
 
 def _job_dir(tmp_path: Path, edit) -> Path:

@@ -29,6 +29,19 @@ def test_status_words(slurm, phase, want):
     assert ops.describe(_view(slurm, phase, endpoint="http://n1:8000")) == want
 
 
+@pytest.mark.parametrize("slurm,phase,ended", [
+    (None, "serving", ops.GONE), (None, None, ops.GONE), ("NODE_FAIL", "serving", "NODE_FAIL"),
+    ("TIMEOUT", None, "TIMEOUT"), ("NODE_FAIL", "failed", None), (None, "done", None),
+    ("RUNNING", "serving", None), ("PENDING", "requeued", None), ("REQUEUED", "requeued", None),
+])
+def test_how_a_job_ended_without_a_final_phase_is_a_field_of_its_own(slurm, phase, ended):
+    # `hpcserve status` exits 1 and `hpcserve list` hides the job on this field, not on the
+    # words it shows
+    v = _view(slurm, phase)
+    assert v.ended == ended
+    assert (ops.describe(v) == f"ended ({ended})") == (ended is not None)
+
+
 def test_a_failed_job_names_its_log_and_shows_the_last_lines():
     f = {"role": "decode", "instance": 0, "node": "n3", "node_rank": 1, "exit_code": 7,
          "log": "logs/decode-0.node1.n3.log", "log_tail": [f"line {i}" for i in range(30)]}

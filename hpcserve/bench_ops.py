@@ -1,11 +1,11 @@
-"""The serving benchmark's sweep and its launch script, shared by a deployment's own
-`benchmark:` step and `hpcserve bench JOB` against one that already serves.
+"""`hpcserve bench JOB`: the serving benchmark against a deployment that already serves.
 
-One script runs the client once per point (bench_clients: the engine's own client, or the one
-named), each point's results and exit in one directory of the job's, which the gate
-(runtime/bench.py) reads. The script is the same whether the deployment's job starts it as a
-step, `hpcserve bench --in-allocation` starts it as a step of the running allocation, or a
-small job of its own runs it beside the deployment (submitit).
+The run's points and launch script are those of a deployment's own `benchmark:` step (the sweep:
+bench_sweep.py; the script: render.bench_launch_script), written into JOB_DIR/bench-runs/STAMP.
+The script runs the client once per point (bench_clients: the engine's own client, or the one
+named), each point's results and exit in the run's directory, which the gate (runtime/bench.py)
+reads. `--in-allocation` starts it as a step of the running allocation; otherwise a small job of
+its own runs it beside the deployment (submitit).
 """
 
 from __future__ import annotations
@@ -16,57 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import engines
-from .engines.bench_clients import CLIENTS, BenchClient, BenchPoint, BenchRun
+from .bench_sweep import spec, sweep
+from .engines.bench_clients import CLIENTS, BenchClient
 from .errors import HpcserveError
+from .render import bench_launch_script
 from .slurm.runner import read_json
-from .words import Var, Word, quote
 
-
-def sweep(client: BenchClient, *, served_name: str, tokenizer: str, input_tokens: int,
-          output_tokens: int, warmup: int, concurrency: list[int], rates: list[float],
-          prompts_per_point: int | None) -> list[tuple[BenchPoint, tuple[Word, ...]]]:
-    """Every point (each concurrency at each rate) with the client's argv for it."""
-    out = []
-    for c in concurrency:
-        for rate in rates or [None]:
-            pt = BenchPoint(c, rate, prompts_per_point or max(16, 4 * c))
-            run = BenchRun(base_url=(Var("SERVING_URL"),), served_name=served_name,
-                           tokenizer=tokenizer, input_tokens=input_tokens,
-                           output_tokens=output_tokens, warmup=warmup, point=pt,
-                           result_dir=(Var("BENCH_DIR"),), result_file=f"{pt.label}.json")
-            out.append((pt, tuple(client.argv(run))))
-    return out
-
-
-def spec(client: BenchClient, points: list, *, bench_dir: str, input_tokens: int,
-         output_tokens: int, warmup: int, point_timeout_s: int, min_success: float,
-         output_tolerance: float, metrics_interval_s: float, then: str) -> dict:
-    """plan.json's benchmark block: the points, where their results are, what the gate asks."""
-    return {"client": client.name, "title": client.title, "dir": bench_dir,
-            "input_tokens": input_tokens, "output_tokens": output_tokens, "warmup": warmup,
-            "points": [{"label": p.label, "concurrency": p.concurrency, "rate": p.rate,
-                        "prompts": p.prompts, "file": f"{p.label}.json"} for p, _ in points],
-            "keys": client.keys(), "point_timeout_s": point_timeout_s,
-            "gate": {"min_success": min_success, "output_tolerance": output_tolerance},
-            "metrics_interval_s": metrics_interval_s, "then": then}
-
-
-def launch_script(client: BenchClient, python: str, spec_: dict, points: list, *, job_dir: str,
-                  target: str, env: list[tuple[str, Word]], started_by: str,
-                  serving_url: str | None = None) -> str:
-    """The bash script that runs every point in turn (launch_bench.sh.j2)."""
-    from .render import argv_lines  # the renderer's one-option-per-line layout
-    from .templates import jinja
-    cmd: list[Word] = list(client.command(python))
-    return jinja().get_template("launch_bench.sh.j2").render(
-        title=client.title, target=target, job_dir=job_dir, bench_dir=spec_["dir"],
-        started_by=started_by, serving_url=serving_url, input_tokens=spec_["input_tokens"],
-        output_tokens=spec_["output_tokens"], env=[(k, quote(v)) for k, v in env],
-        timeout=spec_["point_timeout_s"],
-        points=[(p.label, argv_lines(cmd, argv)) for p, argv in points])
-
-
-# ------------------------------------------------------------- hpcserve bench JOB: on demand
 
 RUNS_DIR = "bench-runs"   # in the job directory: one folder per `hpcserve bench` run
 
@@ -114,7 +69,7 @@ def prepare(entry, runner, ask: Sweep, stamp: str) -> Prepared:
                      engines.get(plan["engine"]["name"]).bench_client)
     rel = f"{RUNS_DIR}/{stamp}"
     points, s = _run_spec(client, ask, own, plan, rel)
-    text = launch_script(client, ask.python or own.get("python") or "python3", s, points,
+    text = bench_launch_script(client, ask.python or own.get("python") or "python3", s, points,
                          job_dir=jd, target=url, env=[("PYTHONUNBUFFERED", "1")],
                          started_by="Started by `hpcserve bench` against a deployment that "
                                     "serves", serving_url=url)

@@ -1,17 +1,17 @@
-"""plan.json: the declared, versioned contract between the renderer and the in-job runtime.
+"""plan.json: its writer (a Plan -> the job's spec) and its JSON schema.
 
-hpcserve_job.py (runtime/job.py, copied into the job directory) reads only plan.json, never
-hpcserve itself, and refuses a spec version it does not know before it starts anything. Every key
-the runtime reads is listed in SCHEMA (tests validate every rendered plan.json against it); keys
-marked "for people" (argv, env, parallel sizes) describe the plan and are not read by the runtime.
+plan.json is the versioned contract between the renderer and the in-job runtime: hpcserve_job.py
+(runtime/job.py, copied into the job directory) reads only plan.json, never hpcserve itself, and
+refuses a spec version it does not know before it starts anything. The spec's name and version
+come from runtime/contract.py, the one declaration the renderer, the runtime and the operator
+commands share. Every key the runtime reads is listed in SCHEMA (tests validate every rendered
+plan.json against it); keys marked "for people" (argv, env, parallel sizes) describe the plan and
+are not read by the runtime. This module is render-side: it is not shipped into job directories.
 
 A word (argv, env values) is a string, or a list of parts: strings and {"var": NAME}, a variable
 known only in the task (the node's address, its rank), as the launch scripts expand it.
 
-Versions: 1 was hpcserve 0.1.0's undeclared dump of the plan; 2 declared it; 3 adds
-container.import (pyxis: the image imported once per job before any step); 4 adds preflight (the
-checks every node runs in the discovery step, read there by hpcserve_preflight.py); 5 adds
-benchmark (the serving benchmark's points, where its results are and what its gate asks).
+The spec versions and what each added: runtime/contract.py.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import __version__
-from ..words import Var, Word
-
-SPEC = "hpcserve-job"
-SPEC_VERSION = 5
+from . import __version__
+from .containers import IMPORT_HELPER, apptainer_image, enroot_image
+from .runtime.contract import SPEC, SPEC_VERSION
+from .words import Var, Word
 
 
 def dumps(spec: dict) -> str:
@@ -88,7 +87,6 @@ def job_spec(plan, job_dir: str) -> dict:
 def _image_import(plan, job_dir: str) -> dict | None:
     """pyxis: the image URI hpcserve_job.py imports once, before any step, into the squashfs
     file every step's --container-image names (enroot tasks import it themselves)."""
-    from ..containers import IMPORT_HELPER, enroot_image
     if plan.container.runtime != "pyxis":
         return None
     uri, sqsh = enroot_image(plan, job_dir)
@@ -98,7 +96,6 @@ def _image_import(plan, job_dir: str) -> dict | None:
 def _preflight_image(plan, job_dir: str) -> dict | None:
     """What the image check looks for on every node: a file, or why there is none to look for
     yet (an image pulled or imported once the job runs)."""
-    from ..containers import apptainer_image, enroot_image
     runtime = plan.container.runtime
     if runtime == "none":
         return None
