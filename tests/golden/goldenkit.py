@@ -8,10 +8,10 @@ ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 # Copied verbatim into every job directory; compared with their sources instead of a golden copy.
-COPIED = {"hpcserve_job.py": ROOT / "hpcserve" / "runtime" / "job.py",
-          "hpcserve_ownport.py": ROOT / "hpcserve" / "runtime" / "ownport.py",
-          "hpcserve_preflight.py": ROOT / "hpcserve" / "runtime" / "preflight.py",
-          "hpcserve_bench.py": ROOT / "hpcserve" / "runtime" / "bench.py",
+# The in-job runtime: every module of hpcserve/runtime/, as the package hpcserve_runtime/.
+RUNTIME = {f"hpcserve_runtime/{f.name}": f
+           for f in sorted((ROOT / "hpcserve" / "runtime").glob("*.py"))}
+COPIED = {**RUNTIME,
           "hpcserve_sim.py": ROOT / "hpcserve" / "sim" / "sglang.py",  # or the engine's own
           "hpcserve_simcore.py": ROOT / "hpcserve" / "sim" / "hpcserve_simcore.py",
           "hpcserve_enroot_import.sh": ROOT / "hpcserve" / "container_recipes" / "enroot-import.sh"}

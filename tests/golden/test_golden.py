@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from goldenkit import COPIED, EXAMPLES, GOLDEN, ROOT
+from goldenkit import COPIED, EXAMPLES, GOLDEN, ROOT, RUNTIME
 
 STEMS = [ex.stem for ex in EXAMPLES]
 # Files of tests/golden/ itself, not golden job directories.
@@ -60,7 +60,7 @@ def test_copied_runtime_files_equal_their_sources(stem, rendered):
     from hpcserve import config, plan
     files = rendered[stem]
     p = plan.build(config.load(next(e for e in EXAMPLES if e.stem == stem)))
-    assert "hpcserve_job.py" in files, "every job directory carries its runtime"
+    assert set(RUNTIME) <= set(files), "every job directory carries its whole runtime"
     assert ("hpcserve_sim.py" in files) == p.simulate, "the simulated engine only when simulate"
     for rel, source in COPIED.items():
         if rel == "hpcserve_sim.py":  # the stand-in of the deployment's own engine
@@ -72,7 +72,9 @@ def test_copied_runtime_files_equal_their_sources(stem, rendered):
 @pytest.mark.parametrize("stem", STEMS)
 def test_file_modes(stem, rendered):
     for rel, (_text, mode) in rendered[stem].items():
-        want = 0o755 if rel == "job.sbatch" or rel.endswith((".sh", ".py")) else 0o644
+        # the runtime's modules are imported (python3 -m hpcserve_runtime), not executed
+        runnable = rel.endswith((".sh", ".py")) and not rel.startswith("hpcserve_runtime/")
+        want = 0o755 if rel == "job.sbatch" or runnable else 0o644
         assert mode == want, f"{stem}/{rel}: mode {oct(mode)}, expected {oct(want)}"
 
 

@@ -15,7 +15,6 @@ import pytest
 
 from hpcserve import plan_json
 from hpcserve.runtime import contract
-from hpcserve.runtime import job as jobmod
 from hpcserve.runtime.contract import SPEC_VERSION
 from unitkit import EXAMPLES, ROOT, install_stubs, read_stub_log, render
 
@@ -28,9 +27,13 @@ def test_every_rendered_plan_json_is_a_valid_spec(example):
 
 
 def test_the_runtime_understands_the_spec_the_renderer_writes():
-    # hpcserve_job.py is copied into job directories and cannot import hpcserve: it keeps its
-    # own copy of the constants, which must not drift.
-    assert (jobmod.SPEC, jobmod.SPEC_VERSION) == (contract.SPEC, contract.SPEC_VERSION)
+    # The job directory carries its own copy of the contract (the nodes have no hpcserve):
+    # what it declares is what the renderer wrote into plan.json.
+    files = render(ROOT / "examples" / "demo.yaml", "/jobs/x")
+    declared: dict = {}
+    exec(files["hpcserve_runtime/contract.py"][0], declared)
+    plan = json.loads(files["plan.json"][0])
+    assert (declared["SPEC"], declared["SPEC_VERSION"]) == (plan["spec"], plan["spec_version"])
 
 
 def _job_dir(tmp_path: Path, edit) -> Path:
@@ -58,8 +61,8 @@ def test_a_job_directory_of_another_spec_is_refused_before_anything_runs(tmp_pat
     log = tmp_path / "calls.jsonl"
     env = {"PATH": f"{bindir}:/usr/bin:/bin", "HPCSERVE_STUB_LOG": str(log),
            "SLURM_JOB_ID": "4242"}
-    r = subprocess.run([sys.executable, str(jd / "hpcserve_job.py"), "run", str(jd)], env=env,
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run([sys.executable, "-m", "hpcserve_runtime", "run", str(jd)], env=env,
+                       capture_output=True, text=True, timeout=30, cwd=jd)
     assert r.returncode == 2, r.stderr
     assert says in r.stderr and f"understands spec {SPEC_VERSION} only" in r.stderr
     state = json.loads((jd / "state.json").read_text())
@@ -69,7 +72,7 @@ def test_a_job_directory_of_another_spec_is_refused_before_anything_runs(tmp_pat
 
 
 def test_a_batch_host_python_too_old_for_the_runtime_fails_at_once_saying_so(tmp_path):
-    # RHEL 8's python3 is 3.6: job.sbatch must not start hpcserve_job.py with it.
+    # RHEL 8's python3 is 3.6: job.sbatch must not start the runtime with it.
     old = tmp_path / "python3.6"
     old.write_text("#!/bin/sh\n[ \"$1\" = -V ] && echo 'Python 3.6.8' && exit 0\nexit 1\n")
     old.chmod(0o755)
@@ -81,7 +84,7 @@ def test_a_batch_host_python_too_old_for_the_runtime_fails_at_once_saying_so(tmp
     r = subprocess.run(["bash", str(jd / "job.sbatch")], capture_output=True, text=True,
                        timeout=30, env={"PATH": "/usr/bin:/bin"})
     assert r.returncode == 1
-    assert "is Python 3.6.8; hpcserve_job.py needs Python 3.7 or later" in r.stderr
+    assert "is Python 3.6.8; hpcserve_runtime needs Python 3.7 or later" in r.stderr
     state = json.loads((jd / "state.json").read_text())
     assert state["phase"] == "failed" and state["failure"] == {
         "reason": "preflight failed", "check": "python", "node": socket.gethostname()}

@@ -1,7 +1,7 @@
 #!/bin/bash
 # benchmark: SGLang bench_serving against sglang-router (the router), 3 point(s) of 2000
 # input and 100 output tokens per request.
-# Started by hpcserve_job.py once the deployment serves (SERVING_URL: run/endpoints.env).
+# Started by hpcserve_runtime once the deployment serves (SERVING_URL: run/endpoints.env).
 # The gate reads each point's results (bench/POINT.json) and its client's exit
 # (bench/POINT.run.json).
 set -uo pipefail

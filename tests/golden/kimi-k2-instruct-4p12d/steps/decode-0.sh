@@ -1,6 +1,6 @@
 #!/bin/bash
 # decode-0: SGLang 0.5.23 decode instance 0, TP 96, DP-attention 96, EP 96 (component 1 nodes 0-11)
-# Started by hpcserve_job.py with NODELIST set to this step's nodes.
+# Started by hpcserve_runtime with NODELIST set to this step's nodes.
 set -euo pipefail
 exec srun \
   --het-group=1 \

@@ -1,6 +1,6 @@
 #!/bin/bash
 # prefill-0: SGLang 0.5.23 prefill instance 0, TP 32, DP-attention 32, EP 32 (component 0 nodes 0-3)
-# Started by hpcserve_job.py with NODELIST set to this step's nodes.
+# Started by hpcserve_runtime with NODELIST set to this step's nodes.
 set -euo pipefail
 exec srun \
   --het-group=0 \

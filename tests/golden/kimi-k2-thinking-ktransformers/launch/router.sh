@@ -1,6 +1,6 @@
 #!/bin/bash
 # router: sglang-router in plain mode in front of 1 instance(s).
-# Runs as one task; hpcserve_job.py starts it once every instance answers /health, and writes
+# Runs as one task; hpcserve_runtime starts it once every instance answers /health, and writes
 # run/endpoints.env with each instance's node-rank-0 address.
 set -euo pipefail
 JOB_DIR=/jobs/kimi-k2-thinking-ktransformers
@@ -13,7 +13,7 @@ export PYTHONUNBUFFERED=1
 # records whose process listens on the router's ports (this script's PID is the router's after
 # exec).
 mkdir -p -- "$JOB_DIR/run/ports"
-(exec python3 -S -I "$JOB_DIR/hpcserve_ownport.py" $$ 8000,29000 "$JOB_DIR/run/ports/router" \
+(exec python3 -S -I "$JOB_DIR/hpcserve_runtime/ownport.py" $$ 8000,29000 "$JOB_DIR/run/ports/router" \
   660 </dev/null &)
 
 exec \

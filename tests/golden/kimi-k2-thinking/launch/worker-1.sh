@@ -2,7 +2,7 @@
 # worker-1: SGLang 0.5.23 plain instance 1, TP 8 (component 0 nodes 1)
 # Runs once on each of the instance's 1 node(s), inside the container. The node rank and the
 # addresses are looked up in the task from this node's own name (SLURMD_NODENAME) in
-# run/worker-1.nodes, which hpcserve_job.py writes after address discovery.
+# run/worker-1.nodes, which hpcserve_runtime writes after address discovery.
 set -euo pipefail
 JOB_DIR=/jobs/kimi-k2-thinking
 NODES_FILE="$JOB_DIR/run/worker-1.nodes"
@@ -31,10 +31,10 @@ export SGLANG_HOST_IP="${NODE_IP}"
 
 if [ "$NODE_RANK" = 0 ]; then
   # Where the instance serves, another deployment sharing the node could hold its ports and
-  # answer for it: hpcserve_ownport.py records whose process listens on them (this script's
+  # answer for it: hpcserve_runtime/ownport.py records whose process listens on them (this script's
   # PID is the engine's after exec), and the instance counts as ready only when it is its own.
   mkdir -p -- "$JOB_DIR/run/ports"
-  (exec python3 -S -I "$JOB_DIR/hpcserve_ownport.py" $$ 30000,5757 \
+  (exec python3 -S -I "$JOB_DIR/hpcserve_runtime/ownport.py" $$ 30000,5757 \
     "$JOB_DIR/run/ports/worker-1" 5460 </dev/null &)
 fi
 

@@ -1,6 +1,6 @@
 #!/bin/bash
 # prefill-0: TensorRT-LLM 1.3.0rc3 prefill instance 0, TP 8, EP 8, attention-DP 8 (component 0 nodes 0)
-# Started by hpcserve_job.py with NODELIST set to this step's nodes.
+# Started by hpcserve_runtime with NODELIST set to this step's nodes.
 set -euo pipefail
 exec srun \
   --het-group=0 \

@@ -3,7 +3,7 @@
 # Runs as 8 tasks on each of the instance's 2 node(s), one per GPU under srun --mpi=pmix
 # (MPI ranks, each with its own log), inside the container. The node rank and the
 # addresses are looked up in the task from this node's own name (SLURMD_NODENAME) in
-# run/worker-0.nodes, which hpcserve_job.py writes after address discovery.
+# run/worker-0.nodes, which hpcserve_runtime writes after address discovery.
 set -euo pipefail
 JOB_DIR=/jobs/trtllm-kimi-k2-tp16
 NODES_FILE="$JOB_DIR/run/worker-0.nodes"
@@ -31,10 +31,10 @@ export UCX_TLS=rc,ud,sm,cuda_copy,cuda_ipc,gdr_copy,tcp
 
 if [ "$NODE_RANK" = 0 ] && [ "${SLURM_LOCALID}" = 0 ]; then
   # Where the instance serves, another deployment sharing the node could hold its ports and
-  # answer for it: hpcserve_ownport.py records whose process listens on them (this script's
+  # answer for it: hpcserve_runtime/ownport.py records whose process listens on them (this script's
   # PID is the engine's after exec), and the instance counts as ready only when it is its own.
   mkdir -p -- "$JOB_DIR/run/ports"
-  (exec python3 -S -I "$JOB_DIR/hpcserve_ownport.py" $$ 8200 \
+  (exec python3 -S -I "$JOB_DIR/hpcserve_runtime/ownport.py" $$ 8200 \
     "$JOB_DIR/run/ports/worker-0" 5460 </dev/null &)
 fi
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Removes this job's private temporary directories on the node it runs on: hpcserve_job.py runs
+# Removes this job's private temporary directories on the node it runs on: hpcserve_runtime runs
 # it on every node of the job (one srun per component) after the job's steps ended.
 set -uo pipefail
 me="${SLURMD_NODENAME:?run this through srun}"

@@ -2,7 +2,7 @@
 # decode-0: simulated vLLM 0.33.0 decode instance 0, TP 1, DP 16, EP 16 (component 1 nodes 0-1)
 # Runs once on each of the instance's 2 node(s). The node rank and the
 # addresses are looked up in the task from this node's own name (SLURMD_NODENAME) in
-# run/decode-0.nodes, which hpcserve_job.py writes after address discovery.
+# run/decode-0.nodes, which hpcserve_runtime writes after address discovery.
 set -euo pipefail
 JOB_DIR=/jobs/vllm-demo
 NODES_FILE="$JOB_DIR/run/decode-0.nodes"
@@ -35,10 +35,10 @@ export HPCSERVE_SIM_INIT_TIMEOUT=60
 
 if [ "$NODE_RANK" = 0 ]; then
   # Where the instance serves, another deployment sharing the node could hold its ports and
-  # answer for it: hpcserve_ownport.py records whose process listens on them (this script's
+  # answer for it: hpcserve_runtime/ownport.py records whose process listens on them (this script's
   # PID is the engine's after exec), and the instance counts as ready only when it is its own.
   mkdir -p -- "$JOB_DIR/run/ports"
-  (exec python3 -S -I "$JOB_DIR/hpcserve_ownport.py" $$ 8100,29550,5600 \
+  (exec python3 -S -I "$JOB_DIR/hpcserve_runtime/ownport.py" $$ 8100,29550,5600 \
     "$JOB_DIR/run/ports/decode-0" 180 </dev/null &)
 fi
 

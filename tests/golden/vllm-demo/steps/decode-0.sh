@@ -1,6 +1,6 @@
 #!/bin/bash
 # decode-0: simulated vLLM 0.33.0 decode instance 0, TP 1, DP 16, EP 16 (component 1 nodes 0-1)
-# Started by hpcserve_job.py with NODELIST set to this step's nodes.
+# Started by hpcserve_runtime with NODELIST set to this step's nodes.
 set -euo pipefail
 exec srun \
   --het-group=1 \

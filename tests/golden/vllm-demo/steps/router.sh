@@ -1,6 +1,6 @@
 #!/bin/bash
 # router: vllm-router on node 0 of component 0
-# Started by hpcserve_job.py with NODELIST set to this step's nodes.
+# Started by hpcserve_runtime with NODELIST set to this step's nodes.
 set -euo pipefail
 exec srun \
   --het-group=0 \

@@ -3,7 +3,7 @@
 # instance name (or "router") and COMMAND runs its launch script.
 # Runs inside the container pyxis made for this task from the step's --container-* flags, from
 #   /jobs/.hpcserve-images/vllm+vllm-openai+v0.33.0.sqsh
-# (hpcserve_job.py imported a registry image there once for every node); pyxis removes the
+# (hpcserve_runtime imported a registry image there once for every node); pyxis removes the
 # container after the task, as it is unnamed.
 set -uo pipefail
 task=${1:?usage: container-task.sh TASK COMMAND...}

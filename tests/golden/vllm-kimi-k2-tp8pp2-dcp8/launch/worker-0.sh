@@ -2,7 +2,7 @@
 # worker-0: vLLM 0.33.0 plain instance 0, TP 8, PP 2, DCP 8 (component 0 nodes 0-1)
 # Runs once on each of the instance's 2 node(s), inside the container. The node rank and the
 # addresses are looked up in the task from this node's own name (SLURMD_NODENAME) in
-# run/worker-0.nodes, which hpcserve_job.py writes after address discovery.
+# run/worker-0.nodes, which hpcserve_runtime writes after address discovery.
 set -euo pipefail
 JOB_DIR=/jobs/vllm-kimi-k2-tp8pp2-dcp8
 NODES_FILE="$JOB_DIR/run/worker-0.nodes"
@@ -19,7 +19,7 @@ IB_PORTS="${IB_DEVICES:+${IB_DEVICES//,/:1,}:1}"  # mlx5_0,mlx5_1 -> mlx5_0:1,ml
 exec >"$JOB_DIR/logs/worker-0.node${NODE_RANK}.${me}.log" 2>&1
 echo "hpcserve: worker-0 node-rank $NODE_RANK on $me ($NODE_IP), leader $LEADER_IP"
 # The engine's temporary files (IPC sockets, rendezvous files, compile caches) go to a directory
-# of this job's own on the node; hpcserve_job.py has it removed once the job's steps ended.
+# of this job's own on the node; hpcserve_runtime has it removed once the job's steps ended.
 export TMPDIR="${TMPDIR:-/tmp}/hpcserve-job${SLURM_JOB_ID:?}/worker-0.${NODE_RANK}"
 mkdir -p -- "$TMPDIR" "$JOB_DIR/run/scratch"
 : >"$JOB_DIR/run/scratch/worker-0.${NODE_RANK}.$me"
@@ -36,10 +36,10 @@ export VLLM_HOST_IP="${NODE_IP}"
 
 if [ "$NODE_RANK" = 0 ]; then
   # Where the instance serves, another deployment sharing the node could hold its ports and
-  # answer for it: hpcserve_ownport.py records whose process listens on them (this script's
+  # answer for it: hpcserve_runtime/ownport.py records whose process listens on them (this script's
   # PID is the engine's after exec), and the instance counts as ready only when it is its own.
   mkdir -p -- "$JOB_DIR/run/ports"
-  (exec python3 -S -I "$JOB_DIR/hpcserve_ownport.py" $$ 8100,29501 \
+  (exec python3 -S -I "$JOB_DIR/hpcserve_runtime/ownport.py" $$ 8100,29501 \
     "$JOB_DIR/run/ports/worker-0" 5460 </dev/null &)
 fi
 

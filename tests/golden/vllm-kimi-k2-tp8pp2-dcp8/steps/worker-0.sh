@@ -1,6 +1,6 @@
 #!/bin/bash
 # worker-0: vLLM 0.33.0 plain instance 0, TP 8, PP 2, DCP 8 (component 0 nodes 0-1)
-# Started by hpcserve_job.py with NODELIST set to this step's nodes.
+# Started by hpcserve_runtime with NODELIST set to this step's nodes.
 set -euo pipefail
 exec srun \
   --nodes=2 \

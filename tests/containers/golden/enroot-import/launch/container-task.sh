@@ -60,7 +60,7 @@ done
 
 # Each phase runs as its own process group so that a signal reaches all of it; if the engine has
 # not exited 1 s after a TERM, its group is killed so the container can still be
-# removed before hpcserve_job.py's SIGKILL of the step.
+# removed before hpcserve_runtime's SIGKILL of the step.
 child= caught= stopping= killer=
 stop_child() {
   kill -TERM -- "-$child" 2>/dev/null

@@ -1,6 +1,6 @@
 #!/bin/bash
 # address discovery on every node of component 1 (decode): one task per node prints its preflight checks, then its name, address, interface and IB devices
-# Started by hpcserve_job.py.
+# Started by hpcserve_runtime.
 set -euo pipefail
 exec srun \
   --het-group=1 \

@@ -2,7 +2,7 @@
 # prefill-0: simulated SGLang 0.5.23 prefill instance 0, TP 8, DP-attention 8, EP 8 (component 0 nodes 0)
 # Runs once on each of the instance's 1 node(s), inside the container. The node rank and the
 # addresses are looked up in the task from this node's own name (SLURMD_NODENAME) in
-# run/prefill-0.nodes, which hpcserve_job.py writes after address discovery.
+# run/prefill-0.nodes, which hpcserve_runtime writes after address discovery.
 set -euo pipefail
 JOB_DIR=/shared/hpcserve-jobs/demo-golden
 NODES_FILE="$JOB_DIR/run/prefill-0.nodes"
@@ -32,10 +32,10 @@ export HPCSERVE_SIM_INIT_TIMEOUT=60
 
 if [ "$NODE_RANK" = 0 ]; then
   # Where the instance serves, another deployment sharing the node could hold its ports and
-  # answer for it: hpcserve_ownport.py records whose process listens on them (this script's
+  # answer for it: hpcserve_runtime/ownport.py records whose process listens on them (this script's
   # PID is the engine's after exec), and the instance counts as ready only when it is its own.
   mkdir -p -- "$JOB_DIR/run/ports"
-  (exec python3 -S -I "$JOB_DIR/hpcserve_ownport.py" $$ 30000,8998,5757 \
+  (exec python3 -S -I "$JOB_DIR/hpcserve_runtime/ownport.py" $$ 30000,8998,5757 \
     "$JOB_DIR/run/ports/prefill-0" 180 </dev/null &)
 fi
 
