@@ -140,7 +140,7 @@ def test_pyxis_starts_from_the_job_imported_squashfs_or_the_sites_own() -> None:
 def test_import_helper_is_shipped_only_for_uri_images() -> None:
     files = containers.container_files(plan("enroot"), JD)
     assert files[containers.IMPORT_HELPER] == (
-        (ROOT / "hpcserve" / "container_recipes" / "enroot-import.sh").read_text(), 0o755)
+        (ROOT / "containers" / "enroot-import.sh").read_text(), 0o755)
     assert containers.IMPORT_HELPER not in containers.container_files(
         plan("enroot", "site.container.image=/img/s.sqsh"), JD)
 
@@ -184,7 +184,7 @@ def test_config_values_reach_the_shell_quoted(runtime: str) -> None:
 
 
 def test_apptainer_definition() -> None:
-    text = (ROOT / "hpcserve" / "container_recipes" / "sglang.def").read_text()
+    text = (ROOT / "containers" / "sglang.def").read_text()
     header = [ln for ln in text.splitlines() if ln and not ln.startswith("#")][:2]
     assert header == ["Bootstrap: docker", "From: lmsysorg/sglang:v0.5.23"]
     sections = text.split("\n%")
