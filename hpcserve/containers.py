@@ -19,7 +19,7 @@ holds everything runtime-specific that happens in the task:
   signal (the engine gets the TERM, the container is removed once it has exited, and the task
   then exits 0 so that srun's --kill-on-bad-exit does not SIGKILL the other nodes mid-removal).
   A docker image is first imported into a shared cache by the job's copy of
-  container_recipes/enroot-import.sh. Only a SIGKILL can leave a container behind (srun kills the other
+  containers/enroot-import.sh. Only a SIGKILL can leave a container behind (srun kills the other
   tasks of a step whose task failed); run/containers/ lists them and `container-task.sh
   --cleanup`, run on a node, removes them.
 - none: no wrapper at all; the step runs the launch script directly.

@@ -1,5 +1,6 @@
-"""The Jinja2 environment of hpcserve/sbatch_templates/: StrictUndefined, and the `q` filter that quotes
-every word for bash. Shared by the renderer and the container runtimes' task script."""
+"""The Jinja2 environment of sbatch_templates/ (hpcserve.sbatch_templates once installed):
+StrictUndefined, and the `q` filter that quotes every word for bash. Shared by the renderer and
+the container runtimes' task script."""
 
 from __future__ import annotations
 

@@ -140,7 +140,7 @@ def test_pyxis_starts_from_the_job_imported_squashfs_or_the_sites_own() -> None:
 def test_import_helper_is_shipped_only_for_uri_images() -> None:
     files = containers.container_files(plan("enroot"), JD)
     assert files[containers.IMPORT_HELPER] == (
-        (ROOT / "hpcserve" / "container_recipes" / "enroot-import.sh").read_text(), 0o755)
+        (ROOT / "containers" / "enroot-import.sh").read_text(), 0o755)
     assert containers.IMPORT_HELPER not in containers.container_files(
         plan("enroot", "site.container.image=/img/s.sqsh"), JD)
 
@@ -181,15 +181,3 @@ def test_config_values_reach_the_shell_quoted(runtime: str) -> None:
     else:
         assert f"  {shlex.quote(image)} \\\n" in task
         assert f"--bind {shlex.quote(f'{job_dir}:{job_dir}')}" in task
-
-
-def test_apptainer_definition() -> None:
-    text = (ROOT / "hpcserve" / "container_recipes" / "sglang.def").read_text()
-    header = [ln for ln in text.splitlines() if ln and not ln.startswith("#")][:2]
-    assert header == ["Bootstrap: docker", "From: lmsysorg/sglang:v0.5.23"]
-    sections = text.split("\n%")
-    [test] = [s for s in sections if s.startswith("test\n")]
-    assert "libibverbs.so.1" in test and "libmlx5.so.1" in test and "/dev/infiniband" in test
-    # apptainer runs %test with /bin/sh: it must be POSIX shell
-    r = subprocess.run(["sh", "-n"], input=test.split("\n", 1)[1], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr

@@ -12,7 +12,7 @@ import pytest
 
 from ctkit import ROOT, Fakes
 
-HELPER = ROOT / "hpcserve" / "container_recipes" / "enroot-import.sh"
+HELPER = ROOT / "containers" / "enroot-import.sh"
 
 
 

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from hpcserve.cli import main
 from unitkit import EXAMPLES, ROOT, small_pd, write_yaml
 
-SITES = sorted((ROOT / "hpcserve" / "site_configs").glob("*.yaml"))
+SITES = sorted((ROOT / "site_configs").glob("*.yaml"))
 PROFILES = sorted((ROOT / "hpcserve" / "models").glob("*.yaml"))
 
 

@@ -148,7 +148,7 @@ def test_set_on_a_named_site_keeps_the_rest_of_the_site(tmp_path):
     assert cfg.site.slurm.partition == "x"
     assert cfg.site.slurm.account == "acct"
     # everything else still comes from site_configs/local.yaml
-    assert cfg.site_file == plain.site_file == str(ROOT / "hpcserve" / "site_configs" / "local.yaml")
+    assert cfg.site_file == plain.site_file == str(ROOT / "site_configs" / "local.yaml")
     assert cfg.site.slurm.max_nodes == plain.site.slurm.max_nodes == 4
     assert cfg.site.network == plain.site.network
     assert cfg.positions.lookup(("site", "slurm", "partition")) == Origin("--set", 1)
