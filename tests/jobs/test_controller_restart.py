@@ -80,10 +80,17 @@ def test_a_deployment_serves_through_a_controller_restart(submit, dev_cluster, t
         assert resp["usage"]["completion_tokens"] == 6
         during = job.state()
         outage_log = _log_since(job, log_at)
+        # a status asked while slurmctld restarts waits for it: back after squeue's first try
+        # gave up (~9 s: the client's own connect retries last MessageTimeout, 10 s)
+        riding = subprocess.Popen([HPCSERVE, "status", job.id], env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(12)
     finally:
         t1 = time.time()
         new = dev_cluster.start_controller()
     assert new != old
+    out, err = riding.communicate(timeout=120)
+    assert riding.returncode == 0 and f"serving at {st['endpoint']}" in out, (out, err)
     # the runtime asked Slurm about its nodes within the outage, and was told it is gone
     polls = [ln.split(" ", 3) for ln in sinfo_calls.read_text().splitlines()]
     told = [p for p in polls if t0 < float(p[0]) and float(p[1]) < t1 and p[2] != "0"]
