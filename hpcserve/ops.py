@@ -19,7 +19,7 @@ from .errors import HpcserveError
 from .runtime import slurm_parsers as parsers
 from .runtime.contract import TERMINAL_PHASES
 from .slurm.client import parse_job_id
-from .slurm.runner import read_json
+from .slurm.runner import SlurmUnreachable, read_json
 
 ACTIVE_SLURM = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
                 "RESIZING", "SIGNALING", "STAGE_OUT"}
@@ -97,7 +97,11 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
     script = posixpath.join(job_dir, "job.sbatch")
     res = runner.run(["sbatch", "--parsable", script])
     job_id = parse_job_id(res.out)
-    entry = deployments.new_entry(job_id, p.name, job_dir, remote, cluster_name(runner))
+    try:
+        cluster = cluster_name(runner)
+    except SlurmUnreachable:
+        cluster = None  # the job is queued: record it all the same, as a cluster not named
+    entry = deployments.new_entry(job_id, p.name, job_dir, remote, cluster)
     deployments.record(entry)
     return Submitted(job_id, job_dir, p.name, remote, entry)
 

@@ -520,6 +520,62 @@ PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP Ov
                 time.sleep(0.25)
             raise DevClusterError(f"{node} did not come back within {self.timeout:.0f} s")
 
+    def stop_controller(self) -> int:
+        """What a controller restart or crash looks like to clients: slurmctld (the PID this
+        cluster started, never found by name) ends on SIGTERM, which makes it save its state
+        to StateSaveLocation first. The slurmds and the jobs' steps keep running. Returns the
+        PID ended; start_controller() brings it back with its jobs."""
+        with self._locked():
+            state = self._load_state()
+            p = (state or {}).get("pids", {}).get("slurmctld")
+            if p is None or not _alive(p["pid"], p["start"]):
+                raise DevClusterError("no running slurmctld of this dev cluster to stop")
+            # slurmscriptd and other helpers it forked: they end with it (waited for below).
+            family = {p["pid"]: p["start"], **_descendants({p["pid"]})}
+            os.kill(p["pid"], signal.SIGTERM)
+            deadline = time.monotonic() + self.timeout
+            while any(_alive(pid, start) for pid, start in family.items()):
+                if time.monotonic() > deadline:
+                    raise DevClusterError(f"slurmctld (PID {p['pid']}) did not end within "
+                                          f"{self.timeout:.0f} s of SIGTERM")
+                time.sleep(0.05)
+            state["pids"].pop("slurmctld")
+            self._save_state(state)
+            return p["pid"]
+
+    def start_controller(self) -> int:
+        """Start slurmctld again after stop_controller(). Without -c it recovers the jobs saved
+        in StateSaveLocation (slurmctld(8)), so jobs that ran through the outage run on. Waits
+        until Slurm answers for every node again; returns the new PID."""
+        with self._locked():
+            state = self._load_state()
+            if state is None:
+                raise DevClusterError("no dev cluster here")
+            if "slurmctld" in state.get("pids", {}):
+                raise DevClusterError("slurmctld of this dev cluster is already running")
+            bins, _ = self.resolve_binaries()
+            pid_file = self.state_dir / "run" / "slurmctld.pid"
+            with contextlib.suppress(FileNotFoundError):
+                pid_file.unlink()  # the old PID must not pass for the new one
+            self._launch("slurmctld", [bins["slurmctld"], "-f", str(self.conf_path)], pid_file,
+                         state)
+            self._wait_answers(state, bins)
+            return state["pids"]["slurmctld"]["pid"]
+
+    def _wait_answers(self, state: dict[str, Any], bins: Mapping[str, str]) -> None:
+        """Until sinfo lists every node in a usable state (idle, or busy with recovered jobs)."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            nodes = self._sinfo(bins) or {}
+            if set(nodes) == set(state["layout"]["nodes"]) and all(
+                    "*" not in s and s.rstrip("$@+~#%!-^") in _HEALTHY_NODE_STATES
+                    for s in nodes.values()):
+                return
+            if time.monotonic() > deadline:
+                raise DevClusterError(f"slurmctld did not answer for every node within "
+                                      f"{self.timeout:.0f} s (last sinfo: {nodes or 'no answer'})")
+            time.sleep(0.25)
+
     def _launch(self, role: str, argv: list[str], pid_file: Path, state: dict[str, Any],
                 cpus: set[int] | None = None) -> None:
         out = self.log_dir / f"{role.replace(':', '-')}.out"

@@ -3,19 +3,32 @@ over SSH (slurm/ssh.py) with the same interface, so one behavioural test suite c
 
 A runner takes an argv (never a shell string) and returns rc/stdout/stderr; a failure names the
 command, its exit code and what it printed.
+
+Slurm's commands that ask slurmctld are asked again, a bounded number of times with growing
+waits, while Slurm says the controller did not answer (busy or restarting: see
+runtime/slurm_parsers.py); one it still does not answer then is SlurmUnreachable, one line,
+whether the caller checks the exit code or not: no caller may read an outage as an answer (a job
+Slurm does not know, a deployment that ended).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import posixpath
 import shlex
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import HpcserveError
+from ..runtime import slurm_parsers as parsers
+
+# The commands that ask slurmctld (srun is not among them: it runs a step, which may have started
+# when it fails, and `hpcserve bench` reports its exit itself).
+SLURM_COMMANDS = frozenset({"squeue", "sacct", "scontrol", "sinfo", "scancel", "sbatch"})
 
 
 @dataclass(frozen=True)
@@ -36,6 +49,84 @@ class CommandError(HpcserveError):
         super().__init__(msg)
 
 
+class SlurmUnreachable(HpcserveError):
+    """slurmctld did not answer a command through every try: one line with the command, Slurm's
+    own words, and how long it was asked."""
+
+    def __init__(self, res: Result, tries: int, seconds: float, note: str = "", where: str = ""):
+        self.result = res
+        words = " | ".join((res.err.strip() or res.out.strip()).splitlines()[-2:])
+        super().__init__(f"Slurm controller unreachable: {short_command(res.argv)}{where}: {words} "
+                         f"({tries} {'try' if tries == 1 else 'tries'} in {seconds:.0f} s){note}")
+
+
+def short_command(argv) -> str:
+    """The command as a person would name it: an output format's value is left out ('...')."""
+    # -o is the format in squeue, sinfo and sacct (scontrol's -o is a flag: one line per record)
+    takes = ("-o", "-O", "--format", "--Format") if posixpath.basename(str(argv[0])) in (
+        "squeue", "sinfo", "sacct") else ()
+    words, skip = [], False
+    for a in argv:
+        if skip:
+            words.append("...")
+        elif a.startswith(("--format=", "--Format=")):
+            words.append(a.split("=", 1)[0] + "=...")
+        else:
+            words.append(a)
+        skip = a in takes
+    return shlex.join(words).replace("'...'", "...")
+
+
+# After a submission the controller may have taken: sending it again could queue the job twice.
+_MAYBE_SUBMITTED = ("; not sent again: the job may have been submitted all the same (look for it "
+                    "with `squeue --me` once Slurm answers)")
+
+
+class Runner:
+    """What every runner shares: run() asks Slurm again while its controller does not answer.
+    A runner provides run_once() (one try) and may set _where (' on HOST')."""
+
+    _where = ""
+    retry_delays = parsers.RETRY_DELAYS_S
+    retry_window = parsers.RETRY_WINDOW_S
+    sleep = staticmethod(time.sleep)     # tests replace these, so that they do not wait
+    clock = staticmethod(time.monotonic)
+
+    def run(self, argv: list[str], *, check: bool = True, timeout: float = 60.0,
+            env: dict[str, str] | None = None) -> Result:
+        if posixpath.basename(str(argv[0])) not in SLURM_COMMANDS:
+            return self.run_once(argv, check=check, timeout=timeout, env=env)
+        t0, tries = self.clock(), 0
+        while True:
+            res = self.run_once(argv, check=False, timeout=timeout, env=env)
+            tries += 1
+            said = res.err + "\n" + res.out
+            if res.rc == 0 or not parsers.controller_unreachable(said):
+                break
+            elapsed = self.clock() - t0
+            if not _may_send_again(argv, said):
+                raise SlurmUnreachable(res, tries, elapsed, _MAYBE_SUBMITTED, self._where)
+            delay = parsers.retry_delay(tries, elapsed, self.retry_delays, self.retry_window)
+            if delay is None:
+                raise SlurmUnreachable(res, tries, elapsed, where=self._where)
+            self.sleep(delay)
+        if check and res.rc != 0:
+            raise CommandError(res, self._where)
+        return res
+
+    def run_once(self, argv: list[str], *, check: bool = True, timeout: float = 60.0,
+                 env: dict[str, str] | None = None) -> Result:
+        raise NotImplementedError
+
+
+def _may_send_again(argv, said: str) -> bool:
+    """Every query may be asked again; a submission only where it never reached the controller
+    (sbatch --test-only submits nothing)."""
+    if posixpath.basename(str(argv[0])) != "sbatch" or "--test-only" in argv:
+        return True
+    return parsers.request_not_delivered(said)
+
+
 def read_json(runner, path: str):
     """A JSON file through a runner (None: absent, unreadable or not JSON yet)."""
     text = runner.read_text(path)
@@ -45,7 +136,7 @@ def read_json(runner, path: str):
         return None
 
 
-class LocalRunner:
+class LocalRunner(Runner):
     """Runs on this machine (the login node)."""
 
     name = "local"
@@ -53,8 +144,8 @@ class LocalRunner:
     def __init__(self, env: dict[str, str] | None = None):
         self.env = env
 
-    def run(self, argv: list[str], *, check: bool = True, timeout: float = 60.0,
-            env: dict[str, str] | None = None) -> Result:
+    def run_once(self, argv: list[str], *, check: bool = True, timeout: float = 60.0,
+                 env: dict[str, str] | None = None) -> Result:
         full = {**(self.env if self.env is not None else os.environ), **(env or {})}
         try:
             p = subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace",

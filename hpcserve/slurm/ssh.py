@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..errors import HpcserveError
-from .runner import CommandError, Result
+from .runner import CommandError, Result, Runner
 
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -179,7 +179,7 @@ def _quiet_paramiko_logging() -> None:
         lg.addHandler(logging.NullHandler())
 
 
-class SSHRunner:
+class SSHRunner(Runner):
     """Runs commands and moves files on `user@host[:port]` over SSH (see the module docstring)."""
 
     def __init__(self, target: str, *, jump: str | None = None,
@@ -385,8 +385,8 @@ class SSHRunner:
 
     # ---------------------------------------------------------------------------- commands
 
-    def run(self, argv: list[str], *, check: bool = True, timeout: float = 60.0,
-            env: Mapping[str, str] | None = None) -> Result:
+    def run_once(self, argv: list[str], *, check: bool = True, timeout: float = 60.0,
+                 env: Mapping[str, str] | None = None) -> Result:
         mark = f"hpcserve-{secrets.token_hex(8)}"
         cmd = marked_command(remote_command(argv, {**self.env, **(env or {})}), mark)
         res_argv = tuple(str(a) for a in argv)

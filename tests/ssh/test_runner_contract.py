@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import stat
 from pathlib import Path
 from typing import Any, Iterator
@@ -15,7 +16,7 @@ from typing import Any, Iterator
 import pytest
 
 from hpcserve.errors import HpcserveError
-from hpcserve.slurm.runner import CommandError, LocalRunner, Result
+from hpcserve.slurm.runner import CommandError, LocalRunner, Result, SlurmUnreachable
 
 
 @pytest.fixture(params=["local", "ssh"])
@@ -80,6 +81,44 @@ def test_close_is_idempotent_and_runner_stays_usable(runner: Any) -> None:
     runner.close()
     runner.close()
     assert runner.run(["echo", "ok"]).out == "ok\n"
+
+
+def _squeue_stub(tmp_path: Path, refusals: int) -> str:
+    """An `squeue` (by its name) that says the controller timed out `refusals` times, then
+    answers."""
+    d = tmp_path / "slurm-bin"
+    d.mkdir()
+    p = d / "squeue"
+    p.write_text(f"""#!/bin/sh
+echo x >> {d}/tries
+if [ $(wc -l < {d}/tries) -le {refusals} ]; then
+  echo 'slurm_load_jobs error: Socket timed out on send/recv operation' >&2; exit 1
+fi
+echo '5|RUNNING|dep'
+""")
+    p.chmod(0o755)
+    return str(p)
+
+
+def test_slurm_is_asked_again_while_its_controller_does_not_answer(runner: Any,
+                                                                  tmp_path: Path) -> None:
+    slept: list[float] = []
+    runner.sleep = slept.append
+    squeue = _squeue_stub(tmp_path, 2)
+    assert runner.run([squeue, "-h"]).out == "5|RUNNING|dep\n"
+    assert len(slept) == 2
+
+
+def test_a_controller_that_never_answers_is_one_line(runner: Any, tmp_path: Path) -> None:
+    runner.sleep = lambda _s: None
+    squeue = _squeue_stub(tmp_path, 99)
+    with pytest.raises(SlurmUnreachable) as ei:
+        runner.run([squeue, "-h", "-o", "%i|%T|%j"], check=False)
+    where = "" if isinstance(runner, LocalRunner) else f" on {runner.target}"
+    assert re.fullmatch(re.escape(f"Slurm controller unreachable: {squeue} -h -o ...{where}: "
+                                  "slurm_load_jobs error: Socket timed out on send/recv "
+                                  "operation (5 tries in ") + r"\d+ s\)", str(ei.value)), ei.value
+    assert ei.value.exit_code == 2
 
 
 # ------------------------------------------------------------------------------- files
