@@ -27,10 +27,11 @@ class Unreachable(Exception):
 class Slurm:
     TIMEOUT = 10.0  # s for one command
 
-    def __init__(self, job_id: str, pause=time.sleep, backoff=sp.BACKOFF):
+    def __init__(self, job_id: str, pause=time.sleep, delays=sp.RETRY_DELAYS_S,
+                 window: float = sp.RETRY_WINDOW_S):
         self.job_id = job_id
-        self.pause = pause        # how to wait between tries (the job's sleep watches signals)
-        self.backoff = backoff
+        self.pause = pause        # how to wait between tries (the job's watches signals)
+        self.delays, self.window = delays, window
         self._config: dict | None = None
         self._slurmd: dict | None = None
 
@@ -39,8 +40,7 @@ class Slurm:
         """The command's stdout. A failure other than an unreachable controller raises
         RuntimeError with Slurm's words; an unreachable one is retried (unless retry is False)
         and then raises Unreachable."""
-        delays = list(self.backoff) if retry else []
-        tries = 0
+        tries, t0 = 0, time.monotonic()
         while True:
             tries += 1
             try:
@@ -56,7 +56,9 @@ class Slurm:
                 words = (res.stderr or res.stdout).strip()
                 if not sp.controller_unreachable(words):
                     raise RuntimeError(words or f"{argv[0]} exited {res.returncode}")
-            if not delays or self.pause(delays.pop(0)) is False:
+            delay = sp.retry_delay(tries, time.monotonic() - t0, self.delays, self.window) \
+                if retry else None
+            if delay is None or self.pause(delay) is False:
                 raise Unreachable(argv, words, tries)
 
     def command(self, argv: list[str], retry: bool = True) -> str:
@@ -105,12 +107,13 @@ class Slurm:
         return self._config.get(key)
 
     # -- the nodes
-    def node_states(self, names: list[str]) -> dict[str, str]:
+    def node_states(self, names: list[str], retry: bool = True) -> dict[str, str]:
         """node -> its compact sinfo state."""
         if not names:
             return {}
         return sp.parse_node_states(self.run(
-            ["sinfo", "-h", "-N", "-n", ",".join(names), "-o", sp.NODE_STATES_FORMAT]))
+            ["sinfo", "-h", "-N", "-n", ",".join(names), "-o", sp.NODE_STATES_FORMAT],
+            retry=retry))
 
     def slurmd_addresses(self, names: list[str]) -> dict:
         """node -> (address, slurmd port), from `scontrol show node` (asked once)."""

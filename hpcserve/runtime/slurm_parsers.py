@@ -35,7 +35,7 @@ __all__ = [
     "ACTIVE_STATES", "TERMINAL_STATES",
     "JobRecord", "FoldedJob", "StepRecord",
     "squeue_argv", "steps_argv", "NODE_STATES_FORMAT", "parse_node_states", "node_lost",
-    "controller_unreachable", "BACKOFF", "sacct_argv", "scontrol_argv", "config_argv", "parse_config",
+    "sacct_argv", "scontrol_argv", "config_argv", "parse_config",
     "parse_squeue_format", "parse_scontrol_job", "parse_scontrol_fields",
     "parse_sacct", "sacct_disabled", "parse_steps", "fold_het", "group_steps",
     "reason_in_words", "REASON_WORDS", "parse_duration", "parse_timestamp",
@@ -113,23 +113,6 @@ def node_lost(state: str) -> bool:
     """A compact sinfo state of a node that is gone for its jobs: down, failed or not responding
     (any state with '*')."""
     return state.endswith("*") or state.rstrip("*") in ("down", "fail", "failg")
-
-
-# --------------------------------------------------------------------------------------------
-# A controller that does not answer
-
-# What Slurm's client commands print while slurmctld is busy, restarting or away.
-_UNREACHABLE = re.compile(
-    r"Unable to contact slurm controller|Socket timed out on send/recv operation|"
-    r"Slurm backup controller in standby mode|Zero Bytes were transmitted or received")
-# Seconds between the tries of one query while the controller does not answer.
-BACKOFF = (1.0, 2.0, 4.0, 8.0)
-
-
-def controller_unreachable(text: str) -> bool:
-    """Whether a Slurm command's error text says the controller did not answer (not that the
-    query itself was wrong)."""
-    return bool(_UNREACHABLE.search(text or ""))
 
 
 # --------------------------------------------------------------------------------------------

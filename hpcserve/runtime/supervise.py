@@ -85,7 +85,7 @@ class Supervisor:
         controller does not answer, the cause cannot be asked: that is said, not guessed."""
         slurm = self.job.slurm
         # asked with short tries: the teardown's grace is running
-        saved, slurm.backoff = slurm.backoff, (1.0, 2.0)
+        saved, slurm.window = slurm.window, 5.0
         try:
             recs = slurm.records()
             mine = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
@@ -108,7 +108,7 @@ class Supervisor:
         except RuntimeError:
             pass  # Slurm answered with an error: nothing to tell a scancel from
         finally:
-            slurm.backoff = saved
+            slurm.window = saved
         return Stop("cancelled", "cancelled")
 
     def _near_time_limit(self, at: float) -> bool:
@@ -215,9 +215,10 @@ class Supervisor:
     def check_nodes(self) -> None:
         """Slurm's word on the job's nodes: one that is down, failed or not responding ends
         the deployment as a lost node. A controller that does not answer says nothing of
-        them: the deployment goes on."""
+        them: the deployment goes on, and the next poll asks again (not retried here: the
+        probes of the serving engines wait meanwhile)."""
         try:
-            lost = self.lost_nodes()
+            lost = self.lost_nodes(retry=False)
         except Unreachable as e:
             self.job.note_unreachable(e)
             return
@@ -228,11 +229,11 @@ class Supervisor:
             node, state = lost[0]
             raise self.node_lost_stop(node, state, None)
 
-    def lost_nodes(self) -> list[tuple[str, str]]:
+    def lost_nodes(self, retry: bool = True) -> list[tuple[str, str]]:
         """(node, sinfo state) of the job's nodes that are down, failed, drained or not
         responding (a state with *)."""
         names = self.job.instances.node_names()
-        states = self.job.slurm.node_states(names)
+        states = self.job.slurm.node_states(names, retry=retry)
         return [(n, s) for n, s in states.items() if n in names and node_lost(s)]
 
     def node_lost_stop(self, node: str | None, state: str, how: str | None) -> Stop:

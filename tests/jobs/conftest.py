@@ -14,7 +14,17 @@ import yaml
 
 from hpcserve import config, plan
 from hpcserve.render import render_files, write_job
-from jobkit import Job, wait_no_job_processes
+from jobkit import Job, python_without_hpcserve, wait_no_job_processes
+
+
+def _without_hpcserve(dep: dict, python: Path) -> dict:
+    """The deployment with site.paths.python pointed at `python`, unless the test set its own."""
+    site = dep.get("site", "local")
+    if isinstance(site, str):
+        site = {"base": site}
+    if "python" in site.get("paths", {}):
+        return dep
+    return {**dep, "site": {**site, "paths": {**site.get("paths", {}), "python": str(python)}}}
 
 
 @pytest.fixture
@@ -24,8 +34,11 @@ def submit(dev_cluster: Any, tmp_path: Path) -> Callable[..., Job]:
     # The job's python3 must be the project venv's (it has sglang_router); sbatch exports PATH.
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env["PATH"]
     jobs: list[Job] = []
+    # the runtime runs with a python3 that has no hpcserve, as on a site's nodes
+    nodes_python = python_without_hpcserve(Path(dev_cluster.state_dir).parent, sys.executable)
 
     def _submit(dep: dict, edit: Callable[[Path], None] | None = None) -> Job:
+        dep = _without_hpcserve(dep, nodes_python)
         f = tmp_path / f"{dep['name']}.yaml"
         f.write_text(yaml.safe_dump(dep))
         p = plan.build(config.load(f))

@@ -11,6 +11,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+
+from hpcserve.runtime.contract import STATE_SCHEMA
+
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {"cancelled", "failed", "done"}
 
@@ -44,6 +48,23 @@ def vllm_deployment(roles: dict, **over: Any) -> dict:
     return d
 
 
+def python_without_hpcserve(root: Path, python: str) -> Path:
+    """A python3 for the job's nodes as a site has it: `python` (the venv's, for mpi4py and the
+    routers' own imports) with a package named hpcserve first on its path that refuses to be
+    imported, so that a runtime which needs hpcserve installed fails every job test."""
+    poison = root / "no-hpcserve" / "hpcserve"
+    poison.mkdir(parents=True, exist_ok=True)
+    (poison / "__init__.py").write_text(
+        'raise ImportError("hpcserve is not installed on the nodes: the job must not need it")\n')
+    wrapper = root / "no-hpcserve" / "python3"
+    wrapper.write_text("#!/bin/sh\n"
+                       f'PYTHONPATH={poison.parent}${{PYTHONPATH:+:$PYTHONPATH}} exec {python} "$@"\n')
+    wrapper.chmod(0o755)
+    r = subprocess.run([str(wrapper), "-c", "import hpcserve"], capture_output=True, text=True)
+    assert r.returncode == 1 and "not installed on the nodes" in r.stderr, r.stderr
+    return wrapper
+
+
 class Job:
     def __init__(self, cluster: Any, job_dir: Path, job_id: str, env: dict):
         self.cluster = cluster
@@ -52,10 +73,14 @@ class Job:
         self.env = env
 
     def state(self) -> dict:
+        """state.json as the job last wrote it, checked against its declared schema (every
+        state a job test reads is one the operator commands may be handed)."""
         try:
-            return json.loads((self.dir / "state.json").read_text())
+            st = json.loads((self.dir / "state.json").read_text())
         except (OSError, ValueError):
             return {"phase": "pending", "history": []}
+        jsonschema.validate(st, STATE_SCHEMA)
+        return st
 
     def wait(self, phases: set[str], timeout: float = 60, restarts: int | None = None) -> dict:
         """The state once its phase is one of phases (in the try after `restarts` requeues,
