@@ -5,7 +5,7 @@
     .venv/bin/python bench/bench.py render     # one group
 
 Each figure is the median of N runs of a complete process (interpreter start-up included), as a
-user would feel it; the README quotes these figures.
+user would feel it; docs/performance.md quotes these figures.
 """
 
 from __future__ import annotations
