@@ -32,10 +32,10 @@ class Teardown:
         """Slurm's KillWait: after a plain scancel, Slurm SIGKILLs every process of the job (this
         one too) that long after its TERM, so the teardown must be over by then."""
         try:
-            kw = self.job.slurm.config("KillWait")
+            kw = (self.job.slurm.config("KillWait") or "").split()  # "5 sec"
         except (RuntimeError, Unreachable):
             return None
-        return float(kw) if kw and kw.isdigit() else None
+        return float(kw[0]) if kw and kw[0].isdigit() else None
 
     def budget(self) -> tuple[float, float]:
         """(seconds for the whole teardown, the time Slurm's own SIGKILL may end this process)."""

@@ -50,19 +50,33 @@ def vllm_deployment(roles: dict, **over: Any) -> dict:
 
 def python_without_hpcserve(root: Path, python: str) -> Path:
     """A python3 for the job's nodes as a site has it: `python` (the venv's, for mpi4py and the
-    routers' own imports) with a package named hpcserve first on its path that refuses to be
-    imported, so that a runtime which needs hpcserve installed fails every job test."""
-    poison = root / "no-hpcserve" / "hpcserve"
-    poison.mkdir(parents=True, exist_ok=True)
-    (poison / "__init__.py").write_text(
-        'raise ImportError("hpcserve is not installed on the nodes: the job must not need it")\n')
-    wrapper = root / "no-hpcserve" / "python3"
+    routers' own imports) on which `import hpcserve` fails, so that a runtime which needs
+    hpcserve installed fails every job test. A sitecustomize on its PYTHONPATH puts a finder
+    ahead of every other (the editable install's own finder included) that refuses hpcserve."""
+    d = root / "no-hpcserve"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "sitecustomize.py").write_text(_NO_HPCSERVE)
+    wrapper = d / "python3"
     wrapper.write_text("#!/bin/sh\n"
-                       f'PYTHONPATH={poison.parent}${{PYTHONPATH:+:$PYTHONPATH}} exec {python} "$@"\n')
+                       f'PYTHONPATH={d}${{PYTHONPATH:+:$PYTHONPATH}} exec {python} "$@"\n')
     wrapper.chmod(0o755)
     r = subprocess.run([str(wrapper), "-c", "import hpcserve"], capture_output=True, text=True)
     assert r.returncode == 1 and "not installed on the nodes" in r.stderr, r.stderr
     return wrapper
+
+
+_NO_HPCSERVE = """import sys
+
+
+class _NoHpcserve:
+    def find_spec(self, name, path=None, target=None):
+        if name == "hpcserve" or name.startswith("hpcserve."):
+            raise ImportError("hpcserve is not installed on the nodes: the job must not need it")
+        return None
+
+
+sys.meta_path.insert(0, _NoHpcserve())
+"""
 
 
 class Job:

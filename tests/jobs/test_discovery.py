@@ -8,16 +8,26 @@ from pathlib import Path
 
 import pytest
 
-from hpcserve.runtime import job
+from hpcserve.render import runtime_files
+from hpcserve.runtime import discovery
 
 pytestmark = pytest.mark.slurm
-RUNTIME = str(Path(job.__file__))
+
+
+@pytest.fixture
+def runtime(dev_cluster) -> list[str]:
+    """The runtime as a job directory holds it, and the command that runs it there."""
+    d = Path(dev_cluster.state_dir).parent / "discovery-runtime"
+    for rel, (text, _mode) in runtime_files().items():
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_text(text)
+    return ["--chdir", str(d), sys.executable, "-m", "hpcserve_runtime"]
 
 
 @pytest.mark.parametrize("iface", ["eth0", "auto"])
-def test_each_node_reports_its_own_address(dev_cluster, iface):
+def test_each_node_reports_its_own_address(dev_cluster, runtime, iface):
     # one srun over all four nodes: each task prints its own line (no srun per lookup)
-    out = subprocess.run(["srun", "-N4", "--ntasks-per-node=1", sys.executable, RUNTIME,
+    out = subprocess.run(["srun", "-N4", "--ntasks-per-node=1", *runtime,
                           "discover", "--iface", iface, "--ib", "none"],
                          env=dev_cluster.client_env(), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -26,8 +36,8 @@ def test_each_node_reports_its_own_address(dev_cluster, iface):
     assert rows == sorted([n, addrs[n], "eth0"] for n in addrs)
 
 
-def test_a_missing_interface_is_an_error_naming_the_ones_there(dev_cluster):
-    out = subprocess.run(["srun", "-N1", sys.executable, RUNTIME, "discover", "--iface", "ib0"],
+def test_a_missing_interface_is_an_error_naming_the_ones_there(dev_cluster, runtime):
+    out = subprocess.run(["srun", "-N1", *runtime, "discover", "--iface", "ib0"],
                          env=dev_cluster.client_env(), capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "interface 'ib0' has no IPv4 address" in out.stderr and "eth0" in out.stderr
@@ -40,5 +50,5 @@ def test_active_ib_ports_are_found_in_sysfs(tmp_path):
             d = tmp_path / dev / "ports" / str(port)
             d.mkdir(parents=True)
             (d / "state").write_text(st + "\n")
-    assert job.active_ib_devices(str(tmp_path)) == ["mlx5_0", "mlx5_2"]
-    assert job.active_ib_devices(str(tmp_path / "none")) == []
+    assert discovery.active_ib_devices(str(tmp_path)) == ["mlx5_0", "mlx5_2"]
+    assert discovery.active_ib_devices(str(tmp_path / "none")) == []

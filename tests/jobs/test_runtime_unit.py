@@ -274,6 +274,71 @@ def test_a_job_slurm_requeued_itself_is_kept_only_within_requeue_n(make_job, slu
     assert ("scancel 77" in argv) is not want
 
 
+# ------------------------------------------------------------------- a controller that is away
+
+_AWAY = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+
+
+@pytest.fixture
+def controller_away(tmp_path, monkeypatch):
+    """Stand-ins for Slurm's commands that print what a client prints while slurmctld is
+    stopped, for the first `fails` calls of each tool (all of them by default), then answer
+    `answer`; every call's argv is logged to the returned file."""
+    bindir, calls = tmp_path / "away-bin", tmp_path / "away-calls"
+    bindir.mkdir()
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+
+    def _away(fails: int = 10**6, answer: str = "") -> Path:
+        for tool in ("scontrol", "sinfo", "squeue", "scancel"):
+            count = tmp_path / f"{tool}.count"
+            (bindir / tool).write_text(
+                f"#!/bin/sh\necho \"{tool} $*\" >> {calls}\n"
+                f"n=$(( $(cat {count} 2>/dev/null || echo 0) + 1 )); echo $n > {count}\n"
+                f"if [ $n -le {fails} ]; then echo '{_AWAY}' >&2; exit 1; fi\n"
+                f"printf '%b\\n' '{answer}'\n")
+            (bindir / tool).chmod(0o755)
+        return calls
+
+    return _away
+
+
+def test_a_term_while_the_controller_does_not_answer_is_said_so_not_called_a_cancel(
+        make_job, controller_away):
+    controller_away()
+    job = make_job([])
+    job.slurm.delays = (0.0, 0.0, 0.0, 0.0)  # its tries, without their waits
+    stop = _term(job)
+    assert (stop.phase, stop.failure["reason"]) == ("failed", "terminated"), stop.reason
+    assert "Unable to contact slurm controller (connect failure)" in stop.reason
+    assert stop.reason.startswith("terminated by SIGTERM while Slurm controller unreachable")
+
+
+def test_a_requeue_is_asked_again_while_the_controller_restarts(make_job, controller_away):
+    calls = controller_away(fails=2)
+    job = make_job([], requeue=1)
+    job.job_id = job.slurm.job_id = "77"
+    job.slurm.delays = (0.0, 0.0, 0.0, 0.0)
+    assert job.requeue_after("step worker-0 exited with code 1", 0)
+    assert calls.read_text().splitlines().count("scontrol requeue 77") == 3
+    assert json.loads((Path(job.dir) / "state.json").read_text())["phase"] == "requeued"
+
+
+def test_a_node_poll_the_controller_does_not_answer_leaves_the_deployment_serving(
+        make_job, controller_away):
+    calls = controller_away(fails=1, answer="n1 alloc")
+    job = make_job([])
+    job.instances.nodes = {"worker-0": [["0", "n1", "10.0.0.1", "eth0", "-"]]}
+    job.supervisor.check_nodes()  # unanswered: no Stop, no lost node, said once
+    st = json.loads((Path(job.dir) / "state.json").read_text())
+    assert _AWAY in st["slurm_unreachable"]["detail"] and "sinfo" in st["slurm_unreachable"][
+        "detail"]
+    assert calls.read_text().count("sinfo") == 1  # the next poll asks again, not this one
+    job.supervisor.check_nodes()  # answered: n1 is allocated, all is well again
+    assert json.loads((Path(job.dir) / "state.json").read_text())["slurm_unreachable"] is None
+    log = (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
+    assert "Slurm controller answers again" in log
+
+
 # ------------------------------------------------------------------------------- requeued srun log
 
 def test_a_retry_is_not_blamed_on_the_previous_tries_srun_lines(make_job):
@@ -489,6 +554,18 @@ def test_no_cleanup_step_without_leftovers_or_for_other_runtimes(make_job, monke
     job.plan["container"]["runtime"] = "enroot"
     (Path(job.dir) / "run" / "containers" / "hpcserve-1.2-p-0-n").unlink()
     job.teardown.cleanup_nodes(5)  # nothing left
+
+
+def test_killwait_is_read_as_scontrol_prints_it(make_job, tmp_path, monkeypatch):
+    # `scontrol show config` prints "KillWait                = 5 sec": the teardown must be over
+    # before that, so a value it cannot read would give it the whole grace instead
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text("#!/bin/sh\necho 'KillWait                = 5 sec'\n"
+                                     "echo 'SlurmdPort              = 6818'\n")
+    (bindir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    assert make_job([]).teardown.kill_wait() == 5.0
 
 
 @pytest.mark.parametrize("reason,want_budget", [("time_limit", 115.0), ("cancelled", 2.15)])
