@@ -26,11 +26,6 @@ def step_identity(name: str | None) -> dict:
             "instance": int(idx) if idx.isdigit() else None}
 
 
-def failed(reason: str, role: str | None = None, **detail) -> dict:
-    """A failure that no step's end explains (a deadline, the smoke request, an import)."""
-    return {"role": role, "reason": reason, **detail}
-
-
 _SIGNALS = {"Killed": 9, "Terminated": 15, "Segmentation fault": 11, "Aborted": 6, "Bus error": 7}
 # srun's words for a task that is gone, and for ending the step (`--kill-on-bad-exit`, --wait)
 _TERMINATING = re.compile(r"Terminating StepId|Force Terminated|task \d+: (Exited|Killed|"

@@ -22,6 +22,7 @@ from .failures import Stop
 from .health import Liveness, Readiness
 from .instances import Instances
 from .logs import JobLog
+from .requeue import Requeue
 from .slurm import Slurm, Unreachable
 from .state import State, now
 from .steps import Steps
@@ -52,6 +53,7 @@ class Job:
         self.liveness = Liveness(self)
         self.bench = BenchStep(self)
         self.teardown = Teardown(self)
+        self.requeue = Requeue(self)
         self._unreachable: str | None = None
 
     # -- every wait of the timeline watches signals, steps and nodes
@@ -170,7 +172,7 @@ class Job:
         # A benchmark that failed its gate measured the deployment: another try of the same
         # deployment would measure the same, so that failure is not requeued.
         if phase == "failed" and (failure or {}).get("reason") != "benchmark failed" and \
-                self.requeue_after(reason, restarts):
+                self.requeue.after(reason, restarts):
             return 0
         self.state.record(self.log, phase, reason=reason, finished_at=round(now(), 3),
                           restarts=restarts)
@@ -190,62 +192,6 @@ class Job:
                 (stop.failure or {}).get("reason") != "node lost":
             return sig.phase, sig.reason, sig.failure
         return stop.phase, stop.reason, stop.failure
-
-    # -- another try
-    def requeue_after(self, reason: str, restarts: int) -> bool:
-        """Another try for a failed deployment while `requeue: N` allows one: Slurm puts the
-        whole job back in the queue and runs this script again (SLURM_RESTART_COUNT counts the
-        tries), away from the nodes that were lost. Whether the job was requeued."""
-        allowed = int(self.plan.get("requeue") or 0)
-        if not self.job_id:
-            return False
-        if self.supervisor.requeued_by_slurm:
-            # Slurm requeues a --requeue job itself when a node fails; past `requeue: N` that
-            # try is not wanted.
-            if restarts < allowed:
-                return self._requeued(reason, restarts, "by Slurm")
-            self.log(f"Slurm requeued the job after {reason}, past requeue: {allowed}: "
-                     "cancelling the new try")
-            self.slurm.command(["scancel", self.job_id])
-            return False
-        if restarts >= allowed:
-            return False
-        # retried while the controller does not answer: a failed deployment is requeued once
-        # Slurm can take it, not dropped because it was restarting
-        err = self.slurm.command(["scontrol", "requeue", self.job_id])
-        if err:
-            self.log(f"scontrol requeue failed: {err}")
-            return False
-        self.exclude_lost_nodes()
-        return self._requeued(reason, restarts, "")
-
-    def _requeued(self, reason: str, restarts: int, by: str) -> bool:
-        self.state.record(self.log, "requeued", reason=reason, finished_at=round(now(), 3),
-                          restarts=restarts + 1)
-        self.log(f"failed ({reason}); requeued{' ' + by if by else ''}, try {restarts + 2} of "
-                 f"{int(self.plan['requeue']) + 1}")
-        return True
-
-    def exclude_lost_nodes(self) -> None:
-        """Keep the requeued job off the nodes this try lost: Slurm may not know yet that they
-        are gone (until its node timeout) and would start the next try there. Each component
-        keeps the exclusions it had."""
-        lost = sorted(set(self.supervisor.excluded_nodes))
-        if not lost:
-            return
-        comps = len(self.plan["components"])
-        try:
-            recs = self.slurm.records()
-        except (RuntimeError, Unreachable):
-            recs = []
-        for k in range(comps):
-            had = recs[k].get("ExcNodeList", "") if k < len(recs) else ""
-            nodes = ",".join(([had] if had and had != "(null)" else []) + lost)
-            jid = f"{self.job_id}+{k}" if comps > 1 else self.job_id
-            err = self.slurm.command(["scontrol", "update", f"JobId={jid}",
-                                      f"ExcNodeList={nodes}"])
-            self.log(f"next try kept off {', '.join(lost)}" if not err else
-                     f"could not keep the next try off {', '.join(lost)}: {err}")
 
 
 def refuse(job_dir: str, why: str) -> int:

@@ -251,7 +251,7 @@ def test_a_requeue_keeps_every_component_off_the_lost_node(make_job, slurm_says)
     job = make_job([{"index": 0, "name": "prefill"}, {"index": 1, "name": "decode"}], requeue=1)
     job.job_id = job.slurm.job_id = "77"
     job.supervisor.excluded_nodes = ["n3"]
-    assert job.requeue_after("node n3 lost", 0)
+    assert job.requeue.after("node n3 lost", 0)
     argv = calls.read_text().splitlines()
     assert "scontrol requeue 77" in argv
     assert "scontrol update JobId=77+0 ExcNodeList=n3" in argv
@@ -268,7 +268,7 @@ def test_a_job_slurm_requeued_itself_is_kept_only_within_requeue_n(make_job, slu
     job.job_id = job.slurm.job_id = "77"
     job.supervisor.why_terminated(time.time())
     assert job.supervisor.requeued_by_slurm
-    assert job.requeue_after("node n3 lost", restarts) is want
+    assert job.requeue.after("node n3 lost", restarts) is want
     argv = calls.read_text().splitlines()
     assert "scontrol requeue 77" not in argv  # Slurm did it already
     assert ("scancel 77" in argv) is not want
@@ -318,7 +318,7 @@ def test_a_requeue_is_asked_again_while_the_controller_restarts(make_job, contro
     job = make_job([], requeue=1)
     job.job_id = job.slurm.job_id = "77"
     job.slurm.delays = (0.0, 0.0, 0.0, 0.0)
-    assert job.requeue_after("step worker-0 exited with code 1", 0)
+    assert job.requeue.after("step worker-0 exited with code 1", 0)
     assert calls.read_text().splitlines().count("scontrol requeue 77") == 3
     assert json.loads((Path(job.dir) / "state.json").read_text())["phase"] == "requeued"
 

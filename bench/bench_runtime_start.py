@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""How long the in-job runtime takes to start, this checkout against another revision, in one run.
+
+    .venv/bin/python bench/bench_runtime_start.py REV [RUNS]
+
+Each side renders the demo deployment into a job directory (the revision's package first on
+PYTHONPATH), then the runtime is started there as job.sbatch starts it, up to its argument parser
+(`--help`): a single hpcserve_job.py before the runtime became a package, `python3 -m
+hpcserve_runtime` after. Whole processes, alternating run by run so that the machine's load falls
+on both alike; prints each median and their ratio.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = "import sys; from hpcserve.cli import main; sys.argv[0] = 'hpcserve'; main()"
+
+
+def render(root: Path, out: Path) -> list[str]:
+    """The job directory of examples/demo.yaml rendered by `root`; the runtime's argv there."""
+    subprocess.run([sys.executable, "-c", CLI, "render", str(root / "examples" / "demo.yaml"),
+                    "--out", str(out)], env={**os.environ, "PYTHONPATH": str(root)},
+                   capture_output=True, check=True)
+    if (out / "hpcserve_job.py").is_file():
+        return [sys.executable, str(out / "hpcserve_job.py"), "--help"]
+    return [sys.executable, "-m", "hpcserve_runtime", "--help"]
+
+
+def start_once(argv: list[str], cwd: Path) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, cwd=cwd, capture_output=True, check=True,
+                   env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    rev, runs = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 21
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base),
+                        rev], check=True)
+        try:
+            sides = {}
+            for name, root in (("base", base), ("this", ROOT)):
+                out = Path(tmp) / f"job-{name}"
+                sides[name] = (render(root, out), out)
+            times: dict[str, list[float]] = {"base": [], "this": []}
+            for _ in range(runs):
+                for name, (argv, cwd) in sides.items():
+                    times[name].append(start_once(argv, cwd))
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
+                           check=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"runtime start, median of {runs}: {rev} {med['base'] * 1000:.1f} ms, this checkout "
+          f"{med['this'] * 1000:.1f} ms, ratio {med['this'] / med['base']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
