@@ -21,7 +21,7 @@ class Unreachable(Exception):
     def __init__(self, argv: list[str], words: str, tries: int):
         self.argv, self.words, self.tries = argv, words, tries
         super().__init__(f"Slurm controller unreachable: {' '.join(argv)}: {words} "
-                         f"({tries} tries)")
+                         f"({tries} {'try' if tries == 1 else 'tries'})")
 
 
 class Slurm:
