@@ -12,6 +12,8 @@ What each parser accepts (samples in tests/data/slurm/, see its README):
 - `parse_sacct`: `sacct -X -P -n --format=SACCT_FORMAT`; `sacct_disabled` spots a cluster without
   accounting (sacct exits 1 there), where status has to come from squeue and scontrol alone.
 - `parse_steps`: `squeue -h --steps -o STEPS_FORMAT`.
+- `parse_config`: `scontrol show config`; `parse_scontrol_fields(text, first="NodeName")`:
+  `scontrol -o show node`; `parse_node_states`: `sinfo -h -N -o NODE_STATES_FORMAT`.
 - `fold_het`: het job components (`123+0`, `123+1`) folded into one entry per job.
 - `reason_in_words`: a pending reason in words for people.
 - `controller_unreachable`: Slurm's words for a busy or restarting slurmctld, in what a command
@@ -37,7 +39,7 @@ __all__ = [
     "squeue_argv", "steps_argv", "NODE_STATES_FORMAT", "parse_node_states", "node_lost",
     "sacct_argv", "scontrol_argv", "config_argv", "parse_config",
     "parse_squeue_format", "parse_scontrol_job", "parse_scontrol_fields",
-    "parse_sacct", "sacct_disabled", "parse_steps", "fold_het", "group_steps",
+    "parse_sacct", "sacct_disabled", "parse_steps", "fold_het",
     "reason_in_words", "REASON_WORDS", "parse_duration", "parse_timestamp",
     "CONTROLLER_UNREACHABLE", "NOT_DELIVERED", "RETRY_DELAYS_S", "RETRY_WINDOW_S",
     "controller_unreachable", "request_not_delivered", "retry_delay",
@@ -441,23 +443,6 @@ def parse_steps(text: str, fmt: str = STEPS_FORMAT) -> list[StepRecord]:
         out.append(StepRecord(step_id=sid, job_id=job, step=step, name=v.get("j", ""),
                               nodes=_clean(v.get("N")), tasks=_int(v.get("A")),
                               time_used=parse_duration(v.get("M"))))
-    return out
-
-
-def group_steps(jobs: Iterable[FoldedJob], steps: Iterable[StepRecord]) -> dict[str, list[StepRecord]]:
-    """Steps per folded job (leader id), matching a step by its component's own id or shown id."""
-    owner: dict[str, str] = {}
-    for fj in jobs:
-        owner[fj.job_id] = fj.job_id
-        for c in fj.components:
-            owner[c.job_id] = fj.job_id
-            if c.unique_id is not None:
-                owner[str(c.unique_id)] = fj.job_id
-    out: dict[str, list[StepRecord]] = {}
-    for st in steps:
-        leader = owner.get(st.job_id)
-        if leader is not None:
-            out.setdefault(leader, []).append(st)
     return out
 
 
