@@ -29,12 +29,24 @@ def installed_wheel(tmp_path_factory) -> Any:
     """The install users do: a wheel built from the checkout, installed with pip (and the
     `dev` extra, the local cluster's routers) into a fresh venv outside the checkout. The
     venv's bin/ directory."""
+    import shutil
     import sys
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     base = tmp_path_factory.mktemp("wheel")
+    # From a copy without build outputs: setuptools puts a stale build/lib/ (a module removed
+    # since) into the wheel whole.
+    src = base / "src"
+    outputs = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "jobs",
+                                     ".pytest_cache")
+
+    def ignore(d: str, names: list[str]) -> set[str]:
+        return {n for n in names if n == "__pycache__"} | (
+            outputs(d, names) if Path(d) == root else set())
+
+    shutil.copytree(root, src, symlinks=True, ignore=ignore)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                    str(base / "dist"), str(root)], check=True, capture_output=True, timeout=300)
+                    str(base / "dist"), str(src)], check=True, capture_output=True, timeout=300)
     (wheel,) = (base / "dist").glob("hpcserve-*.whl")
     venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)

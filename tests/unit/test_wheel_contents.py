@@ -49,7 +49,8 @@ def test_mapped_folders_are_the_ones_pyproject_maps():
 def test_the_wheel_holds_every_file_of_the_package_and_the_mapped_folders(wheel_names):
     want = _expected()
     assert not want - wheel_names, f"left out of the wheel: {sorted(want - wheel_names)}"
-    # anything more is a stale build/lib/ (setuptools copies it whole): remove build/
+    # anything more would be a stale build/lib/ (setuptools copies it whole), which the
+    # fixture builds without
     assert not wheel_names - want, f"not in the checkout: {sorted(wheel_names - want)}"
 
 
