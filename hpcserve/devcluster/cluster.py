@@ -563,17 +563,17 @@ PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP Ov
             return state["pids"]["slurmctld"]["pid"]
 
     def _wait_answers(self, state: dict[str, Any], bins: Mapping[str, str]) -> None:
-        """Until sinfo lists every node in a usable state (idle, or busy with recovered jobs)."""
+        """Until the cluster is healthy again: every daemon alive and sinfo listing every node
+        in a usable state (idle, or busy with recovered jobs)."""
         deadline = time.monotonic() + self.timeout
         while True:
-            nodes = self._sinfo(bins) or {}
-            if set(nodes) == set(state["layout"]["nodes"]) and all(
-                    "*" not in s and s.rstrip("$@+~#%!-^") in _HEALTHY_NODE_STATES
-                    for s in nodes.values()):
+            health = self._health(state, bins)
+            if health["healthy"]:
                 return
             if time.monotonic() > deadline:
                 raise DevClusterError(f"slurmctld did not answer for every node within "
-                                      f"{self.timeout:.0f} s (last sinfo: {nodes or 'no answer'})")
+                                      f"{self.timeout:.0f} s (last sinfo: "
+                                      f"{health['nodes'] or 'no answer'})")
             time.sleep(0.25)
 
     def _launch(self, role: str, argv: list[str], pid_file: Path, state: dict[str, Any],
