@@ -25,12 +25,6 @@ PHASES = ("pending", "starting", "engines_ready", "router_ready", "serving", "st
 # A phase the job never leaves: state.json's last word on the deployment.
 TERMINAL_PHASES = frozenset({"done", "cancelled", "failed"})
 
-# What a recorded failure may say its reason was (state.json's failure.reason).
-FAILURE_REASONS = ("node lost", "preempted", "hung", "unreachable", "unhealthy", "port taken",
-                   "readiness timeout", "smoke request failed", "smoke request returned 0 tokens",
-                   "preflight failed", "image import failed", "benchmark failed",
-                   "incompatible job directory")
-
 _NUM = {"type": "number"}
 _STR_OR_NULL = {"type": ["string", "null"]}
 _NUM_OR_NULL = {"type": ["number", "null"]}

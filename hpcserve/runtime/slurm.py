@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from contextlib import contextmanager
 
 from . import slurm_parsers as sp
 
@@ -34,6 +35,16 @@ class Slurm:
         self.delays, self.window = delays, window
         self._config: dict | None = None
         self._slurmd: dict | None = None
+
+    @contextmanager
+    def within(self, seconds: float):
+        """Queries in this block give up on an absent controller after `seconds` (a teardown's
+        grace is running), not after the whole retry window."""
+        saved, self.window = self.window, min(self.window, seconds)
+        try:
+            yield
+        finally:
+            self.window = saved
 
     # -- the one way a command runs
     def run(self, argv: list[str], retry: bool = True, timeout: float | None = None) -> str:

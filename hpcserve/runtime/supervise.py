@@ -83,32 +83,33 @@ class Supervisor:
         (Slurm ends the job NODE_FAIL, or requeues it), a preemption, the time limit, or else a
         scancel. Node failure and preemption are failures (requeue: N applies). While the
         controller does not answer, the cause cannot be asked: that is said, not guessed."""
-        slurm = self.job.slurm
         # asked with short tries: the teardown's grace is running
-        saved, slurm.window = slurm.window, 5.0
-        try:
-            recs = slurm.records()
-            mine = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-            self.requeued_by_slurm = any(int(r.get("Restarts") or 0) > mine for r in recs)
-            lost = self.lost_nodes()
-            if lost or any(r.get("Reason") == "NodeDown" for r in recs):
-                node, state = lost[0] if lost else (None, "down")
-                return self.node_lost_stop(node, state, "Slurm is ending the job")
-            if any(r.get("PreemptTime") not in (None, "", "None", "Unknown") for r in recs):
-                return Stop("failed", "preempted: Slurm is ending the job for another one",
+        with self.job.slurm.within(5.0):
+            try:
+                return self._slurm_says(at)
+            except Unreachable as e:
+                return Stop("failed", f"terminated by SIGTERM while {e}: whether a scancel, "
+                                      "the time limit or a lost node sent it could not be asked",
                             {"step": None, "role": None, "instance": None, "node": None,
-                             "reason": "preempted", "exit_code": None})
-            if self._near_time_limit(at):
-                return Stop("cancelled", "time_limit")
-        except Unreachable as e:
-            return Stop("failed", f"terminated by SIGTERM while {e}: whether a scancel, the "
-                                  "time limit or a lost node sent it could not be asked",
+                             "reason": "terminated", "detail": str(e), "exit_code": None})
+            except RuntimeError:
+                return Stop("cancelled", "cancelled")  # Slurm's error tells nothing more
+
+    def _slurm_says(self, at: float) -> Stop:
+        """The Stop that Slurm's record of the job and its nodes points at."""
+        recs = self.job.slurm.records()
+        mine = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        self.requeued_by_slurm = any(int(r.get("Restarts") or 0) > mine for r in recs)
+        lost = self.lost_nodes()
+        if lost or any(r.get("Reason") == "NodeDown" for r in recs):
+            node, state = lost[0] if lost else (None, "down")
+            return self.node_lost_stop(node, state, "Slurm is ending the job")
+        if any(r.get("PreemptTime") not in (None, "", "None", "Unknown") for r in recs):
+            return Stop("failed", "preempted: Slurm is ending the job for another one",
                         {"step": None, "role": None, "instance": None, "node": None,
-                         "reason": "terminated", "detail": str(e), "exit_code": None})
-        except RuntimeError:
-            pass  # Slurm answered with an error: nothing to tell a scancel from
-        finally:
-            slurm.window = saved
+                         "reason": "preempted", "exit_code": None})
+        if self._near_time_limit(at):
+            return Stop("cancelled", "time_limit")
         return Stop("cancelled", "cancelled")
 
     def _near_time_limit(self, at: float) -> bool:
