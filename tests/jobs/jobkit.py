@@ -17,6 +17,7 @@ from hpcserve.runtime.contract import STATE_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {"cancelled", "failed", "done"}
+_STATE = jsonschema.Draft202012Validator(STATE_SCHEMA)  # built once: wait() reads state often
 
 
 def deployment(prefill_nodes: int = 1, decode_nodes: int = 1, **over: Any) -> dict:
@@ -93,7 +94,7 @@ class Job:
             st = json.loads((self.dir / "state.json").read_text())
         except (OSError, ValueError):
             return {"phase": "pending", "history": []}
-        jsonschema.validate(st, STATE_SCHEMA)
+        _STATE.validate(st)
         return st
 
     def wait(self, phases: set[str], timeout: float = 60, restarts: int | None = None) -> dict:

@@ -25,23 +25,39 @@ LIVENESS = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 2}
 HPCSERVE = str(Path(sys.executable).parent / "hpcserve")
 
 
-@pytest.fixture
-def sinfo_calls(tmp_path, monkeypatch) -> Path:
-    """Every sinfo a job runs (its runtime's node polls) logged as `start end rc stderr` by a
-    shim in front of the real one on the PATH that sbatch exports to the job. Set up before the
-    `submit` fixture reads PATH (usefixtures come first)."""
-    real, shim, log = shutil.which("sinfo"), tmp_path / "shim", tmp_path / "sinfo-calls"
-    shim.mkdir()
-    (shim / "sinfo").write_text(f"""#!/bin/bash
-[ -n "$SLURM_JOB_ID" ] || exec {real} "$@"
+def _shim(shim: Path, tool: str, log: Path, in_job: bool) -> None:
+    """`tool` in front of the real one: each call (of a job's processes, or of everything else)
+    logged as `start end rc stderr`."""
+    real = shutil.which(tool)
+    only = '[ -n "$SLURM_JOB_ID" ]' if in_job else '[ -z "$SLURM_JOB_ID" ]'
+    (shim / tool).write_text(f"""#!/bin/bash
+{only} || exec {real} "$@"
 start=$(date +%s.%N); err=$(mktemp)
 {real} "$@" 2>"$err"; rc=$?
 echo "$start $(date +%s.%N) $rc $(tr '\\n' ' ' < "$err")" >> {log}
 cat "$err" >&2; rm -f "$err"; exit $rc
 """)
-    (shim / "sinfo").chmod(0o755)
+    (shim / tool).chmod(0o755)
+
+
+@pytest.fixture
+def sinfo_calls(tmp_path, monkeypatch) -> Path:
+    """Every sinfo a job runs (its runtime's node polls) logged by a shim in front of the real
+    one on the PATH that sbatch exports to the job; beside it (squeue-calls) every squeue the
+    test's own `hpcserve status` runs. Set up before the `submit` fixture reads PATH
+    (usefixtures come first)."""
+    shim, log = tmp_path / "shim", tmp_path / "sinfo-calls"
+    shim.mkdir()
+    _shim(shim, "sinfo", log, in_job=True)
+    _shim(shim, "squeue", tmp_path / "squeue-calls", in_job=False)
     monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
     return log
+
+
+def _failed_since(log: Path, offset: int) -> bool:
+    """Whether a call logged past `offset` found no controller."""
+    text = log.read_text()[offset:] if log.exists() else ""
+    return any(ln.split(" ", 3)[2] != "0" for ln in text.splitlines())
 
 
 def _hpcserve(env: dict, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -80,11 +96,17 @@ def test_a_deployment_serves_through_a_controller_restart(submit, dev_cluster, t
         assert resp["usage"]["completion_tokens"] == 6
         during = job.state()
         outage_log = _log_since(job, log_at)
-        # a status asked while slurmctld restarts waits for it: back after squeue's first try
-        # gave up (~9 s: the client's own connect retries last MessageTimeout, 10 s)
+        # a status asked while slurmctld restarts waits for it: the controller comes back once
+        # that status's first squeue gave up (~9 s: the client's own connect retries last
+        # MessageTimeout), so that its answer comes from hpcserve's own next try
+        squeues = tmp_path / "squeue-calls"
+        at = len(squeues.read_text()) if squeues.exists() else 0
         riding = subprocess.Popen([HPCSERVE, "status", job.id], env=env, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep(12)
+        end = time.time() + 60
+        while not _failed_since(squeues, at) and riding.poll() is None and time.time() < end:
+            time.sleep(0.1)
+        assert _failed_since(squeues, at), "the riding status's squeue never ran"
     finally:
         t1 = time.time()
         new = dev_cluster.start_controller()
