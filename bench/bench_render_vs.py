@@ -15,11 +15,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from revision import ROOT, alternate, checkout
+
 EXAMPLE = "examples/kimi-k2-instruct-4p12d.yaml"
 CLI = "import sys; from hpcserve.cli import main; sys.argv[0] = 'hpcserve'; main()"
 
@@ -34,18 +34,9 @@ def render_once(root: Path, out: Path) -> float:
 
 def main() -> None:
     rev, runs = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 9
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base),
-                        rev], check=True)
-        try:
-            times: dict[str, list[float]] = {rev: [], "this checkout": []}
-            for _ in range(runs):
-                times[rev].append(render_once(base, Path(tmp) / "out-base"))
-                times["this checkout"].append(render_once(ROOT, Path(tmp) / "out-head"))
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
-                           check=False)
+    with checkout(rev) as (base, tmp):
+        times = alternate(runs, {rev: lambda: render_once(base, tmp / "out-base"),
+                                 "this checkout": lambda: render_once(ROOT, tmp / "out-head")})
     med = {k: statistics.median(v) for k, v in times.items()}
     for k, v in times.items():
         print(f"{k:<16} median {med[k]:.3f} s  min {min(v):.3f}  max {max(v):.3f}  n={len(v)}")

@@ -16,11 +16,11 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from revision import ROOT, alternate, checkout
+
 CLI = "import sys; from hpcserve.cli import main; sys.argv[0] = 'hpcserve'; main()"
 
 
@@ -43,22 +43,13 @@ def start_once(argv: list[str], cwd: Path) -> float:
 
 def main() -> None:
     rev, runs = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 21
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base),
-                        rev], check=True)
-        try:
-            sides = {}
-            for name, root in (("base", base), ("this", ROOT)):
-                out = Path(tmp) / f"job-{name}"
-                sides[name] = (render(root, out), out)
-            times: dict[str, list[float]] = {"base": [], "this": []}
-            for _ in range(runs):
-                for name, (argv, cwd) in sides.items():
-                    times[name].append(start_once(argv, cwd))
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
-                           check=True)
+    with checkout(rev) as (base, tmp):
+        sides = {}
+        for name, root in (("base", base), ("this", ROOT)):
+            out = tmp / f"job-{name}"
+            argv = render(root, out)
+            sides[name] = lambda argv=argv, out=out: start_once(argv, out)
+        times = alternate(runs, sides)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"runtime start, median of {runs}: {rev} {med['base'] * 1000:.1f} ms, this checkout "
           f"{med['this'] * 1000:.1f} ms, ratio {med['this'] / med['base']:.2f}")
