@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import time
 import urllib.request
@@ -59,7 +60,8 @@ def python_without_hpcserve(root: Path, python: str) -> Path:
     (d / "sitecustomize.py").write_text(_NO_HPCSERVE)
     wrapper = d / "python3"
     wrapper.write_text("#!/bin/sh\n"
-                       f'PYTHONPATH={d}${{PYTHONPATH:+:$PYTHONPATH}} exec {python} "$@"\n')
+                       f'PYTHONPATH={shlex.quote(str(d))}${{PYTHONPATH:+:$PYTHONPATH}} '
+                       f'exec {shlex.quote(python)} "$@"\n')
     wrapper.chmod(0o755)
     r = subprocess.run([str(wrapper), "-c", "import hpcserve"], capture_output=True, text=True)
     assert r.returncode == 1 and "not installed on the nodes" in r.stderr, r.stderr
