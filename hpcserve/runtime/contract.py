@@ -8,7 +8,9 @@ job directory with the rest of the runtime, so it is stdlib-only and imports not
 Spec versions: 1 was hpcserve 0.1.0's undeclared dump of the plan; 2 declared it; 3 adds
 container.import (pyxis: the image imported once per job before any step); 4 adds preflight (the
 checks every node runs in the discovery step); 5 adds benchmark (the serving benchmark's points,
-where its results are and what its gate asks).
+where its results are and what its gate asks); 6 adds recovery (each instance's restart policy,
+the role's spare nodes, the engine's metrics and instance smoke request, the router's worker API)
+and state.json's per-instance record.
 """
 
 from __future__ import annotations
@@ -17,13 +19,19 @@ import json
 import os
 
 SPEC = "hpcserve-job"
-SPEC_VERSION = 5
+SPEC_VERSION = 6
 
 # The job's phases, in the order a deployment goes through them.
-PHASES = ("pending", "starting", "engines_ready", "router_ready", "serving", "stopping",
-          "requeued", "done", "cancelled", "failed")
+# degraded: serving with an instance out (being replaced); recovering: a role has fewer serving
+# instances than its minimum while one is replaced.
+PHASES = ("pending", "starting", "engines_ready", "router_ready", "serving", "degraded",
+          "recovering", "stopping", "requeued", "done", "cancelled", "failed")
+# An instance's own status while the deployment serves.
+INSTANCE_STATUSES = ("serving", "out", "restarting", "failed")
 # A phase the job never leaves: state.json's last word on the deployment.
 TERMINAL_PHASES = frozenset({"done", "cancelled", "failed"})
+# Phases in which the deployment's endpoint answers.
+SERVING_PHASES = frozenset({"serving", "degraded", "recovering"})
 
 _NUM = {"type": "number"}
 _STR_OR_NULL = {"type": ["string", "null"]}
@@ -43,6 +51,35 @@ FAILURE_SCHEMA = {
         "holder": {"type": "string"}, "check": {"type": "string"},
         "instances": {"type": "array", "items": {"type": "string"}},
         "failed": {"type": "array"}, "point": {"type": ["string", "null"]},
+    },
+    "additionalProperties": False,
+}
+
+# One start of an instance: where, when it served, how it ended, its logs.
+ATTEMPT_SCHEMA = {
+    "type": "object",
+    "required": ["attempt", "nodes", "started_at"],
+    "properties": {
+        "attempt": {"type": "integer"}, "nodes": {"type": "array", "items": {"type": "string"}},
+        "started_at": _NUM, "serving_at": _NUM_OR_NULL, "ended_at": _NUM_OR_NULL,
+        "end": _STR_OR_NULL, "failure": FAILURE_SCHEMA,
+        "log": {"type": "string"}, "srun_log": {"type": "string"},
+    },
+    "additionalProperties": False,
+}
+
+# Each instance while the deployment serves (state.json "instances"): its status, why it is out,
+# its restarts, and every attempt.
+INSTANCE_SCHEMA = {
+    "type": "object",
+    "required": ["role", "index", "status", "attempt", "restarts", "nodes", "since", "attempts"],
+    "properties": {
+        "role": {"type": "string"}, "index": {"type": "integer"},
+        "status": {"enum": list(INSTANCE_STATUSES)}, "why": _STR_OR_NULL,
+        "attempt": {"type": "integer"}, "restarts": {"type": "integer"},
+        "nodes": {"type": "array", "items": {"type": "string"}},
+        "since": _NUM, "recover_s": _NUM_OR_NULL, "next_try_at": _NUM_OR_NULL,
+        "attempts": {"type": "array", "items": ATTEMPT_SCHEMA},
     },
     "additionalProperties": False,
 }
@@ -76,6 +113,8 @@ STATE_SCHEMA = {
         "preflight": {"type": "object"},
         "benchmark": {"type": "object"},
         "slurm_unreachable": {"type": ["object", "null"]},
+        "instances": {"type": "object", "additionalProperties": INSTANCE_SCHEMA},
+        "excluded_nodes": {"type": "array", "items": {"type": "string"}},
     },
     "additionalProperties": False,
 }
