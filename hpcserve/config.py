@@ -173,6 +173,25 @@ class SimFault:
     ranks: list[int] | None = field(default=None, metadata=doc("node ranks hit (default all)"))
 
 
+@dataclass(frozen=True)
+class Recovery:
+    """What happens when one instance of the role fails while the deployment serves (its step
+    exits, it hangs, its node is lost, its port is taken): it is taken out of the router, its
+    steps are stopped, and it starts again (on a spare node where one of its nodes is lost),
+    is checked, and put back, while the others serve."""
+
+    restart: bool = field(default=True, metadata=doc(
+        "start a failed instance again (false: it stays out)"))
+    max_restarts: int = field(default=3, metadata=doc(
+        "restarts of one instance before it stays out for good", ge=0, le=1000))
+    backoff_s: float = field(default=5.0, metadata=doc(
+        "seconds before the first restart; each further restart of the instance waits twice "
+        "as long", ge=0, le=3600))
+    min_serving: int = field(default=1, metadata=doc(
+        "instances of the role that must serve for the deployment to count as serving; the "
+        "deployment fails when fewer serve and no restart is left", ge=0, le=100_000))
+
+
 # The keys every role has whatever its engine; role_type() adds the engine's settings and ports.
 ROLE_FIELDS = (
     # Bounds far above any cluster, so a mistyped count is refused before anything is built.
@@ -184,6 +203,10 @@ ROLE_FIELDS = (
         le=64))),
     ("port", int | None, field(default=None, metadata=doc(
         "first HTTP port (instances sharing a node count up from it)", ge=1024, le=65535))),
+    ("spares", int, field(default=0, metadata=doc(
+        "spare nodes in the role's het-job component, idle until an instance of the role loses "
+        "a node and restarts on one", ge=0, le=10_000))),
+    ("recovery", Recovery, field(default_factory=Recovery)),
 )
 
 
@@ -257,18 +280,21 @@ class Readiness:
 
 @dataclass(frozen=True)
 class Liveness:
-    """While serving: every instance's leader and the router are probed every `interval` s; one
-    that fails `failures` probes in a row (no answer within `timeout` s: hung; refused:
-    unreachable; an error status: unhealthy) ends the deployment with that reason. The defaults
-    give a hung engine about two minutes (6 x (10 s + 10 s)), so a long garbage collection or a
-    huge batch does not end a deployment."""
+    """While serving: every `interval` s all instance leaders and the router are probed at once,
+    each probe bounded by `timeout` s, and each engine's progress counters (its Prometheus
+    metrics, where it has them) read beside. An instance that fails `failures` rounds in a row
+    (no answer: hung; refused: unreachable; an error status: unhealthy; or it answers but holds
+    requests while its counters stand still: hung) is taken out and replaced (roles.<role>
+    .recovery); the router's failure ends the deployment. An engine that answers slowly while
+    its counters move is busy, never hung. The defaults name a hung engine within about 25 s
+    (3 x (3 s + 5 s))."""
 
-    interval: float = field(default=10.0, metadata=doc("seconds between probes", ge=0.1,
-                                                       le=600))
-    timeout: float = field(default=10.0, metadata=doc("seconds one probe may take", ge=0.1,
+    interval: float = field(default=3.0, metadata=doc("seconds between probe rounds", ge=0.1,
                                                       le=600))
-    failures: int = field(default=6, metadata=doc("probes failed in a row that end it", ge=1,
-                                                  le=1000))
+    timeout: float = field(default=5.0, metadata=doc("seconds one probe may take", ge=0.1,
+                                                     le=600))
+    failures: int = field(default=3, metadata=doc("rounds failed in a row that take an "
+                                                  "instance out", ge=1, le=1000))
     node_interval: float = field(default=10.0, metadata=doc(
         "seconds between asking Slurm whether the job's nodes still respond", ge=1, le=3600))
 

@@ -36,6 +36,7 @@ OWNED_DIRECTIVES = {
     "gres": "site.slurm.gres", "gpus-per-node": "site.node.gpus and site.slurm.request_gpus",
     "gpus": "site.node.gpus", "mem": "site.slurm.mem", "hetjob": "the roles",
     "packjob": "the roles", "export": "(the job relies on the submitting environment)",
+    "no-kill": "(instance recovery: a lost node takes out the instances on it, not the job)",
 }
 
 
@@ -139,12 +140,15 @@ class Plan:
     engine_python: str
     engine_command: tuple[Word, ...]   # the real engine's program (simulate: the stand-in's)
     health_path: str
+    metrics: Any           # engines.base.Metrics or None
+    smoke: tuple[str, str]  # how a restarted instance is checked alone (instance_smoke)
     stop_signal: str
     scratch: bool
     readiness: Any
     liveness: Any
     jobs_dir: str
     requeue: int
+    recovery: dict = field(default_factory=dict)  # role -> plan.json's recovery block
     secret_env: tuple[str, ...] = ()
     files: tuple[tuple[str, str], ...] = ()   # job-dir path -> text: the engine's own files
     fits: tuple = ()                          # fit.RoleFit per role (hpcserve plan shows them)
@@ -213,6 +217,9 @@ def _directives(cfg: Resolved, name: str, nodes: int, first: bool, job_dir_out: 
           ("ntasks-per-node", mine.pop("ntasks-per-node", "1"))]
     if s.exclusive:
         d.append(("exclusive", None))
+    # A lost node must not end the job: its instances are replaced while the others serve
+    # (Slurm's default kills the whole allocation on a node failure).
+    d.append(("no-kill", None))
     if s.gres and name != "router":
         d.append(("gres", s.gres))
     elif s.request_gpus and name != "router":
@@ -277,6 +284,7 @@ class _Draft:
     fits: list = field(default_factory=list)             # fit.RoleFit per role
     port_shift: int = 0
     router_port: int | None = None
+    recovery: dict[str, dict] = field(default_factory=dict)  # role -> plan.json's block
 
 
 # On nodes other jobs share, `hpcserve submit` moves a deployment's ports by a multiple of
@@ -419,6 +427,23 @@ def _engine_directives(cfg: Resolved, layout: Layout) -> tuple:
     return tuple(d)
 
 
+def _check_recovery(d: _Draft, role: str, ci: int, comp_nodes: int) -> None:
+    """The role's recovery policy for plan.json: its restarts, its minimum, its spare nodes
+    (the component's nodes from `first_spare` on)."""
+    r = d.cfg.deployment.roles[role]
+    rec = r.recovery
+    if rec.min_serving > r.instances:
+        raise _err(d.cfg, ("roles", role, "recovery", "min_serving"),
+                   f"{rec.min_serving} instances of {role} must serve, but the role has "
+                   f"{r.instances}")
+    if r.spares and r.gpus is not None and r.instances > 1:
+        d.notes.append(f"{role}: a spare node takes the place of a lost node for every "
+                       "instance that shared it")
+    d.recovery[role] = {"restart": rec.restart, "max_restarts": rec.max_restarts,
+                        "backoff_s": rec.backoff_s, "min_serving": rec.min_serving,
+                        "spares": r.spares, "component": ci, "first_spare": comp_nodes}
+
+
 def _plan_role(d: _Draft, ci: int, role: str) -> None:
     """One het-job component for the role, and its instances."""
     cfg, a = d.cfg, d.adapter
@@ -430,7 +455,10 @@ def _plan_role(d: _Draft, ci: int, role: str) -> None:
     except FlagError as e:
         raise _err(cfg, rp + e.key, e.message) from None
     _check_model_fits(d, ctx, layout)
-    d.components.append(Component(ci, role, comp_nodes, _engine_directives(cfg, layout)))
+    _check_recovery(d, role, ci, comp_nodes)
+    # Spare nodes follow the instances' nodes in the component: discovered with them, idle.
+    d.components.append(Component(ci, role, comp_nodes + r.spares,
+                                  _engine_directives(cfg, layout)))
     for i in range(r.instances):
         off = i // per_node if r.gpus else i * ctx.nodes
         span = range(off, off + ctx.nodes)
@@ -565,9 +593,11 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
         interface=site.network.interface, ib_devices=site.network.ib_devices,
         site_python=site.paths.python, engine_python=_engine_python(d),
         engine_command=tuple(a.command(_engine_python(d))), health_path=a.health_path,
+        metrics=a.metrics, smoke=a.instance_smoke(d.pd),
         stop_signal=a.stop_signal, scratch=a.scratch and not dep.engine.simulate,
         readiness=dep.readiness, liveness=dep.liveness,
         jobs_dir=dep.jobs_dir or site.paths.jobs_dir, requeue=dep.requeue,
+        recovery=dict(d.recovery),
         secret_env=tuple(dict.fromkeys(_secret_names(dep) + _secret_names(site)
                                        + _secret_names(prof))),
         files=tuple(sorted(d.files.items())), fits=tuple(d.fits),

@@ -59,6 +59,7 @@ def job_spec(plan, job_dir: str) -> dict:
         "profile": plan.profile, "model_path": plan.model_path, "served_name": plan.served_name,
         "time_limit": plan.time_limit, "signal_grace": plan.signal_grace,
         "requeue": plan.requeue, "jobs_dir": plan.jobs_dir,
+        "recovery": plan.recovery,
         "readiness": {k: getattr(plan.readiness, k) for k in
                       ("engine_timeout", "router_timeout", "poll_interval", "smoke_tokens")},
         "liveness": {k: getattr(plan.liveness, k) for k in
@@ -117,6 +118,10 @@ def _instance(plan, i) -> dict:
         "node_offset": i.node_offset, "nodes": i.nodes, "tasks_per_node": i.tasks_per_node,
         "mpi": i.mpi, "gpus_per_node": i.gpus_per_node, "gpu_ids": i.gpu_ids,
         "port": i.port, "ports": dict(i.ports), "health_path": plan.health_path,
+        "metrics": plan.metrics and {"path": plan.metrics.path,
+                                     "progress": list(plan.metrics.progress),
+                                     "pending": list(plan.metrics.pending)},
+        "smoke": {"kind": plan.smoke[0], "path": plan.smoke[1]},
         "stop_signal": plan.stop_signal,
         "parallel": dict(i.parallel), "argv": words(i.argv),
         "rank_argv": [words(r) for r in i.rank_argv],
@@ -164,6 +169,10 @@ SCHEMA = {
                         "simulate": {"type": "boolean"}}),
         "profile": _STR, "model_path": _STR, "served_name": _STR, "time_limit": _STR,
         "signal_grace": _INT, "requeue": _INT, "jobs_dir": _STR,
+        "recovery": {"type": "object", "additionalProperties": _obj({
+            "restart": {"type": "boolean"}, "max_restarts": _INT,
+            "backoff_s": {"type": "number"}, "min_serving": _INT, "spares": _INT,
+            "component": _INT, "first_spare": _INT})},
         "readiness": _obj({"engine_timeout": _INT, "router_timeout": _INT,
                            "poll_interval": {"type": "number"}, "smoke_tokens": _INT}),
         "liveness": _obj({"interval": {"type": "number"}, "timeout": {"type": "number"},
@@ -205,6 +214,10 @@ SCHEMA = {
             "mpi": _OPT_STR, "gpus_per_node": _INT, "gpu_ids": _OPT_STR,
             "port": _INT, "ports": {"type": "object", "additionalProperties": _INT},
             "health_path": _STR, "stop_signal": _SIGNAL,
+            "metrics": {"anyOf": [{"type": "null"}, _obj({
+                "path": _STR, "progress": {"type": "array", "items": _STR},
+                "pending": {"type": "array", "items": _STR}})]},
+            "smoke": _obj({"kind": {"enum": ["chat", "get"]}, "path": _STR}),
             "parallel": {"type": "object", "additionalProperties": _INT},
             "argv": {"type": "array", "items": _WORD},
             "rank_argv": {"type": "array", "items": {"type": "array", "items": _WORD}},

@@ -97,7 +97,12 @@ def _srun(plan: Plan, component: int, nodes: int | None, name: str, *, nodelist:
         # srun ends the step this long after the first exit ("First task exited Ns ago",
         # then each task's state), where --kill-on-bad-exit acts on non-zero codes only.
         w.append(f"--wait={INSTANCE_TASK_WAIT}")
-    w += [f"--job-name={name}", "--kill-on-bad-exit=1"]
+    # A restarted instance is a new attempt: hpcserve_runtime sets HPCSERVE_ATTEMPT_TAG
+    # (".attempt2"; empty for the first start) so that Slurm names its step apart from the
+    # attempt before it, which may still be ending on a lost node.
+    w.append(("--job-name=", name, Var("HPCSERVE_ATTEMPT_TAG", unset_ok=True)) if inst
+             else f"--job-name={name}")
+    w.append("--kill-on-bad-exit=1")
     return w
 
 

@@ -16,6 +16,7 @@ from typing import Union
 @dataclass(frozen=True)
 class Var:
     name: str
+    unset_ok: bool = False  # empty where the variable is not set (under `set -u` too)
 
 
 Part = Union[str, Var]
@@ -27,7 +28,7 @@ def quote(word: Word) -> str:
         return shlex.quote(word)
     out = []
     for p in word:
-        out.append(f'"${{{p.name}}}"' if isinstance(p, Var) else shlex.quote(p) if p else "")
+        out.append(f'"${{{p.name}{":-" if p.unset_ok else ""}}}"' if isinstance(p, Var) else shlex.quote(p) if p else "")
     return "".join(out) or "''"
 
 

@@ -171,6 +171,17 @@ class RouterReadiness:
     count: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class Metrics:
+    """The engine's Prometheus metrics, read while serving to tell a hung engine from a busy
+    one: `progress` counters move while it works; `pending` gauges count the requests it
+    holds."""
+
+    path: str
+    progress: tuple[str, ...]
+    pending: tuple[str, ...]
+
+
 class RouterAdapter:
     name: str               # as shown to people: "sglang-router"
     owned: frozenset        # flags the plan writes; router.args may not repeat them
@@ -243,6 +254,8 @@ class EngineAdapter:
     sim_file: str            # the stand-in under hpcserve/sim/, copied as hpcserve_sim.py
     port_fields: dict[str, str] = {}  # role keys that move a port's first value -> their doc
     health_path: str = "/health"
+    # Prometheus metrics that show progress (None: the engine exposes none hpcserve reads).
+    metrics: Metrics | None = None
     stop_signal: str = "TERM"
     # the engine's own serving benchmark client (bench_clients.CLIENTS), which benchmark: runs
     bench_client: str = "vllm"
@@ -276,6 +289,13 @@ class EngineAdapter:
         """The KV cache's share of one GPU holding `weights` bytes, by the engine's own memory
         rule (None: not modelled)."""
         return None
+
+    def instance_smoke(self, pd: bool) -> tuple[str, str]:
+        """How a restarted instance is checked on its own before it goes back into the router:
+        ("chat", path) sends one chat completion that must return tokens; ("get", path) must
+        answer 200 (an engine whose health path generates, or a PD half that cannot answer a
+        chat alone)."""
+        return ("chat", "/v1/chat/completions")
 
     def router_for(self, pd: bool) -> RouterAdapter:
         """The router in front of the instances (an engine may use another one for PD)."""

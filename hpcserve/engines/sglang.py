@@ -15,7 +15,7 @@ from typing import Literal
 from ..schema import doc
 from ..values import ArgValue, EnvValue
 from ..words import Var, Word
-from .base import (EngineAdapter, Launch, Layout, MemoryBudget, PortRequest, RoleContext,
+from .base import (EngineAdapter, Launch, Layout, MemoryBudget, Metrics, PortRequest, RoleContext,
                    RouterAdapter, RouterReadiness, SettingsBase, args_field, env_field,
                    kv_dtype_bytes, tp_pp)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
@@ -72,6 +72,7 @@ OWNED = {
     "--model-path": "model.path", "--model": "model.path",
     "--served-model-name": "model.served_name",
     "--host": "site.network.interface", "--port": "roles.<role>.port",
+    "--enable-metrics": "(always on: liveness reads the engine's counters)",
     "--dist-init-addr": "roles.<role>.dist_init_port", "--nccl-init-addr": "roles.<role>.dist_init_port",
     "--nnodes": "roles.<role>.nodes", "--node-rank": "(computed in the task)",
     "--disaggregation-mode": "the role name", "--disaggregation-bootstrap-port": "roles.<role>.bootstrap_port",
@@ -169,11 +170,19 @@ class SGLang(EngineAdapter):
     router = SGLangRouter()
     sim_file = "sglang.py"
     bench_client = "sglang"
+    # sglang/srt/metrics/collector.py (0.5.23): on the server port with --enable-metrics
+    metrics = Metrics("/metrics", ("sglang:generation_tokens_total", "sglang:prompt_tokens_total"),
+                      ("sglang:num_running_reqs", "sglang:num_queue_reqs"))
     port_fields = {"bootstrap_port": "first PD bootstrap port (prefill)",
                    "dist_init_port": "first torch.distributed init port"}
 
     def command(self, python: str) -> list[Word]:
         return [python, "-m", "sglang.launch_server"]
+
+    def instance_smoke(self, pd: bool) -> tuple[str, str]:
+        # /health_generate runs a one-token generation, also on a PD half (with a fake
+        # bootstrap), which a chat request to a prefill or decode server alone could not.
+        return ("get", "/health_generate")
 
     def layout(self, rel: Release, ctx: RoleContext) -> Layout:
         st = ctx.settings
@@ -216,7 +225,8 @@ class SGLang(EngineAdapter):
         w: list[Word] = ["--model-path", model_path]
         if served_name:
             w += ["--served-model-name", served_name]
-        w += ["--host", (Var("NODE_IP"),), "--port", str(ports["http"])]
+        # Its counters tell a hung engine from a busy one (off by default in SGLang).
+        w += ["--host", (Var("NODE_IP"),), "--port", str(ports["http"]), "--enable-metrics"]
         if mode:
             w += ["--disaggregation-mode", mode]
             if mode == "prefill":

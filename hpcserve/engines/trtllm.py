@@ -175,6 +175,11 @@ class TRTLLM(EngineAdapter):
         # The launcher maps Slurm's rank to TensorRT-LLM's MPI roles (rank 0 serves HTTP).
         return ["trtllm-llmapi-launch", "trtllm-serve"]
 
+    def instance_smoke(self, pd: bool) -> tuple[str, str]:
+        # A context or generation server alone cannot answer a chat (the front server pairs
+        # them): its health is what can be asked.
+        return ("get", self.health_path) if pd else ("chat", "/v1/chat/completions")
+
     def router_for(self, pd: bool) -> RouterAdapter:
         # The front server pairs context with generation servers; it cannot balance plain ones.
         return self.router if pd else PLAIN_ROUTER

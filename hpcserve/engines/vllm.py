@@ -28,7 +28,7 @@ from typing import Literal
 from ..schema import doc
 from ..values import ArgValue, EnvValue
 from ..words import Var, Word
-from .base import (EngineAdapter, Launch, Layout, MemoryBudget, PortRequest, RoleContext,
+from .base import (EngineAdapter, Launch, Layout, MemoryBudget, Metrics, PortRequest, RoleContext,
                    RouterAdapter, RouterReadiness, SettingsBase, args_field, env_field,
                    kv_dtype_bytes)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
@@ -185,6 +185,10 @@ class VLLM(EngineAdapter):
     sim_file = "vllm.py"
     bench_client = "vllm"
     scratch = True  # ZMQ socket files and /tmp/vllm_dist_* stay in /tmp after a clean exit
+    # vllm/v1/metrics/loggers.py (0.33.0), always on: its /health only says the engine has not
+    # errored, so a hung engine core shows as requests held while these counters stand still.
+    metrics = Metrics("/metrics", ("vllm:generation_tokens_total", "vllm:prompt_tokens_total"),
+                      ("vllm:num_requests_running", "vllm:num_requests_waiting"))
     port_fields = {"master_port": "first torch.distributed port of multi-node TP/PP "
                                   "(--master-port)",
                    "dp_rpc_port": "first DP handshake port (--data-parallel-rpc-port)",

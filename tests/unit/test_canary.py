@@ -105,6 +105,11 @@ CANARY: dict[tuple, tuple[Any, list[tuple[str | None, str]]]] = {
     ("roles", "prefill", "sim_fault", "exit_code"): (66, [(F_P1, "HPCSERVE_SIM_FAULT=exit:66:")]),
     ("roles", "prefill", "sim_fault", "instances"): ([1], []),  # see DIFFERENTIAL
     ("roles", "prefill", "sim_fault", "ranks"): ([1], [(F_P1, "HPCSERVE_SIM_FAULT_RANKS=1\n")]),
+    # 2 instances x 2 nodes + 3 spares
+    ("roles", "prefill", "spares"): (3, [(F_JOB, "#SBATCH --nodes=7\n"), (F_PLAN, '"spares": 3')]),
+    ("roles", "prefill", "recovery", "max_restarts"): (7, [(F_PLAN, '"max_restarts": 7')]),
+    ("roles", "prefill", "recovery", "backoff_s"): (2.5, [(F_PLAN, '"backoff_s": 2.5')]),
+    ("roles", "prefill", "recovery", "min_serving"): (2, [(F_PLAN, '"min_serving": 2')]),
     # decode: 2 instances x 3 nodes of 6 GPUs = TP 9 x PP 2
     ("roles", "decode", "instances"): (2, [(F_D1, "# decode-1: ")]),
     ("roles", "decode", "nodes"): (3, [(F_D0, "--nnodes 3 ")]),
@@ -133,6 +138,11 @@ CANARY: dict[tuple, tuple[Any, list[tuple[str | None, str]]]] = {
     ("roles", "decode", "sim_fault", "exit_code"): (77, [(F_D1, "HPCSERVE_SIM_FAULT=exit:77:")]),
     ("roles", "decode", "sim_fault", "instances"): ([0, 1], []),  # see DIFFERENTIAL
     ("roles", "decode", "sim_fault", "ranks"): ([2, 0], [(F_D0, "HPCSERVE_SIM_FAULT_RANKS=2,0\n")]),
+    # 2 instances x 3 nodes + 5 spares
+    ("roles", "decode", "spares"): (5, [(F_JOB, "#SBATCH --nodes=11\n"), (F_PLAN, '"spares": 5')]),
+    ("roles", "decode", "recovery", "max_restarts"): (8, [(F_PLAN, '"max_restarts": 8')]),
+    ("roles", "decode", "recovery", "backoff_s"): (3.5, [(F_PLAN, '"backoff_s": 3.5')]),
+    ("roles", "decode", "recovery", "min_serving"): (0, [(F_PLAN, '"min_serving": 0')]),
     ("site", "network", "gid_index"): (3, [(F_PLAN, '"gid_index": 3')]),
     ("preflight", "waive"): (["ports", "clock"], [(F_PLAN, '"waive": ["ports", "clock"]')]),
     ("preflight", "max_clock_skew_s"): (4.5, [(F_PLAN, '"max_clock_skew_s": 4.5')]),
@@ -208,6 +218,8 @@ DIFFERENTIAL: dict[tuple, tuple[Any, Any, dict]] = {
                                           ("roles", "worker"): {"instances": 1}}),
     ("router", "placement"): ("own", "prefill", {}),
     ("roles", "prefill", "sim_fault", "instances"): ([1], [0], {}),
+    ("roles", "prefill", "recovery", "restart"): (True, False, {}),
+    ("roles", "decode", "recovery", "restart"): (True, False, {}),
     ("roles", "decode", "sim_fault", "instances"): ([0, 1], [], {}),
     ("roles", "prefill", "sim_fault", "kind"): ("exit", "unhealthy", {}),
     ("roles", "decode", "sim_fault", "kind"): ("exit", "hang", {}),

@@ -10,6 +10,6 @@ exec srun \
   --nodelist="${NODELIST}" \
   --overlap \
   --wait=5 \
-  --job-name=prefill-0 \
+  --job-name=prefill-0"${HPCSERVE_ATTEMPT_TAG:-}" \
   --kill-on-bad-exit=1 \
   bash /jobs/demo/launch/prefill-0.sh

@@ -10,7 +10,7 @@ exec srun \
   --nodelist="${NODELIST}" \
   --overlap \
   --wait=5 \
-  --job-name=prefill-0 \
+  --job-name=prefill-0"${HPCSERVE_ATTEMPT_TAG:-}" \
   --kill-on-bad-exit=1 \
   --container-image=/jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sqsh \
   --container-mounts=/lustre:/lustre,/jobs/kimi-k2-instruct-4p12d:/jobs/kimi-k2-instruct-4p12d \

@@ -10,7 +10,7 @@ exec srun \
   --cpu-bind=none \
   --nodelist="${NODELIST}" \
   --overlap \
-  --job-name=worker-0 \
+  --job-name=worker-0"${HPCSERVE_ATTEMPT_TAG:-}" \
   --kill-on-bad-exit=1 \
   --container-image=/lustre/images/ktransformers-0.7.2.sqsh \
   --container-mounts=/lustre:/lustre,/jobs/kimi-k2-thinking-ktransformers:/jobs/kimi-k2-thinking-ktransformers \

@@ -8,7 +8,7 @@ exec srun \
   --ntasks-per-node=1 \
   --nodelist="${NODELIST}" \
   --overlap \
-  --job-name=worker-1 \
+  --job-name=worker-1"${HPCSERVE_ATTEMPT_TAG:-}" \
   --kill-on-bad-exit=1 \
   --container-image=/jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sqsh \
   --container-mounts=/lustre:/lustre,/jobs/kimi-k2-thinking:/jobs/kimi-k2-thinking \

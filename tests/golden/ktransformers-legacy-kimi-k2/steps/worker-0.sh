@@ -9,7 +9,7 @@ exec srun \
   --cpus-per-task=224 \
   --nodelist="${NODELIST}" \
   --overlap \
-  --job-name=worker-0 \
+  --job-name=worker-0"${HPCSERVE_ATTEMPT_TAG:-}" \
   --kill-on-bad-exit=1 \
   --container-image=/lustre/images/ktransformers-0.4.1.sqsh \
   --container-mounts=/lustre:/lustre,/jobs/ktransformers-legacy-kimi-k2:/jobs/ktransformers-legacy-kimi-k2 \

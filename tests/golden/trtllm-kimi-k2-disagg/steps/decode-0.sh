@@ -11,7 +11,7 @@ exec srun \
   --nodelist="${NODELIST}" \
   --overlap \
   --wait=5 \
-  --job-name=decode-0 \
+  --job-name=decode-0"${HPCSERVE_ATTEMPT_TAG:-}" \
   --kill-on-bad-exit=1 \
   --container-image=/jobs/.hpcserve-images/nvcr.io+nvidia+tensorrt-llm+release+1.3.0rc3.sqsh \
   --container-mounts=/lustre:/lustre,/jobs/trtllm-kimi-k2-disagg:/jobs/trtllm-kimi-k2-disagg \

@@ -9,6 +9,6 @@ exec srun \
   --nodelist="${NODELIST}" \
   --overlap \
   --wait=5 \
-  --job-name=worker-0 \
+  --job-name=worker-0"${HPCSERVE_ATTEMPT_TAG:-}" \
   --kill-on-bad-exit=1 \
   bash /jobs/vllm-cpu-tp2/launch/worker-0.sh

@@ -16,7 +16,10 @@ fi
 read -r _ _ LEADER_IP _ < <(awk '$1 == 0' "$NODES_FILE")
 [ "$IB_DEVICES" = "-" ] && IB_DEVICES=""
 IB_PORTS="${IB_DEVICES:+${IB_DEVICES//,/:1,}:1}"  # mlx5_0,mlx5_1 -> mlx5_0:1,mlx5_1:1 (UCX form)
-exec >"$JOB_DIR/logs/prefill-0.node${NODE_RANK}.${me}.log" 2>&1
+# A restart of the instance (hpcserve_runtime replaces a failed one) is attempt 1, 2...: its logs
+# carry ".attemptN" in their names, beside the earlier attempts' (empty for the first start).
+ATTEMPT_TAG="${HPCSERVE_ATTEMPT_TAG:-}"
+exec >"$JOB_DIR/logs/prefill-0${ATTEMPT_TAG}.node${NODE_RANK}.${me}.log" 2>&1
 echo "hpcserve: prefill-0 node-rank $NODE_RANK on $me ($NODE_IP), leader $LEADER_IP"
 # RDMA registration pins memory up to RLIMIT_MEMLOCK; raise the soft limit to the hard one (the
 # container task script does it for containers).

@@ -10,6 +10,6 @@ exec srun \
   --nodelist="${NODELIST}" \
   --overlap \
   --wait=5 \
-  --job-name=decode-0 \
+  --job-name=decode-0"${HPCSERVE_ATTEMPT_TAG:-}" \
   --kill-on-bad-exit=1 \
   bash /jobs/vllm-demo/launch/decode-0.sh

@@ -9,7 +9,7 @@ exec srun \
   --nodelist="${NODELIST}" \
   --overlap \
   --wait=5 \
-  --job-name=worker-0 \
+  --job-name=worker-0"${HPCSERVE_ATTEMPT_TAG:-}" \
   --kill-on-bad-exit=1 \
   --container-image=/jobs/.hpcserve-images/vllm+vllm-openai+v0.33.0.sqsh \
   --container-mounts=/lustre:/lustre,/jobs/vllm-kimi-k2-tp16:/jobs/vllm-kimi-k2-tp16 \

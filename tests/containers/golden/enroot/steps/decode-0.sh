@@ -10,6 +10,6 @@ exec srun \
   --nodelist="${NODELIST}" \
   --overlap \
   --wait=5 \
-  --job-name=decode-0 \
+  --job-name=decode-0"${HPCSERVE_ATTEMPT_TAG:-}" \
   --kill-on-bad-exit=1 \
   bash /shared/hpcserve-jobs/demo-golden/launch/container-task.sh decode-0 bash /shared/hpcserve-jobs/demo-golden/launch/decode-0.sh

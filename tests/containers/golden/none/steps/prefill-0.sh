@@ -9,6 +9,6 @@ exec srun \
   --ntasks-per-node=1 \
   --nodelist="${NODELIST}" \
   --overlap \
-  --job-name=prefill-0 \
+  --job-name=prefill-0"${HPCSERVE_ATTEMPT_TAG:-}" \
   --kill-on-bad-exit=1 \
   bash /shared/hpcserve-jobs/demo-golden/launch/prefill-0.sh

@@ -10,7 +10,7 @@ exec srun \
   --nodelist="${NODELIST}" \
   --overlap \
   --wait=5 \
-  --job-name=decode-0 \
+  --job-name=decode-0"${HPCSERVE_ATTEMPT_TAG:-}" \
   --kill-on-bad-exit=1 \
   --container-image=/shared/hpcserve-jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sqsh \
   --container-mounts=/lustre:/lustre,/shared/hpcserve-jobs/demo-golden:/shared/hpcserve-jobs/demo-golden,/models/Kimi-K2-Instruct:/models/Kimi-K2-Instruct:ro \
