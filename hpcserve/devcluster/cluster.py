@@ -48,6 +48,7 @@ REQUIRED_BINARIES: dict[str, str] = {
     "sinfo": "slurm-client",
     "sbatch": "slurm-client",
     "srun": "slurm-client",
+    "scontrol": "slurm-client",
     "nsenter": "util-linux",
     "ip": "iproute2",
 }
@@ -517,6 +518,10 @@ PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP Ov
                 nodes = self._sinfo(bins) or {}
                 if nodes.get(node) in ("idle", "mix", "alloc"):
                     return
+                if nodes.get(node, "").startswith(("drain", "drng")):
+                    # a job's recovery drained it as lost: put it back in service
+                    self._run([bins["scontrol"], "update", f"NodeName={node}", "State=RESUME"],
+                              check=False, timeout=15, env=self.client_env())
                 time.sleep(0.25)
             raise DevClusterError(f"{node} did not come back within {self.timeout:.0f} s")
 

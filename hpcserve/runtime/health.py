@@ -13,6 +13,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 from .failures import Stop, step_identity
 from .logs import read_from
@@ -205,56 +206,160 @@ class Readiness:
             raise _smoke_failed(f"smoke request failed: {e}") from None
 
 
+def metrics_totals(url: str, metrics: dict, timeout: float) -> tuple[float, float] | None:
+    """(progress, pending) from the engine's Prometheus text: the sums of its `progress`
+    counters and of its `pending` gauges over every label set; None when it does not answer."""
+    try:
+        with _DIRECT.open(urllib.request.Request(url), timeout=timeout) as r:
+            text = r.read(4 << 20).decode(errors="replace")
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+    sums = {"progress": 0.0, "pending": 0.0}
+    want = {n: k for k in sums for n in metrics[k]}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in want:
+            try:
+                sums[want[name]] += float(line.rsplit(" ", 1)[-1])
+            except ValueError:
+                pass
+    return sums["progress"], sums["pending"]
+
+
+class Track:
+    """One probe target's record across rounds: failed probes in a row, rounds in which it
+    answered but held requests without progress, its last progress counter."""
+
+    def __init__(self):
+        self.failed = 0
+        self.stalled = 0
+        self.progress: float | None = None
+
+    def judge(self, kind: str | None, detail: str, m: tuple[float, float] | None):
+        """(kind, detail) of a failure this round, or None. Hung is not busy: an engine whose
+        progress counters moved since the last round is working, however slowly it answers;
+        one that answers but holds requests while its counters stand still is hung."""
+        moved = m is not None and self.progress is not None and m[0] > self.progress
+        if m is not None:
+            self.progress = m[0]
+        if kind is not None and moved:
+            self.failed = self.stalled = 0
+            return None  # busy: it answers slowly because it works
+        if kind is None and m is not None and m[1] > 0 and not moved and \
+                self.progress is not None:
+            self.stalled += 1
+            return "hung", (f"it answers its health path but holds {m[1]:g} request(s) while "
+                            f"its progress counters stand still ({self.stalled} round(s))")
+        self.stalled = 0 if kind is None else self.stalled
+        if kind is None:
+            self.failed = 0
+            return None
+        self.failed += 1
+        return kind, detail
+
+
 class Liveness:
     def __init__(self, job):
         self.job = job
+        self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="hpcserve-probe")
+        self.tracks: dict[str, Track] = {}
 
-    def targets(self, heads: dict, router_url: str | None) -> list[tuple[str, str]]:
+    def targets(self, router_url: str | None) -> list[tuple[str, str, dict | None]]:
+        """(name, health URL, metrics URL and names) of every serving instance, and the
+        router's readiness."""
         job = self.job
-        out = [(i["name"], job.instances.health_url(heads, i)) for i in job.plan["instances"]]
+        inst = job.instances
+        out = []
+        for i in job.plan["instances"]:
+            if not job.recovery.serving(i["name"]):
+                continue
+            m = i.get("metrics")
+            murl = m and f"http://{inst.heads[i['name']]}:{i['port']}{m['path']}"
+            out.append((i["name"], inst.health_url(inst.heads, i), m and {**m, "url": murl}))
         if router_url:
-            out.append(("router", router_url + job.plan["router"]["readiness"]["path"]))
+            out.append(("router", router_url + job.plan["router"]["readiness"]["path"], None))
         return out
 
-    def watch(self, heads: dict, router_url: str | None, tick) -> None:
-        """While serving: probe every instance's leader (its engine's health path) and the
-        router's readiness, each probe bounded; ask Slurm about the nodes now and then; call
-        tick() once a round (the benchmark's). Ends only by raising Stop: a probe target failing
-        `failures` times in a row, a step that ended, a lost node, a signal. (One instance's
-        failure ends the deployment; replacing just that instance would take its place here.)"""
+    def watch(self, router_url: str | None, tick) -> None:
+        """While serving: every round, all targets probed at once (each bounded by `timeout`),
+        the engines' metrics read beside their health; Slurm asked about the nodes now and then;
+        tick() once a round (the benchmark's). One instance that fails `failures` rounds in a
+        row is recovery's (recovery.py); the router's failure, a signal or a lost router node
+        end the deployment by raising Stop."""
         job = self.job
         lv = job.plan["liveness"]
-        targets = self.targets(heads, router_url)
-        failed = dict.fromkeys((n for n, _ in targets), 0)
         next_nodes = now() + lv["node_interval"]
         while True:
-            job.sleep(lv["interval"])
+            self._pause(lv["interval"])
             tick()
-            for name, url in targets:
-                job.check()
-                kind, detail = probe(url, lv["timeout"])
-                if kind is None:
-                    if failed[name]:
-                        job.log(f"{name} answers again at {url}")
-                    failed[name] = 0
-                    continue
-                failed[name] += 1
-                job.log(f"{name}: {kind} ({detail}) at {url}, {failed[name]} of "
-                        f"{lv['failures']}")
-                if failed[name] >= lv["failures"]:
-                    raise self._gone(name, kind, url, detail, failed[name])
+            for name, url, res in self._round(self.targets(router_url), lv["timeout"]):
+                self._judge(name, url, res, lv)
             job.state.record(job.log, health={
-                n: ("ok" if c == 0 else f"failing {c}/{lv['failures']}") for n, c in failed.items()})
+                n: ("ok" if t.failed + t.stalled == 0 else
+                    f"failing {max(t.failed, t.stalled)}/{lv['failures']}")
+                for n, t in self.tracks.items() if job.recovery.serving(n)})
             if now() >= next_nodes:
                 job.supervisor.check_nodes()
                 next_nodes = now() + lv["node_interval"]
 
+    def _pause(self, seconds: float) -> None:
+        """The wait between rounds, in which recovery moves on."""
+        job = self.job
+        end = now() + seconds
+        while True:
+            job.check()
+            job.recovery.tick()
+            if now() >= end:
+                return
+            time.sleep(min(0.1, max(0.0, end - now())))
+
+    def _round(self, targets: list, timeout: float) -> list:
+        """Every target's health probe and metrics read at once, waited for while the job's
+        checks and recovery go on."""
+        futs = [(name, url, self.pool.submit(probe, url, timeout),
+                 m and self.pool.submit(metrics_totals, m["url"], m, timeout))
+                for name, url, m in targets]
+        while not all(f.done() and (g is None or g.done()) for _, _, f, g in futs):
+            self._pause(0.05)
+        return [(name, url, (*f.result(), g and g.result())) for name, url, f, g in futs]
+
+    def _judge(self, name: str, url: str, res: tuple, lv: dict) -> None:
+        job = self.job
+        kind, detail, m = res
+        t = self.tracks.setdefault(name, Track())
+        if name == "router" and kind == "unhealthy" and not job.recovery.all_serving():
+            kind = None  # its readiness counts the workers: one is out, on purpose
+        if name != "router" and not job.recovery.serving(name):
+            return  # taken out meanwhile (its step ended while the round ran)
+        was = t.failed + t.stalled
+        verdict = t.judge(kind, detail, m)
+        if verdict is None:
+            if was:
+                job.log(f"{name} answers again at {url}")
+            return
+        kind, detail = verdict
+        count = max(t.failed, t.stalled)
+        job.log(f"{name}: {kind} ({detail}) at {url}, {count} of {lv['failures']}")
+        if count >= lv["failures"]:
+            self.tracks.pop(name, None)
+            stop = self._gone(name, kind, url, detail, count)
+            if not job.recovery.handles(name):
+                raise stop
+            job.recovery.failed(name, (stop.failure or {}).get("reason") or kind, stop.failure)
+
     def _gone(self, name: str, kind: str, url: str, detail: str, count: int) -> Stop:
+        """The Stop that a target's failure means: a lost node where its step cannot end or
+        its node's slurmd does not answer; else its own kind (hung, unreachable, unhealthy)."""
         sup, steps = self.job.supervisor, self.job.steps
-        if name in steps and steps.terminating(name):
-            sup.step_lost(name)  # not the engine's fault: a node or task is gone
-        if name in steps:  # an engine on a crashed node does not answer either
-            sup.raise_if_node_lost(name, sup.failure_of(name, None))
+        try:
+            if name in steps and steps.terminating(name):
+                sup.step_lost(name)  # not the engine's fault: a node or task is gone
+            if name in steps:  # an engine on a crashed node does not answer either
+                sup.raise_if_node_lost(name, sup.failure_of(name, None))
+        except Stop as s:
+            return s
         if kind == "hung":
             sup.hung_steps.add(name)
         return Stop("failed", f"{name} {kind}: {detail}, {count} probes of {url} in a row",

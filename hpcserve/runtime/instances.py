@@ -1,13 +1,10 @@
 """The engine instances of the deployment: where each one runs (its nodes, by node rank), its
-leader (node rank 0, which serves), its health URL and its logs; and the router's node.
+leader (node rank 0, which serves), its health URL and its logs; the spare nodes of each role;
+and the router's node.
 
-An instance's lifecycle lives here. Today it is placed once, after discovery, and started as one
-named step; any failure ends the deployment. The next steps of its lifecycle go here, beside
-place() and start():
-- replacing one instance: take it out of the router (its worker API), stop its step, start it
-  again on its nodes or on a spare, wait for its leader's health, smoke-test it, put it back;
-- adding or removing an instance while serving: place it on nodes of a job of its own, start it,
-  register it with the router; deregister, stop.
+An instance is placed after discovery and started as one named step; recovery (recovery.py)
+starts it again as a new attempt, on its nodes or, where one of them is lost, with a spare in that
+node's place (move()). Adding or removing instances while serving would go here too.
 """
 
 from __future__ import annotations
@@ -22,6 +19,11 @@ class Instances:
         self.plan = plan
         self.dir = job_dir
         self.nodes: dict[str, list[list[str]]] = {}  # instance -> [[rank, name, ip, iface, ib]]
+        self.heads: dict[str, str] = {}               # instance -> its leader's address
+        self.spares: dict[str, list[list[str]]] = {}  # role -> its idle nodes [name, ip, ...]
+        self.moved: dict[str, str] = {}               # lost node -> the spare in its place
+        self._spare_rows: dict[str, list[list[str]]] = {}
+        self.tags: dict[str, str] = {}                # instance -> its attempt's tag
         self.router_node: str | None = None            # known once the router's step starts
         self.router_addr: str | None = None
 
@@ -39,17 +41,59 @@ class Instances:
         for inst in self.specs:
             off = inst["node_offset"]
             names = found[inst["component"]][off:off + inst["nodes"]]
-            rows = [[str(r), *n] for r, n in enumerate(names)]
-            self.nodes[inst["name"]] = rows
-            with open(os.path.join(self.dir, "run", f"{inst['name']}.nodes"), "w") as f:
-                for row in rows:
-                    f.write(" ".join(row) + "\n")
+            self._write_nodes(inst["name"], [[str(r), *n] for r, n in enumerate(names)])
             heads[inst["name"]] = names[0][1]
+        for role, rec in self.plan.get("recovery", {}).items():
+            first = rec["first_spare"]
+            self.spares[role] = [list(n) for n in
+                                 found[rec["component"]][first:first + rec["spares"]]]
+        self._spare_rows = {r: [list(n) for n in v] for r, v in self.spares.items()}
+        self.heads = dict(heads)
         return heads
 
-    def start(self, steps, name: str) -> None:
-        """The instance's named step, on its nodes."""
-        steps.start(name, f"steps/{name}.sh", [r[1] for r in self.nodes[name]])
+    def _write_nodes(self, name: str, rows: list[list[str]]) -> None:
+        """run/<name>.nodes: what its launch script reads (rank, name, address, ...)."""
+        self.nodes[name] = rows
+        with open(os.path.join(self.dir, "run", f"{name}.nodes"), "w") as f:
+            for row in rows:
+                f.write(" ".join(row) + "\n")
+
+    def start(self, steps, name: str, attempt: int = 0) -> None:
+        """The instance's named step, on its nodes (attempt N >= 1: a restart)."""
+        self.tags[name] = f".attempt{attempt}" if attempt else ""
+        steps.start(name, f"steps/{name}.sh", [r[1] for r in self.nodes[name]], self.tags[name])
+
+    def move(self, name: str, lost: set[str]) -> str | None:
+        """Put a spare of the instance's role in the place of each of its lost nodes (every
+        instance that shared a lost node follows it to the same spare). Returns why it cannot,
+        or None once run/<name>.nodes names only nodes that are up."""
+        role = self.spec(name)["role"]
+        rows = [list(r) for r in self.nodes[name]]
+        for row in rows:
+            node = row[1]
+            if node not in lost:
+                continue
+            if node not in self.moved:
+                if not self.spares.get(role):
+                    return f"node {node} is lost and {role} has no spare node left"
+                self.moved[node] = self.spares[role].pop(0)[0]
+            row[1:] = self._found_row(self.moved[node], role)
+        self._write_nodes(name, rows)
+        self.heads[name] = rows[0][2]
+        return None
+
+    def _found_row(self, node: str, role: str) -> list[str]:
+        """A node's discovered line [name, ip, iface, ib], from any placement or spare list."""
+        for rows in self.nodes.values():
+            for r in rows:
+                if r[1] == node:
+                    return r[1:]
+        return next(list(s) for s in self._spare_rows.get(role, []) if s[0] == node)
+
+    def drop_spare(self, node: str) -> None:
+        """A spare that is lost itself is no one's replacement."""
+        for role in self.spares:
+            self.spares[role] = [s for s in self.spares[role] if s[0] != node]
 
     def place_router(self, node: list[str]) -> None:
         self.router_node, self.router_addr = node[0], node[1]
@@ -66,7 +110,9 @@ class Instances:
         return f"http://{heads[inst['name']]}:{inst['port']}{inst['health_path']}"
 
     def node_names(self) -> list[str]:
-        return sorted({r[1] for rows in self.nodes.values() for r in rows})
+        """Every node the instances run on, and the spares."""
+        return sorted({r[1] for rows in self.nodes.values() for r in rows} |
+                      {s[0] for rows in self.spares.values() for s in rows})
 
     def on_node(self, node: str | None) -> tuple[str | None, int | None]:
         """(instance, node rank) of the first instance that runs on `node`."""
@@ -85,14 +131,15 @@ class Instances:
         router's, or srun's where no node is known."""
         if name == "router":
             return "logs/router.log"
+        tag = self.tags.get(name, "")
         if node_rank is None:
-            return f"logs/{name}.srun.log"
+            return f"logs/{name}{tag}.srun.log"
         if self.tasks_per_node(name) > 1:
-            base = f"logs/{name}.node{node_rank}.{node}.task"
+            base = f"logs/{name}{tag}.node{node_rank}.{node}.task"
             if rank is not None:  # the task log whose first line names this rank
                 for local in range(64):
                     if f"(rank {rank})" in first_line(os.path.join(self.dir,
                                                                    f"{base}{local}.log")):
                         return f"{base}{local}.log"
             return f"{base}0.log"
-        return f"logs/{name}.node{node_rank}.{node}.log"
+        return f"logs/{name}{tag}.node{node_rank}.{node}.log"

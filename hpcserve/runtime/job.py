@@ -22,6 +22,7 @@ from .failures import Stop
 from .health import Liveness, Readiness
 from .instances import Instances
 from .logs import JobLog
+from .recovery import Recovery
 from .requeue import Requeue
 from .slurm import Slurm, Unreachable
 from .state import State, now
@@ -51,6 +52,7 @@ class Job:
         self.discovery = Discovery(self)
         self.readiness = Readiness(self)
         self.liveness = Liveness(self)
+        self.recovery = Recovery(self)
         self.bench = BenchStep(self)
         self.teardown = Teardown(self)
         self.requeue = Requeue(self)
@@ -97,14 +99,15 @@ class Job:
         self.state.update("engines_ready")
         self.state.update(health_urls={i["name"]: self.instances.health_url(heads, i)
                                        for i in plan["instances"]})
-        url = self.start_router(found, heads, rd) if plan.get("router") else None
+        url = self.start_router(found, rd) if plan.get("router") else None
         self.state.update("serving", endpoint=url,
                           **({"serving_after_s": round(now() - self.t0, 3)} if url else {}))
         if url:
             self.log(f"serving at {url}")
         first = plan["instances"][0]
         self.bench.start(found, url or f"http://{heads[first['name']]}:{first['port']}")
-        self.liveness.watch(heads, url, lambda: self.bench.tick(heads))
+        self.recovery.begin(url)
+        self.liveness.watch(url, lambda: self.bench.tick(self.instances.heads))
 
     def _clear_port_verdicts(self) -> None:
         ports_dir = os.path.join(self.dir, "run", "ports")
@@ -112,24 +115,51 @@ class Job:
         for f in os.listdir(ports_dir):  # an earlier try's verdicts say nothing about this one
             os.unlink(os.path.join(ports_dir, f))
 
-    def start_router(self, found: dict, heads: dict, rd: dict) -> str:
+    def start_router(self, found: dict, rd: dict) -> str:
         """The router's step on its node, told every leader's address; its readiness with every
         worker, then the smoke request. Returns the endpoint."""
-        plan, router = self.plan, self.plan["router"]
-        env_lines = [f"{i['role'].upper()}_{i['index']}_IP={shlex.quote(heads[i['name']])}"
-                     for i in plan["instances"]]
-        with open(os.path.join(self.dir, "run", "endpoints.env"), "w") as f:
-            f.write("\n".join(env_lines) + "\n")
+        router = self.plan["router"]
         rnode = found[router["component"]][router["node_offset"]]
         self.instances.place_router(rnode)
         self.state.update(router_node=rnode[0])
-        self.steps.start("router", "steps/router.sh", [rnode[0]])
-        url = f"http://{rnode[1]}:{router['port']}"
-        self.readiness.wait_router(url, router["readiness"], rd)
+        url = self._router_step(rd)
         self.state.update("router_ready", endpoint=url)
         if rd["smoke_tokens"]:
             self.readiness.smoke(url, rd)
         return url
+
+    def _router_step(self, rd: dict) -> str:
+        """run/endpoints.env with each instance's leader address now, the router's step, and
+        its readiness with every worker."""
+        plan, router = self.plan, self.plan["router"]
+        heads = self.instances.heads
+        env_lines = [f"{i['role'].upper()}_{i['index']}_IP={shlex.quote(heads[i['name']])}"
+                     for i in plan["instances"]]
+        with open(os.path.join(self.dir, "run", "endpoints.env"), "w") as f:
+            f.write("\n".join(env_lines) + "\n")
+        self.steps.start("router", "steps/router.sh", [self.instances.router_node])
+        url = f"http://{self.instances.router_addr}:{router['port']}"
+        self.readiness.wait_router(url, router["readiness"], rd)
+        return url
+
+    def restart_router(self) -> None:
+        """For a router that cannot take a worker while it runs (a static worker set): stopped
+        and started again with every instance's address now; requests fail meanwhile."""
+        self.log("restarting the router with the instances' addresses now")
+        try:
+            ids = self.slurm.step_ids(retry=False)
+        except Exception:  # the srun client is signalled instead
+            ids = {}
+        self.steps.signal(["router"], "TERM", ids, set(), self.slurm, self.log)
+        if not self.steps.wait(["router"], now() + 10):
+            self.steps.kill_client("router")
+            self.steps.wait(["router"], now() + 5)
+        self.steps.retire("router")
+        try:  # the verdict of the router's port check is the old router's
+            os.unlink(os.path.join(self.dir, "run", "ports", "router"))
+        except FileNotFoundError:
+            pass
+        self._router_step(self.plan["readiness"])
 
     def run(self) -> int:
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
@@ -140,7 +170,8 @@ class Job:
                               batch_host=os.uname().nodename, endpoint=None, failure=None,
                               reason=None, finished_at=None, smoke_tokens=None,
                               serving_after_s=None, engines_ready_count=0,
-                              restarts=int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+                              restarts=int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+                              instances={}, excluded_nodes=[])
             self.serve()
             stop = Stop("done", "finished")  # not reached: serve() raises
         except Stop as s:

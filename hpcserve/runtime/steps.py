@@ -1,6 +1,10 @@
 """The step registry: every named step the job starts (an engine instance, the router, the
 benchmark client), each the srun of its rendered steps/<name>.sh; how it is started, signalled
-(through Slurm, by step id), waited for, and what its srun log says since this try started it."""
+(through Slurm, by step id), waited for, and what its srun log says since this try started it.
+
+An instance that recovery restarts runs again under the same name as a new attempt: its srun log
+and Slurm's step name carry the attempt (".attempt2"), and the attempt before it is retired (no
+longer watched; ended through its srun client if Slurm cannot end it on a lost node)."""
 
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ class Steps:
         self.offsets: dict[str, int] = {}    # step -> size of its srun log when it started
         self._seen: dict[str, int] = {}      # step -> how far terminating() has read its log
         self._tail: dict[str, str] = {}
+        self.tags: dict[str, str] = {}        # step -> its attempt's tag ("" for the first)
+        self.retired: list[subprocess.Popen] = []  # earlier attempts' srun clients
 
     def __contains__(self, name: str) -> bool:
         return name in self.procs
@@ -31,10 +37,21 @@ class Steps:
         return self.procs.items()
 
     def srun_log(self, name: str) -> str:
-        return os.path.join(self.dir, "logs", f"{name}.srun.log")
+        return os.path.join(self.dir, self.srun_log_rel(name))
 
-    def start(self, name: str, script: str, nodelist: list[str]) -> None:
-        env = dict(os.environ, NODELIST=",".join(nodelist))
+    def srun_log_rel(self, name: str) -> str:
+        return os.path.join("logs", f"{name}{self.tags.get(name, '')}.srun.log")
+
+    def slurm_name(self, name: str) -> str:
+        """The step's name in Slurm (its attempt's, for a restarted instance)."""
+        return name + self.tags.get(name, "")
+
+    def start(self, name: str, script: str, nodelist: list[str], tag: str = "") -> None:
+        self.tags[name] = tag
+        self._seen.pop(name, None)
+        self._tail.pop(name, None)
+        env = dict(os.environ, NODELIST=",".join(nodelist), HPCSERVE_ATTEMPT_TAG=tag,
+                   HPCSERVE_ATTEMPT=tag[len(".attempt"):] or "0")
         # Appended to across requeues (logs/<step>.srun.log is read by that name elsewhere), so
         # readers start at the size the file had now.
         with open(self.srun_log(name), "ab") as out:
@@ -45,6 +62,24 @@ class Steps:
 
     def running(self, name: str) -> bool:
         return self.procs[name].poll() is None
+
+    def retire(self, name: str) -> subprocess.Popen | None:
+        """Stop watching `name`'s current attempt (recovery stops and replaces it); its srun
+        client is kept until it ended, so that the teardown can end it too."""
+        p = self.procs.pop(name, None)
+        if p is not None and p.poll() is None:
+            self.retired.append(p)
+        return p
+
+    def end_retired(self) -> None:
+        """SIGKILL to the srun clients of earlier attempts still running (the teardown's last
+        word: Slurm ends their tasks with the job)."""
+        for p in self.retired:
+            if p.poll() is None:
+                try:
+                    p.kill()
+                except OSError:
+                    pass
 
     def live(self) -> list[str]:
         return [n for n, p in self.procs.items() if p.poll() is None]
@@ -87,13 +122,14 @@ class Steps:
             log(f"step {n} has a lost node: SIGKILL to its srun client")
             self.kill_client(n)
         names = [n for n in names if n not in lost]
-        targets = [sid for n in names if self.running(n) for sid in ids.get(n, "").split()]
+        targets = [sid for n in names if self.running(n)
+                   for sid in ids.get(self.slurm_name(n), "").split()]
         if targets:
             log(f"scancel --signal={sig} {' '.join(targets)}")
             err = slurm.command(["scancel", f"--signal={sig}", *targets], retry=False)
             if err:
                 log(f"scancel failed: {err}")
         for n in names:  # a step Slurm does not list (yet): signal its srun client instead
-            if self.running(n) and not ids.get(n):
+            if self.running(n) and not ids.get(self.slurm_name(n)):
                 log(f"step {n} not listed by squeue: {sig} to its srun client")
                 self.kill_client(n, signal.SIGKILL if sig == "KILL" else signal.SIGTERM)

@@ -18,6 +18,16 @@ from .state import now
 BENCH_STEP = "bench"  # its end is the benchmark gate's to judge, not a crash
 
 
+def _reason(stop: Stop) -> str:
+    """A failure's short words for an instance's record: "exited with code 137", "hung"..."""
+    f = stop.failure or {}
+    if f.get("reason") in ("node lost", "hung", "unreachable", "unhealthy", "port taken"):
+        return f["reason"]
+    if f.get("exit_code") is not None:
+        return f"exited with code {f['exit_code']}"
+    return stop.reason
+
+
 class Supervisor:
     STUCK_SRUN = 2.0  # s an srun may take to exit after it said it ends the step
 
@@ -121,29 +131,42 @@ class Supervisor:
     def check(self) -> None:
         if self.resolve_signal():
             raise self.signal_stop
-        steps = self.job.steps
-        for name, p in steps.items():
+        recovery = self.job.recovery
+        for name, p in list(self.job.steps.items()):
             if name == BENCH_STEP:
                 continue  # its end is the gate's to judge (bench_tick), not a crash
-            rc = p.poll()
-            if rc is not None:
-                time.sleep(0.3)  # a scancel signals steps and us together: let our signal land
+            try:
+                self._check_step(name, p)
+            except Stop as s:
+                # While serving, one instance's failure is recovery's to handle; a signal, the
+                # router's failure or a failure before serving ends the deployment.
+                if s is self.signal_stop or not recovery.handles(name):
+                    raise
+                recovery.failed(name, _reason(s), s.failure or step_identity(name))
+
+    def _check_step(self, name: str, p) -> None:
+        steps = self.job.steps
+        rc = p.poll()
+        if rc is not None:
+            time.sleep(0.3)  # a scancel signals steps and us together: let our signal land
+            if self.resolve_signal():
+                raise self.signal_stop
+            # a step that ended on a node Slurm now calls down ended with its node
+            self.check_nodes()
+            if name not in steps:
+                return  # recovery took it out for its lost node
+            # one that could not bind its port: its launch script's check names the holder
+            self.job.readiness.owns_port(name, wait=0.5)
+            raise Stop("failed", f"step {name} exited with code {rc}", self.failure_of(name, rc))
+        if steps.terminating(name):
+            # srun reported a task's end and is ending the step but has not exited after
+            # a while: it waits for a node that is gone (its slurmstepd with it), until
+            # Slurm's node timeout. The step is lost now.
+            first = self.terminating_since.setdefault(steps.slurm_name(name), now())
+            if now() - first > self.STUCK_SRUN:
                 if self.resolve_signal():
                     raise self.signal_stop
-                # a step that ended on a node Slurm now calls down ended with its node
-                self.check_nodes()
-                # one that could not bind its port: its launch script's check names the holder
-                self.job.readiness.owns_port(name, wait=0.5)
-                raise Stop("failed", f"step {name} exited with code {rc}", self.failure_of(name, rc))
-            if steps.terminating(name):
-                # srun reported a task's end and is ending the step but has not exited after
-                # a while: it waits for a node that is gone (its slurmstepd with it), until
-                # Slurm's node timeout. The step is lost now.
-                first = self.terminating_since.setdefault(name, now())
-                if now() - first > self.STUCK_SRUN:
-                    if self.resolve_signal():
-                        raise self.signal_stop
-                    self.step_lost(name)
+                self.step_lost(name)
 
     # -- a step's end, in its failure's words
     def failure_of(self, name: str, rc) -> dict:
@@ -171,7 +194,7 @@ class Supervisor:
         last lines when its task's end is first seen."""
         if not f.get("step"):
             return
-        srun_log = os.path.join("logs", f"{f['step']}.srun.log")
+        srun_log = self.job.steps.srun_log_rel(f["step"])
         rel = f.get("log") or srun_log
         text = read_from(os.path.join(self.job.dir, rel),
                          self.job.steps.offsets.get(f["step"], 0) if rel == srun_log else 0)
@@ -214,9 +237,10 @@ class Supervisor:
             return False
 
     def check_nodes(self) -> None:
-        """Slurm's word on the job's nodes: one that is down, failed or not responding ends
-        the deployment as a lost node. A controller that does not answer says nothing of
-        them: the deployment goes on, and the next poll asks again (not retried here: the
+        """Slurm's word on the job's nodes: one that is down, failed or not responding takes
+        out the instances on it while serving (recovery), and ends the deployment before, or
+        where the router or the batch host ran. A controller that does not answer says nothing
+        of them: the deployment goes on, and the next poll asks again (not retried here: the
         probes of the serving engines wait meanwhile)."""
         try:
             lost = self.lost_nodes(retry=False)
@@ -226,9 +250,14 @@ class Supervisor:
         except RuntimeError:
             return
         self.job.note_unreachable(None)
-        if lost:
-            node, state = lost[0]
-            raise self.node_lost_stop(node, state, None)
+        recovery = self.job.recovery
+        for node, state in lost:
+            if not recovery.active or node == self.job.instances.router_node or \
+                    node == os.environ.get("SLURMD_NODENAME"):  # the batch host: this process
+                raise self.node_lost_stop(node, state, None)
+            if node not in self.excluded_nodes:
+                self.excluded_nodes.append(node)
+                recovery.node_lost(node, state)
 
     def lost_nodes(self, retry: bool = True) -> list[tuple[str, str]]:
         """(node, sinfo state) of the job's nodes that are down, failed, drained or not

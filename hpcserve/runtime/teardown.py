@@ -70,6 +70,7 @@ class Teardown:
         budget, hard_end = self.budget()
         end = now() + budget
         if not job.steps.live():
+            job.steps.end_retired()
             return
         ids: dict[str, str] = {}
         try:
@@ -86,6 +87,7 @@ class Teardown:
         finally:
             # Whatever went wrong above, nothing may outlive the grace period.
             self._kill_what_is_left(ids, end, hard_end)
+            job.steps.end_retired()
 
     def _signal_tier(self, tier: list[str], ids: dict) -> None:
         # All engine steps get their stop signal at once (the spec's stop_signal, TERM for every

@@ -111,6 +111,20 @@ class Job:
         raise AssertionError(f"job {self.id} did not reach {phases} in {timeout}s; state: "
                              f"{json.dumps(self.state(), indent=1)}\n{self.logs()}")
 
+    def wait_until(self, pred, timeout: float = 60) -> dict:
+        """The state once pred(state) is true (a state without the keys pred reads is not)."""
+        end = time.time() + timeout
+        while time.time() < end:
+            st = self.state()
+            try:
+                if pred(st):
+                    return st
+            except (KeyError, IndexError, TypeError):
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"job {self.id}: the condition did not hold in {timeout}s; state: "
+                             f"{json.dumps(self.state(), indent=1)}\n{self.logs()}")
+
     def node_rows(self, inst: str) -> list[list[str]]:
         """run/<inst>.nodes as the runtime wrote it: [rank, node, address, interface, ib]."""
         text = (self.dir / "run" / f"{inst}.nodes").read_text()

@@ -1,0 +1,386 @@
+"""Serving that heals: one failed instance is taken out, replaced and put back while the rest
+serve.
+
+Once the deployment serves, a failure of one instance (its step exited, it hung, its node was
+lost, its port was taken) no longer ends the job. The instance goes through these stages, one
+tick at a time, so that the others are probed and served meanwhile:
+
+  out:        taken out of the router first (its worker API), so no new request reaches it;
+  stopping:   its step ended through Slurm (an instance of several nodes, or one MPI world,
+              stops and restarts as one);
+  waiting:    the role's backoff (doubling with each restart of the instance);
+  starting:   a new attempt as a new named step, on its nodes or with a spare node in the place
+              of a lost one; its leader must answer its health path as its own process;
+  checking:   one request to the instance itself (the engine's instance smoke);
+  registering: put back into the router; then it serves again.
+
+The deployment's phase says how it serves meanwhile: degraded (an instance is out), recovering
+(a role has fewer serving instances than its minimum), failed only once an instance that its
+role needs has spent its restarts. state.json's "instances" keeps each instance's status and
+every attempt.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from .failures import Stop, step_identity
+from .health import http_json, probe
+from .state import now
+from .workers import RouterWorkers, WorkerApiError
+
+STOP_WAIT_S = 10.0   # s an old attempt's step may take to end after its signal, then KILL
+
+
+class Rec:
+    """One instance's record: state.json's entry plus where its recovery stands."""
+
+    def __init__(self, spec: dict, nodes: list[str], at: float):
+        self.name, self.role, self.index = spec["name"], spec["role"], spec["index"]
+        self.status, self.why, self.stage = "serving", None, None
+        self.attempt, self.restarts = 0, 0
+        self.nodes, self.since = nodes, at
+        self.recover_s: float | None = None
+        self.next_try_at: float | None = None
+        self.failed_at: float | None = None
+        self.deadline = 0.0
+        self.lost: set[str] = set()
+        self.task: Future | None = None       # the probe, smoke or registration under way
+        self.old = None                       # the srun client of the attempt being stopped
+        self.why_first: str | None = None     # what took it out, before any "cannot restart"
+        self.attempts: list[dict] = []
+
+    def as_state(self) -> dict:
+        return {"role": self.role, "index": self.index, "status": self.status, "why": self.why,
+                "attempt": self.attempt, "restarts": self.restarts, "nodes": self.nodes,
+                "since": round(self.since, 3), "recover_s": self.recover_s,
+                "next_try_at": self.next_try_at and round(self.next_try_at, 3),
+                "attempts": self.attempts}
+
+
+class Recovery:
+    def __init__(self, job):
+        self.job = job
+        self.recs: dict[str, Rec] = {}
+        self.active = False
+        self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hpcserve-recovery")
+        self.router: RouterWorkers | None = None
+        self._phase = "serving"
+
+    # -- while serving
+    def begin(self, router_url: str | None) -> None:
+        """The deployment serves: from here on an instance failure is recovered, not fatal."""
+        job = self.job
+        at = now()
+        for spec in job.plan["instances"]:
+            rec = Rec(spec, [r[1] for r in job.instances.nodes[spec["name"]]], at)
+            rec.attempts.append(self._attempt_entry(rec, at))
+            rec.attempts[-1]["serving_at"] = round(at, 3)
+            self.recs[spec["name"]] = rec
+        if router_url:
+            self.router = RouterWorkers(job.plan["router"].get("workers_api", "restart"),
+                                        router_url)
+        self.active = True
+        self._save()
+
+    def handles(self, name: str | None) -> bool:
+        return self.active and name in self.recs
+
+    def serving(self, name: str) -> bool:
+        return self.recs[name].status == "serving" if name in self.recs else True
+
+    def all_serving(self) -> bool:
+        return all(r.status == "serving" for r in self.recs.values())
+
+    # -- a failure
+    def failed(self, name: str, reason: str, failure: dict) -> None:
+        """Instance `name` failed (`reason`: "exited with code 137", "hung", "node lost"...):
+        out of the router at once, its step stopped; restarted later by tick()."""
+        rec = self.recs[name]
+        rec.lost |= self._lost_nodes(failure)
+        if rec.status in ("out", "failed"):
+            return  # already out: a second word on the same failure
+        job, at = self.job, now()
+        self._end_attempt(rec, reason, failure, at)
+        where = f" on node {failure['node']}" if failure.get("node") else ""
+        job.log(f"{name} {reason}{where}: taking it out")
+        if rec.status == "serving":
+            rec.failed_at = at
+        rec.why_first = reason
+        self._deregister(rec)
+        self._stop_step(rec)
+        pol = job.plan["recovery"][rec.role]
+        if not pol["restart"] or rec.restarts >= pol["max_restarts"]:
+            spent = (f"its {pol['max_restarts']} restart(s) are spent" if pol["restart"]
+                     else "restart: false")
+            self._set(rec, "failed", f"{reason}; {spent}")
+        else:
+            rec.next_try_at = at + pol["backoff_s"] * 2 ** rec.restarts
+            self._set(rec, "out", reason)
+        self._judge(rec, failure)
+
+    def node_lost(self, node: str, state: str) -> None:
+        """Slurm reports `node` down: every instance with a rank there fails as node lost, and a
+        spare there is no one's replacement."""
+        job = self.job
+        job.instances.drop_spare(node)
+        for name in job.instances.using(node):
+            if name in self.recs:
+                rank = next(int(r[0]) for r in job.instances.nodes[name] if r[1] == node)
+                job.supervisor.lost_steps.add(name)
+                self.failed(name, "node lost", {
+                    **step_identity(name), "node": node, "node_rank": rank,
+                    "reason": "node lost", "exit_code": None, "slurm_state": state})
+        self._drain(node, state)
+
+    # -- one step forward for every instance that is not serving
+    def tick(self) -> None:
+        if not self.active:
+            return
+        for rec in list(self.recs.values()):
+            if rec.status in ("out", "restarting") or rec.stage == "stopping":
+                step = getattr(self, f"_{rec.stage}", None)
+                if step:
+                    step(rec)
+
+    def _stopping(self, rec: Rec) -> None:
+        old = rec.old
+        if old is None or old.poll() is not None:
+            rec.old = None
+            rec.stage = "waiting" if rec.status == "out" else None
+            return
+        if now() > rec.deadline:
+            self.job.log(f"{rec.name}: attempt {rec.attempt} did not end: SIGKILL to its srun")
+            try:
+                old.kill()
+            except OSError:
+                pass
+            rec.deadline = now() + STOP_WAIT_S
+
+    def _waiting(self, rec: Rec) -> None:
+        if now() < (rec.next_try_at or 0):
+            return
+        why = self.job.instances.move(rec.name, rec.lost) if rec.lost else None
+        if why:
+            if rec.why != f"{rec.why_first}; {why}":
+                self.job.log(f"{rec.name} cannot restart: {why}")
+                self._set(rec, "out", f"{rec.why_first}; {why}")
+            rec.next_try_at = now() + self.job.plan["liveness"]["node_interval"]
+            return
+        self._start_attempt(rec)
+
+    def _start_attempt(self, rec: Rec) -> None:
+        job = self.job
+        rec.attempt += 1
+        rec.restarts += 1
+        rec.lost = set()
+        rec.nodes = [r[1] for r in job.instances.nodes[rec.name]]
+        rec.next_try_at = None
+        try:
+            os.unlink(os.path.join(job.dir, "run", "ports", rec.name))
+        except FileNotFoundError:
+            pass
+        job.instances.start(job.steps, rec.name, rec.attempt)
+        spec = job.instances.spec(rec.name)
+        job.state.data.setdefault("health_urls", {})[rec.name] = job.instances.health_url(
+            job.instances.heads, spec)
+        rec.attempts.append(self._attempt_entry(rec, now()))
+        rec.deadline = now() + job.plan["readiness"]["engine_timeout"]
+        rec.stage = "starting"
+        job.log(f"{rec.name}: attempt {rec.attempt} on {', '.join(rec.nodes)}")
+        self._set(rec, "restarting", f"attempt {rec.attempt} starting")
+
+    def _starting(self, rec: Rec) -> None:
+        job = self.job
+        if now() > rec.deadline:
+            self.failed(rec.name, "readiness timeout", {
+                **step_identity(rec.name), "reason": "readiness timeout",
+                "detail": f"not healthy within {job.plan['readiness']['engine_timeout']} s"})
+            return
+        if rec.task is None:
+            url = job.instances.health_url(job.instances.heads, job.instances.spec(rec.name))
+            rec.task = self.pool.submit(probe, url, 2.0)
+            return
+        if not rec.task.done():
+            return
+        kind, _ = rec.task.result()
+        rec.task = None
+        if kind is None and job.readiness.owns_port(rec.name, wait=0.0):
+            rec.stage = "checking"
+            rec.task = self.pool.submit(self._smoke, rec.name)
+
+    def _checking(self, rec: Rec) -> None:
+        if not rec.task.done():
+            return
+        err = rec.task.result()
+        rec.task = None
+        if err:
+            self.failed(rec.name, "smoke request failed", {
+                **step_identity(rec.name), "reason": "smoke request failed", "detail": err})
+            return
+        if self.router is not None and not self.router.live:
+            # The router cannot take a worker while it runs: started again with the serving
+            # set, here in the job's own thread (it starts a step and waits for its readiness).
+            try:
+                self.job.restart_router()
+            except Stop as e:
+                self.failed(rec.name, "router restart failed", {
+                    **step_identity("router"), "reason": "router restart failed",
+                    "detail": e.reason})
+                return
+        rec.stage = "registering"
+        rec.task = self.pool.submit(self._register, rec.name)
+
+    def _registering(self, rec: Rec) -> None:
+        if not rec.task.done():
+            return
+        err = rec.task.result()
+        rec.task = None
+        if err:
+            self.failed(rec.name, "router registration failed", {
+                **step_identity(rec.name), "reason": "router registration failed",
+                "detail": err})
+            return
+        at = now()
+        rec.attempts[-1]["serving_at"] = round(at, 3)
+        rec.recover_s = round(at - rec.failed_at, 3) if rec.failed_at else None
+        rec.stage = None
+        self.job.log(f"{rec.name} serves again (attempt {rec.attempt}, "
+                     f"{rec.recover_s} s after it failed)")
+        self._set(rec, "serving", None)
+
+    # -- the parts of a failure
+    def _attempt_entry(self, rec: Rec, at: float) -> dict:
+        inst = self.job.instances
+        first = inst.nodes[rec.name][0]
+        return {"attempt": rec.attempt, "nodes": list(rec.nodes), "started_at": round(at, 3),
+                "serving_at": None, "ended_at": None, "end": None, "failure": None,
+                "log": inst.log_file(rec.name, 0, first[1]),
+                "srun_log": self.job.steps.srun_log_rel(rec.name)}
+
+    def _end_attempt(self, rec: Rec, reason: str, failure: dict, at: float) -> None:
+        last = rec.attempts[-1]
+        if last["ended_at"] is None:
+            last.update(ended_at=round(at, 3), end=reason, failure=failure)
+
+    @staticmethod
+    def _lost_nodes(failure: dict) -> set[str]:
+        return {failure["node"]} if failure.get("reason") == "node lost" and \
+            failure.get("node") else set()
+
+    def _deregister(self, rec: Rec) -> None:
+        """Out of the router before anything else: no new request may reach it."""
+        if self.router is None or not self.router.live:
+            return
+        url = self._worker_url(rec.name)
+        log = self.job.log
+
+        def remove() -> None:  # in the pool: a queued removal may take seconds to be done
+            try:
+                self.router.remove(url)
+                log(f"{rec.name} removed from the router ({url})")
+            except WorkerApiError as e:
+                log(f"{rec.name}: the router did not remove {url}: {e}")
+
+        self.pool.submit(remove)
+
+    def _stop_step(self, rec: Rec) -> None:
+        """Its step ended through Slurm (by step id; through its srun client on a lost node)."""
+        job = self.job
+        rec.task = None
+        if rec.name not in job.steps:
+            return
+        proc = job.steps[rec.name]
+        if proc.poll() is None:
+            lost = job.supervisor.lost_steps if rec.lost else set()
+            try:
+                ids = job.slurm.step_ids(retry=False)
+            except Exception as e:  # Slurm's word is not needed: the srun client is the fallback
+                job.log(f"listing steps failed: {e}")
+                ids = {}
+            job.steps.signal([rec.name], "KILL" if rec.why_first == "hung" else "TERM", ids,
+                             lost, job.slurm, job.log)
+        rec.old = job.steps.retire(rec.name)
+        rec.deadline = now() + STOP_WAIT_S
+        rec.stage = "stopping"
+
+    def _set(self, rec: Rec, status: str, why: str | None) -> None:
+        rec.status, rec.why, rec.since = status, why, now()
+        self._save()
+
+    def _judge(self, rec: Rec, failure: dict) -> None:
+        """The deployment fails once a role is below its minimum with nothing left to restart."""
+        pol = self.job.plan["recovery"][rec.role]
+        mine = [r for r in self.recs.values() if r.role == rec.role]
+        serving = sum(r.status == "serving" for r in mine)
+        if serving >= pol["min_serving"] or any(r.status != "failed" for r in mine
+                                                if r.status != "serving"):
+            return
+        raise Stop("failed", f"{rec.role} has {serving} serving instance(s) of the "
+                             f"{pol['min_serving']} it needs: {rec.name} {rec.why}",
+                   {**failure, **step_identity(rec.name)})
+
+    def phase(self) -> str:
+        """serving, degraded (an instance is out) or recovering (a role below its minimum)."""
+        below = False
+        for role, pol in self.job.plan["recovery"].items():
+            n = sum(r.status == "serving" for r in self.recs.values() if r.role == role)
+            below |= n < pol["min_serving"]
+        return "recovering" if below else "serving" if self.all_serving() else "degraded"
+
+    def _save(self) -> None:
+        job = self.job
+        phase = self.phase()
+        job.state.record(job.log, phase if phase != self._phase else None,
+                         instances={n: r.as_state() for n, r in self.recs.items()},
+                         excluded_nodes=sorted(job.instances.moved) + sorted(
+                             {n for r in self.recs.values() for n in r.lost}))
+        if phase != self._phase:
+            job.log(f"deployment {phase}")
+        self._phase = phase
+
+    def _drain(self, node: str, state: str) -> None:
+        """A lost node is drained with the reason where the site lets users do it (mostly it
+        does not: that is said, not an error)."""
+        err = self.job.slurm.command(["scontrol", "update", f"NodeName={node}", "State=DRAIN",
+                                      f"Reason=hpcserve job {self.job.job_id}: lost ({state})"],
+                                     retry=False)
+        self.job.log(f"node {node} drained" if not err else
+                     f"node {node} not drained (the site does not let this user): {err}")
+
+    # -- in the pool's threads: what may take seconds
+    def _worker_url(self, name: str) -> str:
+        inst = self.job.instances
+        return f"http://{inst.heads[name]}:{inst.spec(name)['port']}"
+
+    def _smoke(self, name: str) -> str | None:
+        """One request to the instance itself (the engine's instance smoke): its error words,
+        or None."""
+        job = self.job
+        spec = job.instances.spec(name)
+        smoke = spec.get("smoke") or {"kind": "get", "path": spec["health_path"]}
+        url = self._worker_url(name) + smoke["path"]
+        tokens = max(1, job.plan["readiness"]["smoke_tokens"])
+        try:
+            if smoke["kind"] == "get":
+                code, _ = http_json(url, timeout=job.readiness.SMOKE_TIMEOUT)
+                return None if code == 200 else f"HTTP {code} from {url}"
+            body = {"model": job.plan["served_name"], "max_tokens": tokens,
+                    "messages": [{"role": "user", "content": "hpcserve smoke test: say hello"}]}
+            code, resp = http_json(url, body, timeout=job.readiness.SMOKE_TIMEOUT)
+        except Exception as e:  # urllib's many errors: each is a failed smoke request
+            return f"{url}: {e}"
+        got = ((resp or {}).get("usage") or {}).get("completion_tokens") or 0
+        return None if got > 0 else f"{url} returned {got} tokens"
+
+    def _register(self, name: str) -> str | None:
+        """Back into the router through its worker API: its error words, or None."""
+        if self.router is None or not self.router.live:
+            return None
+        spec = self.job.instances.spec(name)
+        try:
+            self.router.add(self._worker_url(name), spec["role"], spec["ports"].get("bootstrap"))
+        except WorkerApiError as e:
+            return str(e)
+        return None

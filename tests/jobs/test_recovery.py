@@ -1,0 +1,185 @@
+"""Serving that heals, on the real test cluster with the real sglang-router: one failed, hung or
+node-lost instance is taken out of the router, replaced and put back while the others serve;
+the deployment fails only once a role it needs has spent its restarts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from jobkit import deployment, find_pid, wait_no_job_processes
+
+pytestmark = pytest.mark.slurm
+
+FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1}
+
+
+class Load:
+    """Chat requests through the router from `clients` threads, one after another each: every
+    request's start, end, and error (None when it returned its tokens)."""
+
+    def __init__(self, url: str, clients: int = 2, tokens: int = 8):
+        self.url, self.tokens = url, tokens
+        self.results: list[tuple[float, float, str | None]] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
+
+    def __enter__(self) -> "Load":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
+
+    def _run(self) -> None:
+        from jobkit import chat
+        while not self._stop.is_set():
+            t0 = time.time()
+            try:
+                got = chat(self.url, self.tokens, timeout=20)["usage"]["completion_tokens"]
+                err = None if got == self.tokens else f"{got} tokens"
+            except Exception as e:  # every failure is counted, whatever it is
+                err = repr(e)
+            self.results.append((t0, time.time(), err))
+
+    def failures(self) -> list[tuple[float, float, str]]:
+        return [r for r in self.results if r[2] is not None]
+
+    def ok_between(self, t0: float, t1: float) -> int:
+        return sum(1 for s, e, err in self.results if err is None and s >= t0 and e <= t1)
+
+
+def _serving(job) -> dict:
+    st = job.wait({"serving", "failed", "cancelled"}, 60)
+    assert st["phase"] == "serving", job.logs()
+    return st
+
+
+def _requests_in(log_path) -> int:
+    """Generation requests an engine's own log shows."""
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    return sum(1 for ln in text.splitlines() if '"POST ' in ln or "POST /" in ln)
+
+
+def test_a_killed_decode_engine_is_replaced_while_the_other_decode_serves(submit, dev_cluster):
+    dep = deployment(1, 1, name="t-heal-pd", liveness=FAST,
+                     engine={"name": "sglang", "version": "0.5.23", "simulate": True,
+                             "sim_decode_s_per_token": 0.01})
+    dep["roles"]["decode"].update(instances=2, recovery={"backoff_s": 1})
+    job = submit(dep)
+    st = _serving(job)
+    victim = job.node_rows("decode-1")[0]
+    with Load(st["endpoint"]) as load:
+        time.sleep(2)
+        t_kill = time.time()
+        os.kill(find_pid(dev_cluster, victim[1], r"hpcserve_sim\.py"), signal.SIGKILL)
+        st = job.wait_until(lambda s: s.get("phase") in ("degraded", "failed"), 20)
+        assert st["phase"] == "degraded", st
+        out = st["instances"]["decode-1"]
+        assert out["status"] in ("out", "restarting") and "exited" in out["attempts"][0]["end"], out
+        assert st["instances"]["decode-0"]["status"] == "serving"
+        st = job.wait_until(lambda s: s["instances"]["decode-1"]["status"] == "serving"
+                            and s["instances"]["decode-1"]["attempt"] == 1, 60)
+        t_back = time.time()
+        assert st["phase"] == "serving", st
+        time.sleep(3)  # later requests, with decode-1 back in the router
+    back = st["instances"]["decode-1"]
+    assert back["restarts"] == 1 and back["recover_s"] > 0, back
+    assert [a["attempt"] for a in back["attempts"]] == [0, 1], back
+    # Only requests in flight on the dead engine, or sent before the router had it out, fail:
+    # none after it was out, and the other decode served all the while.
+    out_at = st["instances"]["decode-1"]["attempts"][0]["ended_at"]
+    late = [f for f in load.failures() if f[0] > out_at + 1.0]
+    assert not late, (f"{len(load.failures())} failed, {len(late)} after decode-1 was out",
+                      late[:3])
+    assert load.ok_between(t_kill, t_back) > 0, "no request succeeded while decode-1 was out"
+    new_log = job.dir / "logs" / f"decode-1.attempt1.node0.{victim[1]}.log"
+    assert _requests_in(new_log) > 0, "the restarted decode-1 served no request:\n" + job.logs()
+
+
+def test_a_node_of_a_multi_node_instance_lost_is_rebuilt_on_the_spare(submit, dev_cluster):
+    dep = deployment(1, 2, name="t-heal-spare", liveness=FAST)
+    dep["roles"]["decode"].update(spares=1, recovery={"backoff_s": 0.5})
+    job = submit(dep)
+    _serving(job)
+    rows = job.node_rows("decode-0")
+    victim = rows[1][1]
+    try:
+        dev_cluster.crash_node(victim)
+        st = job.wait_until(lambda s: s.get("phase") != "serving", 30)
+        assert st["phase"] in ("recovering", "degraded"), st
+        st = job.wait_until(lambda s: s["instances"]["decode-0"]["status"] == "serving"
+                            and s["instances"]["decode-0"]["attempt"] == 1, 60)
+    finally:
+        dev_cluster.restart_node(victim)
+    dec = st["instances"]["decode-0"]
+    first = dec["attempts"][0]
+    assert first["end"] == "node lost" and first["failure"]["node"] == victim, first
+    assert first["failure"]["node_rank"] == 1, first
+    new_nodes = [r[1] for r in job.node_rows("decode-0")]
+    assert victim not in new_nodes and new_nodes[0] == rows[0][1], (rows, new_nodes)
+    assert dec["nodes"] == new_nodes and victim in st["excluded_nodes"], st
+    assert st["phase"] == "serving"
+
+
+def test_without_a_spare_a_lost_node_leaves_its_instance_out_and_named(submit, dev_cluster):
+    dep = deployment(1, 1, name="t-heal-nospare", liveness=FAST)
+    dep["roles"]["decode"].update(instances=2, recovery={"backoff_s": 0.5})
+    job = submit(dep)
+    _serving(job)
+    victim = job.node_rows("decode-1")[0][1]
+    try:
+        dev_cluster.crash_node(victim)
+        st = job.wait_until(lambda s: "no spare" in (s.get("instances", {}).get(
+            "decode-1", {}).get("why") or ""), 40)
+    finally:
+        dev_cluster.restart_node(victim)
+    assert st["phase"] == "degraded", st
+    d1 = st["instances"]["decode-1"]
+    assert d1["status"] == "out" and f"node {victim} is lost" in d1["why"], d1
+    assert st["instances"]["decode-0"]["status"] == "serving"
+
+
+def test_a_hung_engine_on_default_settings_is_named_within_30_s_and_replaced(submit,
+                                                                              dev_cluster):
+    dep = deployment(1, 1, name="t-heal-hung")
+    dep["roles"]["decode"].update(instances=2, recovery={"backoff_s": 0.5})
+    job = submit(dep)
+    _serving(job)
+    leader = job.node_rows("decode-0")[0]
+    pid = find_pid(dev_cluster, leader[1], r"hpcserve_sim\.py")
+    t0 = time.time()
+    os.kill(pid, signal.SIGSTOP)
+    st = job.wait_until(lambda s: s["instances"]["decode-0"]["attempts"][0]["ended_at"], 45)
+    first = st["instances"]["decode-0"]["attempts"][0]
+    assert first["end"] == "hung", first
+    assert first["failure"]["node"] == leader[1] and first["failure"]["node_rank"] == 0
+    assert first["ended_at"] - t0 < 30, f"named hung {first['ended_at'] - t0:.1f} s after"
+    st = job.wait_until(lambda s: s["instances"]["decode-0"]["status"] == "serving"
+                        and s["instances"]["decode-0"]["attempt"] == 1, 60)
+    assert st["phase"] == "serving"
+
+
+def test_an_instance_that_spends_its_restarts_fails_the_deployment_with_every_attempt(
+        submit, dev_cluster):
+    dep = deployment(1, 1, name="t-heal-budget", liveness=FAST)
+    dep["roles"]["decode"].update(recovery={"max_restarts": 2, "backoff_s": 0.2},
+                                  sim_fault={"kind": "exit", "after": 6, "exit_code": 42})
+    job = submit(dep)
+    st = job.wait({"failed", "cancelled", "done"}, 120)
+    d0 = st["instances"]["decode-0"]
+    assert st["phase"] == "failed" and d0["status"] == "failed", st
+    assert [a["attempt"] for a in d0["attempts"]] == [0, 1, 2], d0
+    assert all(a["end"] == "exited with code 42" for a in d0["attempts"]), d0
+    assert "restart(s) are spent" in d0["why"] and "decode has 0 serving" in st["reason"], st
+    assert (st["failure"]["role"], st["failure"]["instance"]) == ("decode", 0)
+    for a in d0["attempts"][1:]:
+        assert (job.dir / a["log"]).exists() and ".attempt" in a["log"], a
+    wait_no_job_processes(dev_cluster, 30)
