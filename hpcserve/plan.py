@@ -98,6 +98,7 @@ class RouterPlan:
     name: str                      # the router program, for people
     readiness_path: str            # GET answers 200 once it routes to every worker: the sum
     readiness_count: tuple[str, ...]  # of these (dotted) JSON fields reaches their number
+    workers_api: str               # how recovery changes its workers (runtime/workers.py KINDS)
     files: tuple[tuple[str, tuple[Word, ...]], ...] = ()  # run/<name>, one Word per line
     api_key_env: str | None = None
 
@@ -534,6 +535,7 @@ def _plan_router(d: _Draft) -> RouterPlan | None:
                                 {"PYTHONUNBUFFERED": "1", **rc.env}.items()),
                       pd=d.pd, name=router.name, readiness_path=router.readiness(d.pd).path,
                       readiness_count=router.readiness(d.pd).count,
+                      workers_api=router.workers_api(d.pd),
                       files=tuple((name, tuple(lines)) for name, lines in files.items()),
                       api_key_env=getattr(rc.args.get("api-key"), "from_env", None))
 

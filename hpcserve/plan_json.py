@@ -22,6 +22,7 @@ from typing import Any
 from . import __version__
 from .containers import IMPORT_HELPER, apptainer_image, enroot_image
 from .runtime.contract import SPEC, SPEC_VERSION
+from .runtime.workers import KINDS as WORKERS_APIS
 from .words import Var, Word
 
 
@@ -138,6 +139,7 @@ def _router(plan) -> dict | None:
         "prometheus_port": r.prometheus_port, "pd": r.pd,
         "readiness": {"path": r.readiness_path, "count": list(r.readiness_count),
                       "workers": len(plan.instances)},
+        "workers_api": r.workers_api,
         "api_key_env": r.api_key_env, "stop_signal": "TERM",
         "command": words(r.command), "argv": words(r.argv),
         "env": [[k, word(v)] for k, v in r.env],
@@ -227,6 +229,7 @@ SCHEMA = {
             "prometheus_port": _INT, "pd": {"type": "boolean"},
             "readiness": _obj({"path": _STR, "count": {"type": "array", "items": _STR},
                                "workers": _INT}),
+            "workers_api": {"enum": list(WORKERS_APIS)},
             "api_key_env": _OPT_STR, "stop_signal": _SIGNAL,
             "command": {"type": "array", "items": _WORD},
             "argv": {"type": "array", "items": _WORD},

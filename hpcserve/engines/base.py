@@ -193,6 +193,13 @@ class RouterAdapter:
     def readiness(self, pd: bool) -> RouterReadiness:
         raise NotImplementedError
 
+    def workers_api(self, pd: bool) -> str:
+        """How the in-job runtime takes a failed instance out of the running router and puts its
+        replacement back (runtime/workers.py KINDS): the kind of the router's worker API, or
+        "restart" where the router cannot change its workers while it runs (the runtime then
+        restarts it with the new set)."""
+        return "restart"
+
     def command(self, python: str) -> list[Word]:
         raise NotImplementedError
 

@@ -144,6 +144,11 @@ class SGLangRouter(RouterAdapter):
     def readiness(self, pd: bool) -> RouterReadiness:
         return RouterReadiness("/readiness", ("healthy_workers",))
 
+    def workers_api(self, pd: bool) -> str:
+        # POST/DELETE /workers in PD and plain mode alike, each a queued job (checked against
+        # 0.3.2 in tests/sim/test_router_workers.py).
+        return "queued"
+
     def argv(self, *, pd, prefill, decode, workers, port, prometheus_port, policy, args,
              start_timeout):
         w: list[Word] = []

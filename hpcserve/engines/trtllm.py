@@ -136,6 +136,15 @@ class DisaggServer(RouterAdapter):
         # It listens only once every server answered /health: a 200 is readiness.
         return RouterReadiness("/health", ())
 
+    def workers_api(self, pd: bool) -> str:
+        # Its servers come from the config file at start (TensorRT-LLM 1.3.0rc3,
+        # tensorrt_llm/serve/openai_disagg_server.py OpenAIDisaggServer.__init__:
+        # get_ctx_gen_server_addrs); Router.add_server/remove_server (serve/router.py) run only
+        # for a disagg_cluster watch (openai_disagg_service.py _on_worker_event) or a metadata
+        # server (-m, Router._monitor_servers), both of which hpcserve leaves out, and no HTTP
+        # route (register_routes) changes them: restart it with the new file.
+        return "restart"
+
     def argv(self, *, pd, prefill, decode, workers, port, prometheus_port, policy, args,
              start_timeout):
         # Its default of 180 s to see every server healthy is short for a 1T-parameter load.

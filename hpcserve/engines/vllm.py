@@ -153,6 +153,14 @@ class VLLMRouter(RouterAdapter):
         return RouterReadiness("/readiness", ("prefill.healthy", "decode.healthy") if pd
                                else ("healthy_workers",))
 
+    def workers_api(self, pd: bool) -> str:
+        # Plain mode adds (POST /workers, answered once the worker is healthy) and removes.
+        # PD mode (0.1.17) removes but refuses to add ("PD router requires specific
+        # add_prefill_server or add_decode_server methods", src/routers/http/pd_router.rs);
+        # --enable-igw would add, but then ignores --prefill/--decode at start and its
+        # /readiness answers "Ready" without the per-pool counts readiness() reads: restart.
+        return "restart" if pd else "direct"
+
     def argv(self, *, pd, prefill, decode, workers, port, prometheus_port, policy, args,
              start_timeout):
         w: list[Word] = []

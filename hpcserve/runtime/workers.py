@@ -1,0 +1,140 @@
+"""The running router's workers: take a failed instance out, put its replacement back, while the
+router serves through the others (plan.json's router.workers_api names how).
+
+Kinds, named by how the router answers (tests/sim/test_router_workers.py runs the real ones);
+the runtime names no engine, the plan's router adapter picks the kind:
+- "queued": sglang-router 0.3.2, plain and PD mode. GET /workers lists {id, url, is_healthy};
+  DELETE /workers/{id} and POST /workers {url, worker_type, bootstrap_port} answer 202 and queue
+  a job (src/core/job_queue.rs), so both are done only once GET /workers says so; a failed job
+  is told by GET /workers/{id} (job_status.status "failed", with the router's words).
+- "direct": vllm-router 0.1.17, plain mode. POST /workers {url} answers once the worker is healthy
+  (200), or 400 after the router's --worker-startup-timeout-secs; DELETE /workers/{quoted url}
+  answers 200 at once, for a URL it does not list too (src/routers/http/router.rs).
+- "restart": the router cannot change its workers while it runs (vllm-router's PD mode refuses
+  to add one; TensorRT-LLM's front server reads them from its config file at start): the caller
+  restarts it with the new set.
+
+Standard library only: this module ships in the job directory (hpcserve_runtime/).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+KINDS = ("queued", "direct", "restart")
+# "queued": the worker_type of each hpcserve role (sglang-router's GET /workers says "regular"
+# in plain mode).
+WORKER_TYPES = {"prefill": "prefill", "decode": "decode", "worker": "regular"}
+POLL_S = 0.1
+
+# As health.py: the submitter's http_proxy must not see the allocation's nodes.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class WorkerApiError(Exception):
+    """The router refused or did not do it; the message carries the router's own words."""
+
+
+class RouterWorkers:
+    def __init__(self, kind: str, router_url: str, timeout: float = 2.0):
+        if kind not in KINDS:
+            raise ValueError(f"unknown router workers API {kind!r}; expected one of {KINDS}")
+        self.kind = kind
+        self.url = router_url.rstrip("/")
+        self.timeout = timeout
+
+    @property
+    def live(self) -> bool:
+        """False: the caller must restart the router with the new worker set instead."""
+        return self.kind != "restart"
+
+    def listed(self) -> list[str]:
+        """The worker URLs the router lists (GET /workers, alike in both live kinds)."""
+        return [w["url"] for w in self._workers()]
+
+    def remove(self, worker_url: str, wait: float = 30.0) -> None:
+        """Take `worker_url` out; one the router does not list is already out."""
+        self._need_live()
+        if self.kind == "direct":
+            self._call("DELETE", "/workers/" + urllib.parse.quote(worker_url, safe=""))
+            return
+        for w in self._workers():
+            if w["url"] == worker_url:
+                # 404: another removal of the same worker finished first.
+                self._call("DELETE", f"/workers/{w['id']}", also_ok=(404,))
+        self._until(lambda: worker_url not in self.listed(), wait,
+                    f"{worker_url} still listed by the router {wait:g}s after its removal")
+
+    def add(self, worker_url: str, role: str, bootstrap_port: int | None = None,
+            wait: float = 60.0) -> None:
+        """Put `worker_url` (an instance of `role`) in; returns once the router lists it (both
+        list a worker only after it answered their health check), raises WorkerApiError when the
+        router refused or `wait` seconds went by."""
+        self._need_live()
+        if worker_url in self.listed():
+            return  # both routers refuse a URL they list ("already exists")
+        if self.kind == "direct":
+            # The answer comes once the router saw the worker healthy: wait that long for it.
+            self._call("POST", "/workers", {"url": worker_url}, timeout=wait)
+            return
+        body = {"url": worker_url, "worker_type": WORKER_TYPES[role]}
+        if bootstrap_port is not None:
+            body["bootstrap_port"] = bootstrap_port
+        job = self._call("POST", "/workers", body)
+        self._until(lambda: self._job_added(worker_url, job["worker_id"]), wait,
+                    f"{worker_url} not listed by the router {wait:g}s after adding it")
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _need_live(self) -> None:
+        if not self.live:
+            raise WorkerApiError(f"the router at {self.url} cannot change its workers while it "
+                                 "runs: restart it with the new set")
+
+    def _workers(self) -> list[dict]:
+        self._need_live()
+        return self._call("GET", "/workers")["workers"]
+
+    def _job_added(self, worker_url: str, job_id: str) -> bool:
+        if worker_url in self.listed():
+            return True
+        # Until the queued job ends, GET /workers/{id} answers with its status.
+        status = (self._call("GET", f"/workers/{job_id}", also_ok=(404,)) or {}).get(
+            "job_status") or {}
+        if status.get("status") == "failed":
+            raise WorkerApiError(f"the router could not add {worker_url}: "
+                                 f"{status.get('message')}")
+        return False
+
+    @staticmethod
+    def _until(done, wait: float, why: str) -> None:
+        deadline = time.monotonic() + wait
+        while not done():
+            if time.monotonic() > deadline:
+                raise WorkerApiError(why)
+            time.sleep(POLL_S)
+
+    def _call(self, method: str, path: str, body: dict | None = None,
+              timeout: float | None = None, also_ok: tuple = ()):
+        """The router's JSON answer (None for none, or for a status in also_ok)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with _DIRECT.open(req, timeout=timeout or self.timeout) as r:
+                raw = r.read()
+        except urllib.error.HTTPError as e:
+            if e.code in also_ok:
+                return None
+            words = e.read()[:2000].decode("utf-8", "replace")
+            raise WorkerApiError(f"{method} {path}: HTTP {e.code} {words}") from None
+        except (OSError, ValueError) as e:  # URLError, timeouts, refused connections
+            raise WorkerApiError(f"{method} {path}: no answer from the router at {self.url}: "
+                                 f"{getattr(e, 'reason', e)}") from None
+        try:
+            return json.loads(raw) if raw.strip() else None
+        except ValueError:
+            return None  # vllm-router answers some calls in plain text

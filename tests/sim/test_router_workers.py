@@ -1,0 +1,241 @@
+"""hpcserve_runtime's RouterWorkers against the real routers, in the modes hpcserve starts them:
+a worker taken out gets no more requests while the others serve every one; put back, it gets
+requests again. The simulated engines log each request they answer ("POST /v1/... 200"), which
+tells where the router sent it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from hpcserve import engines
+from hpcserve.runtime.workers import KINDS, RouterWorkers, WorkerApiError
+from simlib import free_port, http, wait_router_ready, wait_status
+
+CHAT = {"model": "kimi-k2", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+SG_COMMON = ["--model-path", "/models/Kimi-K2", "--served-model-name", "kimi-k2",
+             "--host", "127.0.0.1"]
+
+
+def answered(proc) -> int:
+    """Generation requests the simulated engine answered (health checks are not logged)."""
+    return sum('"POST /' in line for line in proc.log().splitlines())
+
+
+def chat_all(url, n):
+    statuses = [http("POST", url + "/v1/chat/completions", CHAT)[0] for _ in range(n)]
+    assert statuses == [200] * n, statuses
+
+
+class Traffic:
+    """Requests sent one after another through the router while workers change: none may
+    fail, since another worker of every role is serving throughout."""
+
+    def __init__(self, url):
+        self.url, self.results, self.stop = url, [], threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop.is_set():
+            self.results.append(http("POST", self.url + "/v1/chat/completions", CHAT))
+
+    def settle(self, timeout=30):
+        """Until a request that started after this call has been answered: the one that may
+        have been on its way to a worker while it was taken out is over by then."""
+        n = len(self.results)
+        deadline = time.monotonic() + timeout
+        while len(self.results) < n + 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def check(self):
+        self.stop.set()
+        self.thread.join(30)
+        failed = [r for r in self.results if r[0] != 200]
+        assert self.results and not failed, failed[:3]
+
+
+def take_out_and_put_back(rw, router_url, out, others, role, boot=None):
+    """The recovery sequence: remove `out`, serve through `others`, add `out` back."""
+    url = out.url
+    traffic = Traffic(router_url)
+    rw.remove(url)
+    assert url not in rw.listed()
+    traffic.settle()
+    before, others_before = answered(out.proc), sum(answered(o.proc) for o in others)
+    chat_all(router_url, 6)
+    assert out.proc.alive(), "the removed worker must still run: it is the router that skips it"
+    assert answered(out.proc) == before, "a request reached the removed worker"
+    assert sum(answered(o.proc) for o in others) >= others_before + 6
+    rw.add(url, role, boot)
+    assert url in rw.listed()
+    chat_all(router_url, 6)
+    assert answered(out.proc) > before, "no request reached the worker put back"
+    traffic.check()
+
+
+class W:
+    def __init__(self, proc, port):
+        self.proc, self.url = proc, f"http://127.0.0.1:{port}"
+
+
+def sglang_worker(procs, name, *argv):
+    port = free_port()
+    p = procs.engine(*SG_COMMON, "--port", port, *argv, name=name)
+    wait_status(f"http://127.0.0.1:{port}/health", proc=p)
+    return W(p, port)
+
+
+def sglang_pd(procs):
+    """Two prefill (each with its own bootstrap port) and two decode instances behind
+    sglang-router in PD mode, as SGLangRouter.argv starts it."""
+    boots = [free_port(), free_port()]
+    pd = ["--disaggregation-transfer-backend", "mooncake", "--disaggregation-ib-device", "mlx5_0"]
+    prefill = [sglang_worker(procs, f"prefill{i}", *pd, "--disaggregation-mode", "prefill",
+                             "--disaggregation-bootstrap-port", b) for i, b in enumerate(boots)]
+    # a decode's own bootstrap port is only its fallback when the router sends none
+    decode = [sglang_worker(procs, f"decode{i}", *pd, "--disaggregation-mode", "decode",
+                            "--disaggregation-bootstrap-port", boots[0]) for i in range(2)]
+    port = free_port()
+    args = ["--pd-disaggregation"]
+    for w, b in zip(prefill, boots):
+        args += ["--prefill", w.url, b]
+    for w in decode:
+        args += ["--decode", w.url]
+    r = procs.router(*args, "--host", "127.0.0.1", "--port", port, "--policy", "round_robin")
+    wait_router_ready(r, port, workers=4)
+    return f"http://127.0.0.1:{port}", prefill, decode, boots
+
+
+def test_sglang_pd_takes_a_prefill_out_and_puts_it_back(procs):
+    url, prefill, decode, boots = sglang_pd(procs)
+    rw = RouterWorkers("queued", url)
+    assert rw.live and sorted(rw.listed()) == sorted(w.url for w in prefill + decode)
+    # Its requests succeed once it is back only if the router hands the decodes its own
+    # bootstrap port (theirs is prefill 0's): a decode fails the request without that KV.
+    take_out_and_put_back(rw, url, prefill[1], [prefill[0]], "prefill", boots[1])
+
+
+def test_sglang_pd_takes_a_decode_out_and_puts_it_back(procs):
+    url, prefill, decode, _ = sglang_pd(procs)
+    take_out_and_put_back(RouterWorkers("queued", url), url, decode[0], [decode[1]], "decode")
+
+
+def test_sglang_pd_with_no_prefill_left_answers_503_at_once(procs):
+    # What a role with no worker left means to clients: the router answers at once, 503.
+    url, prefill, _, _ = sglang_pd(procs)
+    rw = RouterWorkers("queued", url)
+    for w in prefill:
+        rw.remove(w.url)
+    status, body = http("POST", url + "/v1/chat/completions", CHAT, timeout=5)
+    assert status == 503 and "No prefill workers available" in json.dumps(body)
+
+
+def sglang_plain(procs):
+    workers = [sglang_worker(procs, f"worker{i}") for i in range(2)]
+    port = free_port()
+    r = procs.router("--worker-urls", *[w.url for w in workers], "--host", "127.0.0.1",
+                     "--port", port, "--policy", "round_robin")
+    wait_router_ready(r, port, workers=2)
+    return f"http://127.0.0.1:{port}", workers
+
+
+def test_sglang_plain_takes_a_worker_out_and_puts_it_back(procs):
+    url, workers = sglang_plain(procs)
+    take_out_and_put_back(RouterWorkers("queued", url), url, workers[0], [workers[1]], "worker")
+
+
+def test_sglang_removing_an_unlisted_worker_is_fine_and_a_refused_add_raises(procs):
+    url, workers = sglang_plain(procs)
+    rw = RouterWorkers("queued", url)
+    rw.remove(f"http://127.0.0.1:{free_port()}")
+    rw.remove(workers[0].url)
+    rw.remove(workers[0].url)  # twice: the second finds it out already
+    assert rw.listed() == [workers[1].url]
+    rw.add(workers[1].url, "worker")  # listed already: nothing to do, no "already exists"
+    nobody = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(WorkerApiError, match=f"{nobody} not listed by the router 1s after"):
+        rw.add(nobody, "worker", wait=1)
+
+
+def test_sglang_a_failed_add_job_raises_with_the_routers_words(procs):
+    w = sglang_worker(procs, "worker0")
+    port = free_port()
+    r = procs.router("--worker-urls", w.url, "--host", "127.0.0.1", "--port", port,
+                     "--policy", "round_robin", "--worker-startup-timeout-secs", 1)
+    wait_router_ready(r, port, workers=1)
+    nobody = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(WorkerApiError, match="health checks failed for " + nobody):
+        RouterWorkers("queued", f"http://127.0.0.1:{port}").add(nobody, "worker", wait=20)
+
+
+def vllm_plain(procs):
+    workers = []
+    for i in range(2):
+        port = free_port()
+        p = procs.vllm("/models/k2", "--served-model-name", "kimi-k2", "--host", "127.0.0.1",
+                       "--port", port, name=f"worker{i}")
+        wait_status(f"http://127.0.0.1:{port}/health", proc=p)
+        workers.append(W(p, port))
+    port = free_port()
+    r = procs.vllm_router("--worker-urls", *[w.url for w in workers], "--port", port,
+                          "--worker-startup-timeout-secs", 3)
+    wait_status(f"http://127.0.0.1:{port}/readiness", proc=r, timeout=30)
+    return f"http://127.0.0.1:{port}", workers
+
+
+def test_vllm_plain_takes_a_worker_out_and_puts_it_back(procs):
+    url, workers = vllm_plain(procs)
+    rw = RouterWorkers("direct", url)
+    assert rw.live
+    take_out_and_put_back(rw, url, workers[1], [workers[0]], "worker")
+
+
+def test_vllm_plain_removing_an_unlisted_worker_is_fine_and_a_refused_add_raises(procs):
+    url, workers = vllm_plain(procs)
+    rw = RouterWorkers("direct", url)
+    rw.remove(f"http://127.0.0.1:{free_port()}")
+    rw.add(workers[0].url, "worker")  # listed already
+    nobody = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(WorkerApiError, match=f"HTTP 400 .*Timeout 3s waiting for worker {nobody}"):
+        rw.add(nobody, "worker", wait=20)
+    assert nobody not in rw.listed()
+
+
+def test_vllm_pd_router_cannot_add_so_its_kind_is_restart(procs):
+    """vllm-router 0.1.17 in PD mode, as VLLMRouter.argv starts it, refuses to add a worker;
+    the plan says "restart" for it, and a "restart" RouterWorkers is not live."""
+    ports = [free_port(), free_port()]
+    for port, role in zip(ports, ("kv_producer", "kv_consumer")):
+        kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": role})
+        p = procs.vllm("/models/k2", "--served-model-name", "kimi-k2", "--host", "127.0.0.1",
+                       "--port", port, "--kv-transfer-config", kv, name=role,
+                       VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
+                       VLLM_NIXL_SIDE_CHANNEL_PORT=free_port())
+        wait_status(f"http://127.0.0.1:{port}/health", proc=p)
+    rport = free_port()
+    r = procs.vllm_router("--vllm-pd-disaggregation", "--prefill", f"http://127.0.0.1:{ports[0]}",
+                          "--decode", f"http://127.0.0.1:{ports[1]}", "--port", rport)
+    url = f"http://127.0.0.1:{rport}"
+    wait_status(url + "/readiness", proc=r, timeout=30)
+    extra = f"http://127.0.0.1:{free_port()}"
+    status, body = http("POST", url + "/workers", {"url": extra, "worker_type": "prefill"})
+    assert status == 400 and "PD router requires specific add_prefill_server" in body["error"]
+    assert engines.get("vllm").router_for(True).workers_api(True) == "restart"
+    rw = RouterWorkers("restart", url)
+    assert rw.live is False
+    for call in (lambda: rw.add(extra, "prefill", None), lambda: rw.remove(extra), rw.listed):
+        with pytest.raises(WorkerApiError, match="restart it with the new set"):
+            call()
+
+
+@pytest.mark.parametrize("name", engines.names())
+@pytest.mark.parametrize("pd", [False, True])
+def test_every_router_names_a_workers_api_the_runtime_knows(name, pd):
+    api = engines.get(name).router_for(pd).workers_api(pd)
+    assert api in KINDS
+    want = {"sglang": "queued", "ktransformers": "queued", "vllm": "restart" if pd else "direct"}
+    assert api == want.get(name, "restart"), (name, pd, api)
