@@ -105,6 +105,8 @@ CANARY: dict[tuple, tuple[Any, list[tuple[str | None, str]]]] = {
     ("roles", "prefill", "sim_fault", "exit_code"): (66, [(F_P1, "HPCSERVE_SIM_FAULT=exit:66:")]),
     ("roles", "prefill", "sim_fault", "instances"): ([1], []),  # see DIFFERENTIAL
     ("roles", "prefill", "sim_fault", "ranks"): ([1], [(F_P1, "HPCSERVE_SIM_FAULT_RANKS=1\n")]),
+    ("roles", "prefill", "sim_fault", "attempts"): ([0, 2], [
+        (F_P1, "HPCSERVE_SIM_FAULT_ATTEMPTS=0,2\n")]),
     # decode: 2 instances x 3 nodes of 6 GPUs = TP 9 x PP 2
     ("roles", "decode", "instances"): (2, [(F_D1, "# decode-1: ")]),
     ("roles", "decode", "nodes"): (3, [(F_D0, "--nnodes 3 ")]),
@@ -133,6 +135,7 @@ CANARY: dict[tuple, tuple[Any, list[tuple[str | None, str]]]] = {
     ("roles", "decode", "sim_fault", "exit_code"): (77, [(F_D1, "HPCSERVE_SIM_FAULT=exit:77:")]),
     ("roles", "decode", "sim_fault", "instances"): ([0, 1], []),  # see DIFFERENTIAL
     ("roles", "decode", "sim_fault", "ranks"): ([2, 0], [(F_D0, "HPCSERVE_SIM_FAULT_RANKS=2,0\n")]),
+    ("roles", "decode", "sim_fault", "attempts"): ([3], [(F_D1, "HPCSERVE_SIM_FAULT_ATTEMPTS=3\n")]),
     ("site", "network", "gid_index"): (3, [(F_PLAN, '"gid_index": 3')]),
     ("preflight", "waive"): (["ports", "clock"], [(F_PLAN, '"waive": ["ports", "clock"]')]),
     ("preflight", "max_clock_skew_s"): (4.5, [(F_PLAN, '"max_clock_skew_s": 4.5')]),
@@ -180,6 +183,13 @@ VARIANT: dict[tuple, tuple[Any, list, dict]] = {
     ("roles", "decode", "sim_fault", "after_requests"): (
         6, [(F_D0, "HPCSERVE_SIM_FAULT=empty:6\n")],
         {("roles", "decode", "sim_fault", "kind"): "empty"}),
+    # only the slow fault has a delay
+    ("roles", "prefill", "sim_fault", "delay"): (
+        4.5, [(F_P1, "HPCSERVE_SIM_FAULT=slow:4.5:")],
+        {("roles", "prefill", "sim_fault", "kind"): "slow"}),
+    ("roles", "decode", "sim_fault", "delay"): (
+        9.5, [(F_D0, "HPCSERVE_SIM_FAULT=slow:9.5:")],
+        {("roles", "decode", "sim_fault", "kind"): "slow"}),
     # gres replaces --gpus-per-node
     ("site", "slurm", "gres"): ("gpu:canary:6", [(F_JOB, "#SBATCH --gres=gpu:canary:6\n")], {}),
     # a share of one node instead of whole nodes
