@@ -17,10 +17,12 @@ Shared knobs (environment):
     hang:AFTER_S          the engine core wedges: no request progresses, counters stand still and
                           SIGTERM is ignored; what still answers is the engine's own: SGLang's
                           /health runs a generation, so it never answers; vLLM's API server
-                          answers /health 200 and /metrics (running/waiting stay > 0)
+                          answers /health 200 and /metrics (running/waiting stay > 0), and so
+                          does trtllm-serve's (its /metrics then an empty list)
     slow:DELAY_S[:AFTER_S]  from AFTER_S on (default 0), GET /health (and /health_generate)
                           answers only after DELAY_S, while generation goes on and /metrics
-                          answers at once: an engine that is slow because it is busy
+                          answers at once: an engine that is slow because it is busy (on the
+                          node rank that serves HTTP; unlike a hang it does not spread)
     unhealthy             /health answers 503
     empty:AFTER_N         0 output tokens, after AFTER_N generation requests answered as usual
     kv-lost:AFTER_N       a PD prefill hands no KV to its decode, after AFTER_N requests
@@ -343,12 +345,13 @@ class EngineBase:
         ranks = int_set("HPCSERVE_SIM_FAULT_RANKS", "0,2")
         attempts = int_set("HPCSERVE_SIM_FAULT_ATTEMPTS", "0,1")
         # A restarted instance is a new attempt; a fault for the first one must spare it.
-        attempt = int_set("HPCSERVE_ATTEMPT", "1") or {0}
+        raw = os.environ.get("HPCSERVE_ATTEMPT", "").strip() or "0"
+        if not raw.isdigit():
+            fatal(2, f"invalid HPCSERVE_ATTEMPT={raw!r}: expected 0, 1, ..")
         if ranks and self.rank not in ranks:
             return False
-        if attempts and not attempts & attempt:
-            log(f"fault injection not armed: attempt {min(attempt)} is not one of "
-                f"{sorted(attempts)}")
+        if attempts and int(raw) not in attempts:
+            log(f"fault injection not armed: attempt {raw} is not one of {sorted(attempts)}")
             return False
         return True
 
