@@ -161,15 +161,21 @@ class Site:
 class SimFault:
     """A fault the simulated engine injects (simulate: true only)."""
 
-    kind: Literal["exit", "hang", "unhealthy", "empty", "kv_lost"] = field(
+    kind: Literal["exit", "hang", "slow", "unhealthy", "empty", "kv_lost"] = field(
         default="exit", metadata=doc(
+            "hang: the engine core wedges (each engine's probes answer as the real one's do); "
+            "slow: /health answers only after delay seconds while generation goes on; "
             "empty: answers with 0 output tokens; kv_lost: a prefill that hands its KV to no "
             "decode (both after after_requests requests answered as usual)"))
     after: float = field(default=0.0, metadata=doc("seconds after start", ge=0))
     after_requests: int = field(default=0, metadata=doc(
         "empty, kv_lost: generation requests answered as usual first", ge=0))
+    delay: float = field(default=8.0, metadata=doc("slow: seconds each health probe takes",
+                                                   ge=0))
     exit_code: int = field(default=1, metadata=doc("", ge=0, le=255))
     instances: list[int] | None = field(default=None, metadata=doc("instances hit (default all)"))
+    attempts: list[int] | None = field(default=None, metadata=doc(
+        "attempts hit, 0 the first start and 1.. its restarts (default all)"))
     ranks: list[int] | None = field(default=None, metadata=doc("node ranks hit (default all)"))
 
 

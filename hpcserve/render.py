@@ -268,11 +268,14 @@ def _sim_env(plan: Plan, inst: Instance) -> list[tuple[str, Word]]:
     f = inst.fault
     if f is not None:
         spec = {"exit": f"exit:{f.exit_code}:{f.after:g}", "hang": f"hang:{f.after:g}",
+                "slow": f"slow:{f.delay:g}:{f.after:g}",
                 "unhealthy": "unhealthy", "empty": f"empty:{f.after_requests}",
                 "kv_lost": f"kv-lost:{f.after_requests}"}[f.kind]
         out.append(("HPCSERVE_SIM_FAULT", spec))
         if f.ranks is not None:
             out.append(("HPCSERVE_SIM_FAULT_RANKS", ",".join(map(str, f.ranks))))
+        if f.attempts is not None:  # the sim reads the attempt from HPCSERVE_ATTEMPT
+            out.append(("HPCSERVE_SIM_FAULT_ATTEMPTS", ",".join(map(str, f.attempts))))
     return out
 
 

@@ -12,12 +12,24 @@ Shared knobs (environment):
                                      NCCL watchdog does; so srun reports the dead node first (0.5)
   HPCSERVE_SIM_PREFILL_S_PER_TOKEN   prefill compute time per prompt token (default 0)
   HPCSERVE_SIM_DECODE_S_PER_TOKEN    time per output token (default 0)
-  HPCSERVE_SIM_FAULT                 exit:CODE:AFTER_S | hang:AFTER_S | unhealthy (AFTER_S counts
-                                     from process start; a hung server also ignores SIGTERM)
-                                     | empty:AFTER_N (0 output tokens) | kv-lost:AFTER_N (a PD
-                                     prefill hands no KV to its decode), after AFTER_N
-                                     generation requests answered as usual
+  HPCSERVE_SIM_FAULT                 one fault (AFTER_S counts from process start):
+    exit:CODE:AFTER_S     the process exits with CODE, saying goodbye to no peer
+    hang:AFTER_S          the engine core wedges: no request progresses, counters stand still and
+                          SIGTERM is ignored; what still answers is the engine's own: SGLang's
+                          /health runs a generation, so it never answers; vLLM's API server
+                          answers /health 200 and /metrics (running/waiting stay > 0), and so
+                          does trtllm-serve's (its /metrics then an empty list)
+    slow:DELAY_S[:AFTER_S]  from AFTER_S on (default 0), GET /health (and /health_generate)
+                          answers only after DELAY_S, while generation goes on and /metrics
+                          answers at once: an engine that is slow because it is busy (on the
+                          node rank that serves HTTP; unlike a hang it does not spread)
+    unhealthy             /health answers 503
+    empty:AFTER_N         0 output tokens, after AFTER_N generation requests answered as usual
+    kv-lost:AFTER_N       a PD prefill hands no KV to its decode, after AFTER_N requests
   HPCSERVE_SIM_FAULT_RANKS           node ranks the fault applies to, e.g. "0,2" (default: all)
+  HPCSERVE_SIM_FAULT_ATTEMPTS        attempts the fault applies to, e.g. "0" (default: all); the
+                                     attempt is HPCSERVE_ATTEMPT, which hpcserve's runtime sets
+                                     to 0 at the first start and 1, 2, .. at restarts
 """
 
 import json
@@ -282,6 +294,13 @@ class EngineBase:
         self.startup_delay = env_float("HPCSERVE_SIM_STARTUP_DELAY", 0.0)
         self.requests = 0               # generation requests so far
         self.request_faults = {}        # "empty" / "kv-lost" -> requests answered before it
+        self.slow = None                # slow fault: (monotonic time from, seconds per probe)
+        # What the engine's metrics count: requests before (waiting) and in (running) decode,
+        # and tokens in and out so far, the latter token by token as they are generated.
+        self.waiting = 0
+        self.running = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
 
     def exit(self, code, msg):
         """The one way out once peers may exist: tell them why, then leave without waiting for
@@ -310,37 +329,81 @@ class EngineBase:
 
     def start_fault(self):
         spec = os.environ.get("HPCSERVE_SIM_FAULT", "").strip()
-        if not spec:
-            return
-        ranks_raw = os.environ.get("HPCSERVE_SIM_FAULT_RANKS", "").strip()
-        try:
-            ranks = {int(r) for r in ranks_raw.split(",") if r.strip()}
-        except ValueError:
-            fatal(2, f"invalid HPCSERVE_SIM_FAULT_RANKS={ranks_raw!r}: expected e.g. 0,2")
-        if ranks and self.rank not in ranks:
+        if not spec or not self._fault_targets_me():
             return
         parts = spec.split(":")
         try:
-            if parts[0] == "exit" and len(parts) == 3:
-                code, after = int(parts[1]), float(parts[2])
-                self._after(after, lambda: self.fault_exit(code))
-            elif parts[0] == "hang" and len(parts) == 2:
-                self._after(float(parts[1]), self.fault_hang)
-            elif parts[0] in ("empty", "kv-lost") and len(parts) == 2:
-                self.request_faults[parts[0]] = int(parts[1])
-            elif parts == ["unhealthy"]:
-                self.unhealthy = True
-                self.tell_leader({"fault": "unhealthy", "rank": self.rank})
-            else:
-                raise ValueError
+            self._arm(parts)
         except ValueError:
             fatal(2, f"invalid HPCSERVE_SIM_FAULT={spec!r}: expected exit:CODE:AFTER_S, "
-                     "hang:AFTER_S, unhealthy, empty:AFTER_N or kv-lost:AFTER_N")
+                     "hang:AFTER_S, slow:DELAY_S[:AFTER_S], unhealthy, empty:AFTER_N or "
+                     "kv-lost:AFTER_N")
         log(f"fault injection armed: {spec}")
+
+    def _fault_targets_me(self):
+        """Whether this node rank, in this attempt, is one the fault is for."""
+        ranks = int_set("HPCSERVE_SIM_FAULT_RANKS", "0,2")
+        attempts = int_set("HPCSERVE_SIM_FAULT_ATTEMPTS", "0,1")
+        # A restarted instance is a new attempt; a fault for the first one must spare it.
+        raw = os.environ.get("HPCSERVE_ATTEMPT", "").strip() or "0"
+        if not raw.isdigit():
+            fatal(2, f"invalid HPCSERVE_ATTEMPT={raw!r}: expected 0, 1, ..")
+        if ranks and self.rank not in ranks:
+            return False
+        if attempts and int(raw) not in attempts:
+            log(f"fault injection not armed: attempt {raw} is not one of {sorted(attempts)}")
+            return False
+        return True
+
+    def _arm(self, parts):
+        if parts[0] == "exit" and len(parts) == 3:
+            code, after = int(parts[1]), float(parts[2])
+            self._after(after, lambda: self.fault_exit(code))
+        elif parts[0] == "hang" and len(parts) == 2:
+            self._after(float(parts[1]), self.fault_hang)
+        elif parts[0] == "slow" and len(parts) in (2, 3):
+            delay, after = float(parts[1]), float(parts[2]) if len(parts) == 3 else 0.0
+            if delay < 0 or after < 0:
+                raise ValueError
+            self.slow = (START + after, delay)
+        elif parts[0] in ("empty", "kv-lost") and len(parts) == 2:
+            self.request_faults[parts[0]] = int(parts[1])
+        elif parts == ["unhealthy"]:
+            self.unhealthy = True
+            self.tell_leader({"fault": "unhealthy", "rank": self.rank})
+        else:
+            raise ValueError
+
+    def probe_delay(self):
+        """Seconds a health probe waits under the slow fault (0 before it starts)."""
+        if self.slow is None or time.monotonic() < self.slow[0]:
+            return 0.0
+        return self.slow[1]
 
     def count_request(self):
         with self.lock:
             self.requests += 1
+            self.waiting += 1
+
+    def prefilled(self, prompt):
+        """A request's prompt is in: it leaves the queue and decodes."""
+        with self.lock:
+            self.waiting -= 1
+            self.running += 1
+            self.prompt_tokens += prompt
+
+    def generated(self):
+        """One output token of one request."""
+        with self.lock:
+            self.generation_tokens += 1
+
+    def finished(self, decoding):
+        """A generation request ended, answered or failed, while waiting or `decoding`."""
+        with self.lock:
+            if decoding:
+                self.running -= 1
+            else:
+                self.waiting -= 1
 
     def faulty(self, kind):
         """Whether a request fault (empty, kv-lost) applies to the request being answered."""
@@ -358,7 +421,7 @@ class EngineBase:
         os._exit(code)  # a crash: no goodbye to peers, they must notice the dead socket
 
     def fault_hang(self):
-        log("fault injection: hanging (HTTP requests will not be answered)")
+        log("fault injection: hanging (no request makes progress from now on)")
         self.frozen.set()
         self.tell_leader({"fault": "hang", "rank": self.rank})
 
@@ -387,6 +450,15 @@ class BadRequest(Exception):
 
 class KVTransferError(Exception):
     pass
+
+
+def int_set(name, example):
+    """The integers of a comma-separated environment variable (empty: none given)."""
+    raw = os.environ.get(name, "").strip()
+    try:
+        return {int(r) for r in raw.split(",") if r.strip()}
+    except ValueError:
+        fatal(2, f"invalid {name}={raw!r}: expected e.g. {example}")
 
 
 def count_tokens(text):
@@ -489,6 +561,24 @@ class HandlerBase(BaseHTTPRequestHandler):
         if self.engine.frozen.is_set():
             threading.Event().wait()
 
+    def health(self):
+        """GET /health: under the slow fault a busy engine answers late, but answers."""
+        time.sleep(self.engine.probe_delay())
+        self.send_json(200 if self.healthy() else 503, None)
+
+    def start_decode(self, prompt):
+        """The request's prefill is done (`prompt` tokens): from now on it is running."""
+        if not self.decoding:
+            self.decoding = True
+            self.engine.prefilled(prompt)
+
+    def decode_step(self):
+        """One output token: it takes decode_s, and a hung engine core never makes it."""
+        self.freeze_if_hung()
+        time.sleep(self.engine.decode_s)
+        self.freeze_if_hung()  # the hang may have come while this token was computed
+        self.engine.generated()
+
     def healthy(self):
         eng = self.engine
         return eng.status == "ready" and not eng.terminating and not eng.unhealthy
@@ -513,14 +603,25 @@ class HandlerBase(BaseHTTPRequestHandler):
             body = self.read_body()
             if eng.terminating or eng.status != "ready":
                 return self.error(kind, 503, "server is not ready or is shutting down")
-            eng.count_request()
-            self.generate(kind, body)
+            self.counted(kind, body)
         except BadRequest as e:
             self.error(kind, 400, str(e))
         except KVTransferError as e:
             self.error(kind, 500, self.kv_failure(e))
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
             self.error(kind, 400, f"malformed request: {e!r}")  # odd shapes of valid JSON
+
+    def counted(self, kind, body):
+        """generate() with the request counted as waiting, then running, until it ends; a hung
+        engine core still queues a new request (the API server takes it), but never runs it."""
+        eng = self.engine
+        eng.count_request()
+        self.decoding = False
+        try:
+            self.freeze_if_hung()
+            self.generate(kind, body)
+        finally:
+            eng.finished(self.decoding)
 
     def kv_failure(self, e):
         """The message of a request whose KV never arrived."""
@@ -532,7 +633,6 @@ class HandlerBase(BaseHTTPRequestHandler):
 
     def openai_post(self):
         """do_POST of an engine that serves the OpenAI generation routes only."""
-        self.freeze_if_hung()
         path = self.path.split("?")[0]
         if path not in self.OPENAI_POSTS:
             return self.send_json(404, {"detail": "Not Found"})
@@ -556,11 +656,11 @@ class HandlerBase(BaseHTTPRequestHandler):
         if self.engine.faulty("empty"):
             log("fault injection: answering with 0 output tokens")
             n = 0
+        self.start_decode(prompt)
         if body.get("stream"):
             return self.stream(kind, body, rid, model, prompt, n, extra or {})
         for _ in range(n):
-            self.freeze_if_hung()
-            time.sleep(self.engine.decode_s)
+            self.decode_step()
         self.send_json(200, {**self.final(kind, rid, model, prompt, n), **(extra or {})})
 
     def final(self, kind, rid, model, prompt, n):
@@ -579,7 +679,6 @@ class HandlerBase(BaseHTTPRequestHandler):
                 "choices": [choice], "usage": usage}
 
     def stream(self, kind, body, rid, model, prompt, n, extra):
-        eng = self.engine
         created = int(time.time())
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
@@ -593,8 +692,7 @@ class HandlerBase(BaseHTTPRequestHandler):
         if kind == "chat":
             self.sse(chunk({"delta": {"role": "assistant", "content": ""}}))
         for i in range(n):
-            self.freeze_if_hung()
-            time.sleep(eng.decode_s)
+            self.decode_step()
             tok = f" tok{i}"
             self.sse(chunk({"delta": {"content": tok}} if kind == "chat" else {"text": tok}))
         self.sse({**chunk({"delta": {}} if kind == "chat" else {"text": ""}, "length"), **extra})
@@ -602,6 +700,18 @@ class HandlerBase(BaseHTTPRequestHandler):
             self.sse({"id": rid, "object": obj, "created": created, "model": model,
                       "choices": [], "usage": usage})
         self.end_stream()
+
+
+def prometheus(metrics):
+    """Prometheus text format, as prometheus_client writes it: `metrics` holds (name, type,
+    help, [(labels, value)]); a counter's name ends in _total on its # TYPE line too."""
+    out = []
+    for name, mtype, text, samples in metrics:
+        out += [f"# HELP {name} {text}", f"# TYPE {name} {mtype}"]
+        for labels, value in samples:
+            lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+            out.append(f"{name}{{{lab}}} {float(value)!r}")
+    return "\n".join(out) + "\n"
 
 
 def serve_http(eng, sock, handler):

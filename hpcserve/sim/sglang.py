@@ -28,7 +28,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hpcserve_simcore import (TAG, BadRequest, EngineBase, HandlerBase,  # noqa: E402
                               KVTransferError, Rendezvous, bind_socket, count_tokens, env_float,
-                              fatal, first_int, log, self_check, serve_http)
+                              fatal, first_int, log, prometheus, self_check, serve_http)
 
 SGLANG_VERSION = "0.5.23"
 
@@ -60,6 +60,7 @@ def parse_args(argv):
     p.add_argument("--disaggregation-ib-device", default=None)
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
+    p.add_argument("--enable-metrics", action="store_true")
     # KTransformers: kt-kernel's CPU experts (--kt-amx-* before SGLang 0.5.6)
     p.add_argument("--kt-weight-path", "--kt-amx-weight-path", dest="kt_weight_path")
     p.add_argument("--kt-method", "--kt-amx-method", dest="kt_method", default="AMXINT4")
@@ -219,6 +220,20 @@ class Engine(EngineBase):
         )
         return info
 
+    def metrics(self):
+        """GET /metrics of SGLang 0.5.23 with --enable-metrics: the scheduler's gauges and the
+        tokenizer manager's token counters (the latter advance token by token)."""
+        lab = {"model_name": self.args.served_model_name}
+        return prometheus([
+            ("sglang:num_running_reqs", "gauge", "The number of running requests.",
+             [(lab, self.running)]),
+            ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
+             [(lab, self.waiting)]),
+            ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+             [(lab, self.prompt_tokens)]),
+            ("sglang:generation_tokens_total", "counter", "Number of generation tokens "
+             "processed.", [(lab, self.generation_tokens)])])
+
     def model_info(self):
         a = self.args
         return {"model_path": a.model_path, "tokenizer_path": a.tokenizer_path,
@@ -229,13 +244,18 @@ class Engine(EngineBase):
 
 
 class SimHandler(HandlerBase):
-    quiet_paths = ("/health", "/health_generate", "/ready")
+    quiet_paths = ("/health", "/health_generate", "/ready", "/metrics")
 
     # -- routing
     def do_GET(self):
-        self.freeze_if_hung()
         eng, path = self.engine, self.path.split("?")[0]
-        if path in ("/health", "/health_generate", "/ready"):
+        if path == "/metrics" and eng.args.enable_metrics:
+            # the tokenizer manager's process answers even while the scheduler is hung
+            return self.send_text(200, eng.metrics(), "text/plain; version=0.0.4; charset=utf-8")
+        self.freeze_if_hung()  # every other route waits on the scheduler (/health generates)
+        if path in ("/health", "/health_generate"):
+            return self.health()
+        if path == "/ready":
             return self.send_json(200 if self.healthy() else 503, None)
         if path in ("/server_info", "/get_server_info"):
             return self.send_json(200, eng.server_info())
@@ -253,11 +273,11 @@ class SimHandler(HandlerBase):
         return self.send_json(404, {"detail": "Not Found"})
 
     def do_POST(self):
-        self.freeze_if_hung()
         path = self.path.split("?")[0]
         kinds = {"/generate": "generate", "/v1/completions": "completion",
                  "/v1/chat/completions": "chat"}
         if path not in kinds:
+            self.freeze_if_hung()
             if path == "/flush_cache":
                 return self.send_json(200, None)
             return self.send_json(404, {"detail": "Not Found"})
@@ -326,13 +346,13 @@ class SimHandler(HandlerBase):
         model = body.get("model") or eng.args.served_model_name
         if kind != "generate":
             return self.respond(kind, body, rid, model, prompts[0], max_new)
+        self.start_decode(sum(prompts))
         if stream:
             return self.stream_generate(rid, prompts[0], max_new, t0)
         results = []
         for i, n in enumerate(prompts):
             for _ in range(max_new):
-                self.freeze_if_hung()
-                time.sleep(eng.decode_s)
+                self.decode_step()
             results.append({"text": "".join(f" tok{k}" for k in range(max_new)),
                             "output_ids": [1000 + k for k in range(max_new)],
                             "meta_info": self.meta(f"{rid}-{i}" if batch else rid, n, max_new,
@@ -349,8 +369,7 @@ class SimHandler(HandlerBase):
         self.start_stream()
         text = ""
         for i in range(n):
-            self.freeze_if_hung()
-            time.sleep(self.engine.decode_s)
+            self.decode_step()
             text += f" tok{i}"
             # SGLang streams the cumulative text by default.
             self.sse({"text": text, "output_ids": [1000 + j for j in range(i + 1)],

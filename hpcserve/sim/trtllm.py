@@ -23,6 +23,7 @@ Faults and timings: see hpcserve_simcore (HPCSERVE_SIM_*; fault ranks are node r
 """
 
 import base64
+import collections
 import itertools
 import json
 import os
@@ -186,6 +187,9 @@ class Engine(EngineBase):
         self.kv_lock = threading.Lock()
         self.ids = itertools.count(1)
         self.kv_timeout = env_float("HPCSERVE_SIM_KV_TIMEOUT", 5.0)
+        self.iter_stats = None          # enable_iter_perf_stats: the iterations not yet read
+        self.iter_cv = threading.Condition()
+        self.iter_counter = 0
 
     def check_world(self):
         w = self.world
@@ -218,6 +222,67 @@ class Engine(EngineBase):
             fatal(1, f"pydantic ValidationError: cache_transceiver_config.backend: "
                      f"{ct!r} is not one of {', '.join(TRANSCEIVER_BACKENDS)}")
         self.api = api
+        if api.get("enable_iter_perf_stats"):
+            # the PyTorch executor keeps the last max_stats_len iterations until /metrics
+            self.iter_stats = collections.deque(maxlen=int(api.get("max_stats_len") or 1000))
+
+    # -- iteration stats, as the PyTorch executor records them (one iteration per token here)
+    def prefilled(self, prompt):
+        super().prefilled(prompt)
+        self.iteration(ctx_tokens=prompt)
+
+    def generated(self):
+        super().generated()
+        self.iteration()
+
+    def finished(self, decoding):
+        super().finished(decoding)
+        if decoding:
+            self.iteration(completed=1, scheduled=0)
+
+    def iteration(self, ctx_tokens=0, completed=0, scheduled=1):
+        if self.iter_stats is None:
+            return
+        with self.iter_cv:
+            self.iter_stats.append(self.iteration_stats(ctx_tokens, completed, scheduled))
+            self.iter_counter += 1
+            self.iter_cv.notify_all()
+
+    def iteration_stats(self, ctx_tokens, completed, scheduled):
+        """One IterationStats as JsonSerialization writes it (camelCase, every field)."""
+        ctx = 1 if ctx_tokens else 0
+        ms = 1000 * (self.prefill_s * ctx_tokens if ctx else self.decode_s)
+        max_batch = opt_int(self.opts, ("--max_batch_size",), 2048)
+        return {
+            "timestamp": "", "iter": self.iter_counter, "iterLatencyMS": ms,
+            "newActiveRequestsQueueLatencyMS": 0.0, "numNewActiveRequests": ctx,
+            "numActiveRequests": self.running, "numQueuedRequests": self.waiting,
+            "numCompletedRequests": completed, "maxNumActiveRequests": max_batch,
+            "maxBatchSizeStatic": max_batch, "maxBatchSizeTunerRecommended": 0,
+            "maxBatchSizeRuntime": max_batch, "maxNumTokensStatic": 8192,
+            "maxNumTokensTunerRecommended": 0, "maxNumTokensRuntime": 8192,
+            "gpuMemUsage": 0, "cpuMemUsage": 0, "pinnedMemUsage": 0,
+            "kvCacheStats": {"maxNumBlocks": 65536, "freeNumBlocks": 65536 - self.running,
+                             "usedNumBlocks": self.running, "tokensPerBlock": 32,
+                             "allocTotalBlocks": self.running, "allocNewBlocks": ctx,
+                             "reusedBlocks": 0, "missedBlocks": ctx, "cacheHitRate": 0.0},
+            "staticBatchingStats": None,
+            "inflightBatchingStats": {
+                "numScheduledRequests": scheduled, "numContextRequests": ctx * scheduled,
+                "numGenRequests": (1 - ctx) * scheduled, "numPausedRequests": 0,
+                "numCtxTokens": ctx_tokens, "microBatchId": 0,
+                "avgNumDecodedTokensPerIter": 0.0},
+            "specDecodingStats": None}
+
+    def take_iteration_stats(self, timeout=2.0):
+        """GET /metrics: get_stats_async(2) drains what the executor kept, waiting up to 2 s
+        for an iteration when there is none (so an idle or hung engine answers [] late)."""
+        with self.iter_cv:
+            self.iter_cv.wait_for(lambda: self.iter_stats, timeout)
+            out = list(self.iter_stats or ())
+            if self.iter_stats:
+                self.iter_stats.clear()
+        return out
 
     @property
     def backend(self):
@@ -287,17 +352,22 @@ class Engine(EngineBase):
 
 class TRTLLMHandler(HandlerBase):
     do_POST = HandlerBase.openai_post
+    quiet_paths = ("/health", "/metrics")
 
     def do_GET(self):
-        self.freeze_if_hung()
+        # No freeze: the server's event loop answers while the executor is hung; /health only
+        # asks whether the executor has failed, /metrics reads the (then empty) stats queue.
         eng, path = self.engine, self.path.split("?")[0]
         if path == "/health":
-            return self.send_json(200 if self.healthy() else 503, None)
+            return self.health()
+        if path == "/metrics":
+            return self.send_json(200, eng.take_iteration_stats())
         if path == "/v1/models":
             return self.send_json(200, {"object": "list", "data": [{
                 "id": eng.model, "object": "model", "created": int(time.time()),
                 "owned_by": "tensorrt_llm"}]})
         if path.startswith("/hpcserve-sim/kv/"):
+            self.freeze_if_hung()  # the KV leaves through the (hung) executor
             try:
                 rid = int(path.rsplit("/", 1)[1])
             except ValueError:
@@ -327,6 +397,7 @@ class TRTLLMHandler(HandlerBase):
                 raise BadRequest("context_only request, but this server has no "
                                  "cache_transceiver_config")
             ctx_id, state = eng.keep_kv(prompt)
+            self.start_decode(prompt)
             final = self.final(kind, rid, body.get("model") or eng.model, prompt, 1)
             final["choices"][0]["disaggregated_params"] = {
                 "request_type": "context_only", "first_gen_tokens": [1],

@@ -43,7 +43,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hpcserve_simcore import (TAG, EngineBase, HandlerBase,  # noqa: E402
                               KVTransferError, Rendezvous, bind_socket, env_float, fatal, log,
-                              read_msg, self_check, send_msg, serve_http)
+                              prometheus, read_msg, self_check, send_msg, serve_http)
 
 VLLM_VERSION = "0.33.0"
 
@@ -361,12 +361,20 @@ class Engine(EngineBase):
         raise KVTransferError(f"transfer {tid} never arrived from {base}")
 
     def metrics(self):
-        a = self.args
-        lines = ["# TYPE vllm:num_requests_running gauge"]
-        for r in range(a.data_parallel_size):
-            lines.append(f'vllm:num_requests_running{{engine="{r}",model_name="{a.served}"}} '
-                         f"{self.inflight if r == 0 else 0}")
-        return "\n".join(lines) + "\n"
+        """vLLM's /metrics: one `engine` label per DP rank (vllm-router counts them); the
+        simulator runs every request on rank 0, so the others read 0."""
+        def per_engine(value):
+            return [({"engine": str(r), "model_name": self.args.served}, value if r == 0 else 0)
+                    for r in range(self.args.data_parallel_size)]
+        return prometheus([
+            ("vllm:num_requests_running", "gauge",
+             "Number of requests in model execution batches.", per_engine(self.running)),
+            ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+             per_engine(self.waiting)),
+            ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+             per_engine(self.prompt_tokens)),
+            ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+             per_engine(self.generation_tokens))])
 
 
 class VLLMHandler(HandlerBase):
@@ -374,11 +382,12 @@ class VLLMHandler(HandlerBase):
     quiet_paths = ("/health", "/metrics")
 
     def do_GET(self):
-        self.freeze_if_hung()
+        # No freeze here: the API server process answers even while the engine core is hung
+        # (/health only asks whether the engine core has died, not whether it makes progress).
         eng, path = self.engine, self.path.split("?")[0]
         a = eng.args
         if path == "/health":
-            return self.send_json(200 if self.healthy() else 503, None)
+            return self.health()
         if path == "/v1/models":
             return self.send_json(200, {"object": "list", "data": [{
                 "id": a.served, "object": "model", "created": int(time.time()),

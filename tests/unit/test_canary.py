@@ -110,6 +110,8 @@ CANARY: dict[tuple, tuple[Any, list[tuple[str | None, str]]]] = {
     ("roles", "prefill", "recovery", "max_restarts"): (7, [(F_PLAN, '"max_restarts": 7')]),
     ("roles", "prefill", "recovery", "backoff_s"): (2.5, [(F_PLAN, '"backoff_s": 2.5')]),
     ("roles", "prefill", "recovery", "min_serving"): (2, [(F_PLAN, '"min_serving": 2')]),
+    ("roles", "prefill", "sim_fault", "attempts"): ([0, 2], [
+        (F_P1, "HPCSERVE_SIM_FAULT_ATTEMPTS=0,2\n")]),
     # decode: 2 instances x 3 nodes of 6 GPUs = TP 9 x PP 2
     ("roles", "decode", "instances"): (2, [(F_D1, "# decode-1: ")]),
     ("roles", "decode", "nodes"): (3, [(F_D0, "--nnodes 3 ")]),
@@ -143,6 +145,7 @@ CANARY: dict[tuple, tuple[Any, list[tuple[str | None, str]]]] = {
     ("roles", "decode", "recovery", "max_restarts"): (8, [(F_PLAN, '"max_restarts": 8')]),
     ("roles", "decode", "recovery", "backoff_s"): (3.5, [(F_PLAN, '"backoff_s": 3.5')]),
     ("roles", "decode", "recovery", "min_serving"): (0, [(F_PLAN, '"min_serving": 0')]),
+    ("roles", "decode", "sim_fault", "attempts"): ([3], [(F_D1, "HPCSERVE_SIM_FAULT_ATTEMPTS=3\n")]),
     ("site", "network", "gid_index"): (3, [(F_PLAN, '"gid_index": 3')]),
     ("preflight", "waive"): (["ports", "clock"], [(F_PLAN, '"waive": ["ports", "clock"]')]),
     ("preflight", "max_clock_skew_s"): (4.5, [(F_PLAN, '"max_clock_skew_s": 4.5')]),
@@ -190,6 +193,13 @@ VARIANT: dict[tuple, tuple[Any, list, dict]] = {
     ("roles", "decode", "sim_fault", "after_requests"): (
         6, [(F_D0, "HPCSERVE_SIM_FAULT=empty:6\n")],
         {("roles", "decode", "sim_fault", "kind"): "empty"}),
+    # only the slow fault has a delay
+    ("roles", "prefill", "sim_fault", "delay"): (
+        4.5, [(F_P1, "HPCSERVE_SIM_FAULT=slow:4.5:")],
+        {("roles", "prefill", "sim_fault", "kind"): "slow"}),
+    ("roles", "decode", "sim_fault", "delay"): (
+        9.5, [(F_D0, "HPCSERVE_SIM_FAULT=slow:9.5:")],
+        {("roles", "decode", "sim_fault", "kind"): "slow"}),
     # gres replaces --gpus-per-node
     ("site", "slurm", "gres"): ("gpu:canary:6", [(F_JOB, "#SBATCH --gres=gpu:canary:6\n")], {}),
     # a share of one node instead of whole nodes

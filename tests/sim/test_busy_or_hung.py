@@ -1,0 +1,243 @@
+"""What a runtime reads to tell a hung engine from a busy one, from each simulated engine as the
+real one shows it: Prometheus /metrics whose token counters move while a request generates
+(SGLang only with --enable-metrics, vLLM always), TensorRT-LLM's JSON iteration stats; the slow
+fault (health probes answer late while generation goes on), each engine's own kind of hang, and
+faults that hit only some attempts of an instance."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+import threading
+import time
+
+import pytest
+
+from simlib import REPO, clean_env, free_port, get_status, http, sse_events, wait_status
+
+DECODE = 0.05  # seconds per output token: a 60-token stream takes 3 s
+
+
+def metric(text, name):
+    """The value of the first sample of `name` in Prometheus text."""
+    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    assert m, f"{name} not in:\n{text}"
+    return float(m.group(1))
+
+
+def background(fn):
+    """Run fn in a thread; returns a dict that gets `result` (or `error`) and `done_at`."""
+    out = {}
+
+    def run():
+        try:
+            out["result"] = fn()
+        except Exception as e:  # noqa: BLE001 - reported by the test that reads it
+            out["error"] = e
+        out["done_at"] = time.monotonic()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    out["thread"] = t
+    return out
+
+
+def stream(port, tokens, timeout=30):
+    return sse_events(f"http://127.0.0.1:{port}/v1/completions",
+                      {"model": "m", "prompt": "one two three", "max_tokens": tokens,
+                       "stream": True}, timeout=timeout)
+
+
+def sglang(procs, *extra, name="sglang", **env):
+    port = free_port()
+    p = procs.engine("--model-path", "/m", "--served-model-name", "kimi-k2", "--port", port,
+                     *extra, name=name, HPCSERVE_SIM_DECODE_S_PER_TOKEN=DECODE, **env)
+    wait_status(f"http://127.0.0.1:{port}/model_info", proc=p)
+    return port
+
+
+def vllm(procs, name="vllm", **env):
+    port = free_port()
+    p = procs.vllm("/m", "--served-model-name", "kimi-k2", "--host", "127.0.0.1", "--port",
+                   port, name=name, HPCSERVE_SIM_DECODE_S_PER_TOKEN=DECODE, **env)
+    wait_status(f"http://127.0.0.1:{port}/v1/models", proc=p)
+    return port
+
+
+PROM = {"sglang": ("sglang:generation_tokens_total", "sglang:prompt_tokens_total",
+                   "sglang:num_running_reqs", "sglang:num_queue_reqs"),
+        "vllm": ("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
+                 "vllm:num_requests_running", "vllm:num_requests_waiting")}
+
+
+def start(procs, engine, **env):
+    return (sglang(procs, "--enable-metrics", **env) if engine == "sglang"
+            else vllm(procs, **env))
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_token_counters_move_while_a_stream_generates(procs, engine):
+    gen, prompt, running, waiting = PROM[engine]
+    port = start(procs, engine)
+    url = f"http://127.0.0.1:{port}/metrics"
+    text = http("GET", url)[1]
+    assert f"# TYPE {gen} counter" in text and f"# TYPE {running} gauge" in text
+    assert 'model_name="kimi-k2"' in text
+    req = background(lambda: stream(port, 60))
+    time.sleep(0.8)
+    first = http("GET", url)[1]
+    time.sleep(0.8)
+    second = http("GET", url)[1]
+    # mid-stream: the request runs, and its tokens are counted as they are made
+    assert metric(first, running) == 1 and metric(first, waiting) == 0
+    assert 0 < metric(first, gen) < metric(second, gen) < 60
+    assert metric(first, prompt) == 3
+    req["thread"].join(10)
+    assert req["result"][0] == 200
+    done = http("GET", url)[1]
+    assert metric(done, gen) == 60 and metric(done, running) == 0
+
+
+def test_sglang_serves_metrics_only_with_enable_metrics(procs):
+    port = sglang(procs)
+    assert http("GET", f"http://127.0.0.1:{port}/metrics")[0] == 404
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_slow_fault_answers_health_late_while_generation_goes_on(procs, engine):
+    gen, _, running, _ = PROM[engine]
+    port = start(procs, engine, HPCSERVE_SIM_FAULT="slow:2")
+    base = f"http://127.0.0.1:{port}"
+    t0 = time.monotonic()
+    probe = background(lambda: get_status(f"{base}/health", timeout=10))
+    req = background(lambda: stream(port, 20))  # 1 s of tokens
+    time.sleep(0.5)
+    m0 = time.monotonic()
+    first = http("GET", f"{base}/metrics", timeout=1)[1]
+    metrics_took = time.monotonic() - m0
+    time.sleep(0.3)
+    second = http("GET", f"{base}/metrics", timeout=1)[1]
+    probe["thread"].join(10)
+    req["thread"].join(10)
+    assert probe["result"] == 200
+    assert probe["done_at"] - t0 >= 2.0, "the slow fault's probe answered early"
+    # the request finished while the probe was still waiting: busy, not hung
+    assert req["result"][0] == 200 and req["done_at"] < probe["done_at"]
+    assert metrics_took < 0.5
+    assert metric(first, running) == 1 and metric(first, gen) < metric(second, gen)
+
+
+def test_slow_fault_waits_for_its_start(procs):
+    port = sglang(procs, HPCSERVE_SIM_FAULT="slow:2:2.5")
+    t0 = time.monotonic()
+    assert get_status(f"http://127.0.0.1:{port}/health", timeout=5) == 200
+    assert time.monotonic() - t0 < 1.0
+    time.sleep(max(0.0, 2.6 - (time.monotonic() - t0)))
+    assert get_status(f"http://127.0.0.1:{port}/health", timeout=1) == "TimeoutError"
+
+
+def test_hung_vllm_answers_health_while_its_counters_stand_still(procs):
+    gen, _, running, waiting = PROM["vllm"]
+    port = vllm(procs, HPCSERVE_SIM_FAULT="hang:1.5")
+    base = f"http://127.0.0.1:{port}"
+    background(lambda: stream(port, 200, timeout=60))  # 10 s of tokens; the hang comes first
+    time.sleep(0.5)
+    assert metric(http("GET", f"{base}/metrics")[1], gen) > 0
+    time.sleep(1.5)
+    background(lambda: stream(port, 5, timeout=60))  # a new request: queued, never run
+    time.sleep(0.3)
+    assert get_status(f"{base}/health", timeout=1) == 200  # the API server is fine
+    first = http("GET", f"{base}/metrics", timeout=1)[1]
+    time.sleep(0.6)
+    second = http("GET", f"{base}/metrics", timeout=1)[1]
+    assert metric(first, gen) == metric(second, gen) > 0
+    assert metric(second, running) == 1 and metric(second, waiting) == 1
+
+
+def test_hung_sglang_times_out_health_but_shows_still_counters(procs):
+    gen, _, running, _ = PROM["sglang"]
+    port = sglang(procs, "--enable-metrics", HPCSERVE_SIM_FAULT="hang:1.5")
+    base = f"http://127.0.0.1:{port}"
+    background(lambda: stream(port, 200, timeout=60))
+    time.sleep(2.0)
+    # SGLang's /health runs a generation through the wedged scheduler
+    assert get_status(f"{base}/health", timeout=1) == "TimeoutError"
+    first = http("GET", f"{base}/metrics", timeout=1)[1]
+    time.sleep(0.6)
+    second = http("GET", f"{base}/metrics", timeout=1)[1]
+    assert metric(first, gen) == metric(second, gen) > 0 and metric(second, running) == 1
+
+
+@pytest.mark.parametrize("attempt, hit", [(None, True), ("0", True), ("1", False)])
+def test_fault_hits_only_the_attempts_named(procs, attempt, hit):
+    env = {"HPCSERVE_SIM_FAULT": "unhealthy", "HPCSERVE_SIM_FAULT_ATTEMPTS": "0"}
+    if attempt is not None:
+        env["HPCSERVE_ATTEMPT"] = attempt
+    port = sglang(procs, **env)
+    assert get_status(f"http://127.0.0.1:{port}/health") == (503 if hit else 200)
+
+
+def test_fault_attempts_default_to_every_attempt(procs):
+    port = sglang(procs, HPCSERVE_SIM_FAULT="unhealthy", HPCSERVE_ATTEMPT="3")
+    assert get_status(f"http://127.0.0.1:{port}/health") == 503
+
+
+# ---------------------------------------------------------------- TensorRT-LLM: JSON iterations
+
+def _has(*mods):
+    return all(importlib.util.find_spec(m) for m in mods)
+
+
+needs_trt_deps = pytest.mark.skipif(not _has("mpi4py", "yaml"),
+                                    reason="the TensorRT-LLM stand-in needs mpi4py and PyYAML")
+
+
+def trtllm(procs, tmp_path, api, **env):
+    port = free_port()
+    opts = tmp_path / "api.yaml"
+    opts.write_text("".join(f"{k}: {v}\n" for k, v in api.items()) or "{}\n")
+    cmd = [sys.executable, str(REPO / "hpcserve" / "sim" / "trtllm.py"), "serve", "/m",
+           "--host", "127.0.0.1", "--port", str(port), "--extra_llm_api_options", str(opts)]
+    p = procs.start(cmd, "trtllm", clean_env(HPCSERVE_SIM_DECODE_S_PER_TOKEN=DECODE, **env))
+    wait_status(f"http://127.0.0.1:{port}/v1/models", proc=p, timeout=30)
+    return port
+
+
+@needs_trt_deps
+def test_trtllm_metrics_are_json_iteration_stats_drained_per_read(procs, tmp_path):
+    port = trtllm(procs, tmp_path, {"enable_iter_perf_stats": "true"})
+    url = f"http://127.0.0.1:{port}/metrics"
+    req = background(lambda: stream(port, 40))
+    time.sleep(0.6)
+    first = http("GET", url)[1]
+    time.sleep(0.6)
+    second = http("GET", url)[1]
+    req["thread"].join(10)
+    assert isinstance(first, list) and first and second
+    # each read takes what came since the last one: iterations move on, none read twice
+    assert first[-1]["iter"] < second[0]["iter"]
+    assert first[0]["inflightBatchingStats"]["numCtxTokens"] == 3
+    assert second[-1]["numActiveRequests"] == 1
+    assert {"kvCacheStats", "numQueuedRequests", "numCompletedRequests"} <= set(second[0])
+
+
+@needs_trt_deps
+def test_trtllm_metrics_without_iter_perf_stats_is_an_empty_list_after_2s(procs, tmp_path):
+    port = trtllm(procs, tmp_path, {})
+    background(lambda: stream(port, 20))
+    t0 = time.monotonic()
+    assert http("GET", f"http://127.0.0.1:{port}/metrics")[1] == []
+    assert time.monotonic() - t0 >= 1.9  # get_stats_async(2) waited for stats that never come
+
+
+@needs_trt_deps
+def test_hung_trtllm_answers_health_and_an_empty_metrics(procs, tmp_path):
+    port = trtllm(procs, tmp_path, {"enable_iter_perf_stats": "true"},
+                  HPCSERVE_SIM_FAULT="hang:1.5")
+    base = f"http://127.0.0.1:{port}"
+    background(lambda: stream(port, 200, timeout=60))
+    time.sleep(2.0)
+    http("GET", f"{base}/metrics")  # what came before the hang
+    assert get_status(f"{base}/health", timeout=1) == 200
+    assert http("GET", f"{base}/metrics", timeout=5)[1] == []
