@@ -224,7 +224,7 @@ def status(jobs, as_json, probe, follow, remote, jump, identity, known_hosts):
     if as_json:
         click.echo(json.dumps([v.as_json() for v in views], indent=1))
     elif views:
-        click.echo(ops.status_table(views))
+        click.echo(ops.status_table(views, instances=True))
         for v in views if jobs else []:  # the jobs asked for by name: why each one failed
             detail = ops.failure_detail(v)
             if detail:
