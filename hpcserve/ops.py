@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -474,24 +475,54 @@ def follow(entry: deployments.Entry, runner, *, echo: Callable[[str], None], qui
 
 # --------------------------------------------------------------------------------------- logs
 
+# logs/<base>[.attemptN][.node<R>.<host>[.task<T>]].log and <base>[.attemptN].srun.log: an
+# instance's first start (attempt 0) has no .attemptN., each restart's logs do.
+_LOG_NAME = re.compile(r"(?P<base>[^.]+)(?:\.attempt(?P<attempt>\d+))?"
+                       r"(?:\.node(?P<rank>\d+)\.(?P<host>.+?)(?:\.task(?P<task>\d+))?)?"
+                       r"\.(?:srun\.)?log")
+
+
+@dataclass(frozen=True)
+class LogName:
+    base: str                 # decode-0 / router / batch-123 / hpcserve-job / discover-0
+    attempt: int = 0          # which start of the instance (0 for the job's own logs)
+    rank: int | None = None   # node rank, for an engine's per-node log
+    host: str | None = None
+    task: int | None = None   # MPI engines: one log per task
+
+    @classmethod
+    def of(cls, name: str) -> "LogName":
+        m = _LOG_NAME.fullmatch(name)
+        if not m:  # batch-123.out, import-image.log...: only the base is known
+            return cls(name.split(".")[0])
+        num = {k: int(m[k]) if m[k] else None for k in ("attempt", "rank", "task")}
+        return cls(m["base"], num["attempt"] or 0, num["rank"], m["host"], num["task"])
+
+    def matches(self, role, instance, node, attempt) -> bool:
+        r, _, i = self.base.rpartition("-")
+        return ((not role or role in (self.base, r))
+                and (instance is None or (i.isdigit() and int(i) == instance))
+                and (node is None or (self.rank is not None and node in (str(self.rank),
+                                                                          self.host)))
+                and (attempt is None or self.attempt == attempt))
+
+    def order(self) -> tuple:
+        # decode-2 before decode-10, each instance's attempts in turn, a step's nodes by rank
+        # with its srun log last
+        r, _, i = self.base.rpartition("-")
+        who = (r, int(i)) if i.isdigit() else (self.base, -1)
+        return (*who, self.attempt, self.rank is None, self.rank or 0, self.task or 0)
+
+
 def log_files(runner, entry: deployments.Entry, role: str | None, instance: int | None,
-              node: str | None) -> list[str]:
+              node: str | None, attempt: int | None = None) -> list[str]:
+    """The job's logs that match, each instance's attempts oldest first (so the newest ends the
+    output, as tail's would); `attempt` keeps one start of the instances."""
     logs = posixpath.join(entry.job_dir, "logs")
-    names = runner.list_dir(logs)
-    out = []
-    for n in names:
-        base = n.split(".")[0]  # prefill-0 / router / batch-123 / hpcserve-job / discover-0
-        r, _, i = base.rpartition("-")
-        if role and not (base == role or r == role):
-            continue
-        if instance is not None and not (i.isdigit() and int(i) == instance):
-            continue
-        if node is not None:
-            parts = n.split(".")
-            if not (len(parts) >= 3 and (parts[1] == f"node{node}" or parts[2] == node)):
-                continue
-        out.append(posixpath.join(logs, n))
-    return out
+    named = [(LogName.of(n), n) for n in runner.list_dir(logs)]
+    picked = [(ln, n) for ln, n in named if ln.matches(role, instance, node, attempt)]
+    picked.sort(key=lambda p: (p[0].order(), p[1]))
+    return [posixpath.join(logs, n) for _, n in picked]
 
 
 def cancel(entry: deployments.Entry, runner, *, wait: bool, echo: Callable[[str], None]) -> int:

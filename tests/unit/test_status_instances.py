@@ -235,3 +235,109 @@ def test_follow_ends_with_success_once_the_deployment_serves_degraded(job, phase
     assert lines == [ops.describe(real([e], lambda _r: cluster)[0])]
     assert lines[0].startswith(f"{phase} at {ENDPOINT}")
 
+
+# ------------------------------------------------------------------------------ attempts' logs
+
+EXTRA_LOGS = [
+    "decode-1.attempt1.node1.n9.log",       # attempt 1 ran on two nodes
+    "decode-1.attempt10.node0.n7.log",      # attempt 10 sorts after 2 (by name it would not)
+    "decode-1.attempt10.srun.log",
+    "decode-10.node0.n3.log",               # another instance whose name starts the same
+    "decode-0.node0.n2.log", "decode-0.srun.log",
+    "prefill-0.node0.n1.task0.log",         # an MPI engine: one log per task
+    "prefill-0.attempt1.node0.n1.task0.log", "prefill-0.attempt1.node0.n1.task1.log",
+    "router.log", "hpcserve-job.log", "batch-42.out",
+]
+
+
+@pytest.fixture
+def logs(job):
+    """The job's logs/: every attempt's log and srun log that state.json names, and more."""
+    e, _, s = job
+    named = [a[k].removeprefix("logs/") for i in s["instances"].values()
+             for a in i["attempts"] for k in ("log", "srun_log")]
+    for n in set(named + EXTRA_LOGS):
+        Path(e.job_dir, "logs", n).write_text(f"a line of {n}\n")
+    return e, s
+
+
+def names(files: list[str]) -> list[str]:
+    return [Path(f).name for f in files]
+
+
+def test_logs_lists_an_instance_s_attempts_in_order(logs, job):
+    e, _ = logs
+    got = names(ops.log_files(job[1], e, "decode", 1, None))
+    assert got == ["decode-1.node0.n4.log", "decode-1.srun.log",
+                   "decode-1.attempt1.node0.n5.log", "decode-1.attempt1.node1.n9.log",
+                   "decode-1.attempt1.srun.log",
+                   "decode-1.attempt2.node0.n6.log", "decode-1.attempt2.srun.log",
+                   "decode-1.attempt10.node0.n7.log", "decode-1.attempt10.srun.log"]
+
+
+def test_attempt_picks_the_logs_state_json_names_for_that_attempt(logs, job):
+    e, s = logs
+    for a in s["instances"]["decode-1"]["attempts"]:
+        got = names(ops.log_files(job[1], e, "decode", 1, None, a["attempt"]))
+        want = {Path(a["log"]).name, Path(a["srun_log"]).name}
+        assert want <= set(got), (a["attempt"], got)
+        assert all((f".attempt{a['attempt']}." in n) == (a["attempt"] > 0) for n in got), got
+    assert names(ops.log_files(job[1], e, "prefill", None, None, 1)) == [
+        "prefill-0.attempt1.node0.n1.task0.log", "prefill-0.attempt1.node0.n1.task1.log"]
+
+
+def test_node_picks_a_rank_or_host_in_every_attempt(logs, job):
+    e, _ = logs
+    assert names(ops.log_files(job[1], e, "decode", None, "1")) == [
+        "decode-1.attempt1.node1.n9.log"]
+    assert names(ops.log_files(job[1], e, None, None, "n6")) == ["decode-1.attempt2.node0.n6.log"]
+    assert names(ops.log_files(job[1], e, "decode", 10, "0")) == ["decode-10.node0.n3.log"]
+
+
+def test_the_job_s_own_logs_are_still_found_by_role(logs, job):
+    e, _ = logs
+    assert names(ops.log_files(job[1], e, "router", None, None)) == ["router.log"]
+    assert names(ops.log_files(job[1], e, "batch", None, None)) == ["batch-42.out"]
+    assert names(ops.log_files(job[1], e, "hpcserve-job", None, None)) == ["hpcserve-job.log"]
+    every = names(ops.log_files(job[1], e, None, None, None))
+    assert len(every) == len(set(EXTRA_LOGS)) + 6  # decode-1's three attempts, two logs each
+    firsts = [n.split(".")[0] for n in every]
+    assert firsts.index("decode-1") < firsts.index("decode-10")
+
+
+def test_logs_attempt_prints_that_attempt_s_files(logs):
+    r = CliRunner().invoke(main, ["logs", "42", "--role", "decode", "--instance", "1",
+                                  "--attempt", "2"])
+    assert r.exit_code == 0, r.output
+    heads = [ln for ln in r.output.splitlines() if ln.startswith("==> ")]
+    assert [Path(h[4:-4]).name for h in heads] == ["decode-1.attempt2.node0.n6.log",
+                                                   "decode-1.attempt2.srun.log"]
+    assert "a line of decode-1.attempt2.node0.n6.log" in r.output
+    assert "attempt1." not in r.output and ".node0.n4." not in r.output
+
+
+def test_an_attempt_without_logs_is_refused_with_the_attempts_that_have_some(logs):
+    r = CliRunner().invoke(main, ["logs", "42", "--role", "decode", "--instance", "1",
+                                  "--attempt", "5"])
+    assert r.exit_code == 2
+    assert "no log of job 42 matches attempt 5 (attempts with logs: 0, 1, 2, 10)" in r.output
+
+
+def test_follow_goes_on_into_a_new_attempt_s_log_and_says_whose_lines_follow(logs, monkeypatch):
+    e, _ = logs
+    new = Path(e.job_dir, "logs", "decode-1.attempt11.node0.n8.log")
+    naps = []
+
+    def nap(_s):
+        # first nap: the runtime restarts decode-1 as attempt 11; second: the user's Ctrl-C
+        naps.append(1)
+        if len(naps) == 1:
+            new.write_text("attempt 11 loading\n")
+        else:
+            raise SystemExit(0)
+
+    monkeypatch.setattr("time.sleep", nap)
+    r = CliRunner().invoke(main, ["logs", "42", "--role", "decode", "--instance", "1",
+                                  "--node", "0", "-f"])  # a rank: the same in every attempt
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[-2:] == [f"==> {new} <==", "attempt 11 loading"], r.output
