@@ -502,8 +502,8 @@ class LogName:
         r, _, i = self.base.rpartition("-")
         return ((not role or role in (self.base, r))
                 and (instance is None or (i.isdigit() and int(i) == instance))
-                and (node is None or (self.rank is not None and node in (str(self.rank),
-                                                                          self.host)))
+                and (node is None or self.rank is not None and node in (
+                    str(self.rank), self.host, self.host.split(".")[0]))  # n3 of n3.cluster
                 and (attempt is None or self.attempt == attempt))
 
     def order(self) -> tuple:

@@ -292,6 +292,11 @@ def test_node_picks_a_rank_or_host_in_every_attempt(logs, job):
         "decode-1.attempt1.node1.n9.log"]
     assert names(ops.log_files(job[1], e, None, None, "n6")) == ["decode-1.attempt2.node0.n6.log"]
     assert names(ops.log_files(job[1], e, "decode", 10, "0")) == ["decode-10.node0.n3.log"]
+    # a host name with dots is matched whole or by its first label, as before attempts
+    Path(e.job_dir, "logs", "worker-0.attempt1.node2.gpu7.site.org.task1.log").write_text("x")
+    for node in ("gpu7", "gpu7.site.org", "2"):
+        assert names(ops.log_files(job[1], e, "worker", 0, node)) == [
+            "worker-0.attempt1.node2.gpu7.site.org.task1.log"], node
 
 
 def test_the_job_s_own_logs_are_still_found_by_role(logs, job):
