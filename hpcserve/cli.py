@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import sys
 from pathlib import Path
 
@@ -224,7 +225,7 @@ def status(jobs, as_json, probe, follow, remote, jump, identity, known_hosts):
     if as_json:
         click.echo(json.dumps([v.as_json() for v in views], indent=1))
     elif views:
-        click.echo(ops.status_table(views))
+        click.echo(ops.status_table(views, instances=True))
         for v in views if jobs else []:  # the jobs asked for by name: why each one failed
             detail = ops.failure_detail(v)
             if detail:
@@ -260,32 +261,51 @@ def list_cmd(as_json, show_all, remote, jump, identity, known_hosts):
                                            "hpcserve-job", "discover"]))
 @click.option("--instance", type=int)
 @click.option("--node", help="node rank or host name")
+@click.option("--attempt", type=click.IntRange(0),
+              help="one start of the instances: 0 the first, N its Nth restart "
+                   "(default: every attempt, oldest first)")
 @click.option("--follow", "-f", is_flag=True, help="keep printing what is appended")
 @click.option("--lines", "-n", type=int, default=50, show_default=True)
 @_remote_opts
-def logs(job, role, instance, node, follow, lines, remote, jump, identity, known_hosts):
-    """Show a deployment's logs (logs/<role>-<instance>.node<rank>.<host>.log and others)."""
+def logs(job, role, instance, node, attempt, follow, lines, remote, jump, identity, known_hosts):
+    """Show a deployment's logs (logs/<role>-<instance>.node<rank>.<host>.log and others; a
+    restarted instance's attempt N: <role>-<instance>.attemptN.node<rank>.<host>.log)."""
     import time
     from . import ops
     e = ops.resolve(job, remote, _runner(remote, jump, identity, known_hosts))
     runner = _runner(e.remote, jump, identity, known_hosts)  # where the job was submitted
-    files = ops.log_files(runner, e, role, instance, node)
+    files = ops.log_files(runner, e, role, instance, node, attempt)
     if not files:
-        raise HpcserveError(f"no log of job {e.job_id} matches (logs are in {e.job_dir}/logs)")
-    seen = {}
+        which = _attempts_there(runner, e, role, instance, node, attempt)
+        raise HpcserveError(f"no log of job {e.job_id} matches{which} "
+                            f"(logs are in {e.job_dir}/logs)")
+    seen, last = {}, None
     for f in files:
         text = runner.read_text(f) or ""
         if len(files) > 1:
             click.echo(f"==> {f} <==")
         click.echo("\n".join(text.splitlines()[-lines:]))
-        seen[f] = len(text)
+        seen[f], last = len(text), f
     while follow:
         time.sleep(0.5)
-        for f in ops.log_files(runner, e, role, instance, node):
+        # listed again each time: a restart's new attempt is followed as soon as it writes
+        for f in ops.log_files(runner, e, role, instance, node, attempt):
             text = runner.read_text(f) or ""
             if len(text) > seen.get(f, 0):
+                if f != last:
+                    click.echo(f"\n==> {f} <==")  # as tail -f: say whose lines follow
                 click.echo(text[seen.get(f, 0):], nl=False)
-                seen[f] = len(text)
+                seen[f], last = len(text), f
+
+
+def _attempts_there(runner, e, role, instance, node, attempt) -> str:
+    """Where --attempt matched nothing: the attempts that have logs, so the next try hits."""
+    from . import ops
+    if attempt is None:
+        return ""
+    have = sorted({ops.LogName.of(posixpath.basename(f)).attempt
+                   for f in ops.log_files(runner, e, role, instance, node)})
+    return f" attempt {attempt} (attempts with logs: {', '.join(map(str, have)) or 'none'})"
 
 
 def _ints(ctx, param, value):

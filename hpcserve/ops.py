@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Any, Callable
 from . import deployments
 from .errors import HpcserveError
 from .runtime import slurm_parsers as parsers
-from .runtime.contract import TERMINAL_PHASES
+from .runtime.contract import SERVING_PHASES, TERMINAL_PHASES
 from .slurm.client import parse_job_id
 from .slurm.runner import SlurmUnreachable, read_json
 
@@ -212,8 +213,16 @@ class View:
     state: dict = field(default_factory=dict)
 
     def as_json(self) -> dict:
+        # recovery's record as state.json has it (always present, so scripts need no guard)
         return {k: v for k, v in self.__dict__.items() if k != "state"} | {
-            "history": self.state.get("history", [])}
+            "history": self.state.get("history", []), "instances": self.instances,
+            "excluded_nodes": self.state.get("excluded_nodes", [])}
+
+    @property
+    def instances(self) -> dict:
+        """state.json's instances (recovery's record of each), {} where the runtime wrote none."""
+        inst = self.state.get("instances")
+        return inst if isinstance(inst, dict) else {}
 
     @property
     def ended(self) -> str | None:
@@ -281,7 +290,7 @@ def status(entries: list[deployments.Entry], runner_of: Callable[[str | None], A
                     v.failure = v.state.get("failure")
                     if v.state.get("engines_total"):
                         v.engines = f"{v.state.get('engines_ready_count', 0)}/{v.state['engines_total']}"
-            if probe and v.summary_phase == "serving":
+            if probe and v.summary_phase in SERVING_PHASES:  # degraded answers too
                 v.health = _probe(runner, v.endpoint, v.state.get("health_urls") or {})
             views.append(v)
         _from_accounting(runner, [v for v in views if v.remote == remote])
@@ -343,9 +352,11 @@ def describe(v: View) -> str:
         return f"starting: engines {v.engines} ready"
     if ph in ("engines_ready", "router_ready"):
         return ph.replace("_", " ")
-    if ph == "serving":
+    if ph in SERVING_PHASES:
         where = f"at {v.endpoint}" if v.endpoint else "(no router: see each instance's node 0)"
-        return f"serving {where}" + (f" ({v.health})" if v.health else "")
+        down = _instances_down(v)
+        return f"{ph} {where}" + (f" ({down})" if down else "") + \
+            (f" ({v.health})" if v.health else "")
     if ph == "failed" and v.failure:
         f = v.failure
         where = " ".join(str(x) for x in (
@@ -361,6 +372,57 @@ def describe(v: View) -> str:
     return ph
 
 
+def _instances_down(v: View, most: int = 2) -> str:
+    """The instances not serving, for the one-line summary: the first `most` with why and what
+    is done about it, then a count (the instance lines below the row name every one)."""
+    down = [_instance_down(n, i) for n, i in v.instances.items() if i.get("status") != "serving"]
+    more = [f"{len(down) - most} more not serving"] if len(down) > most else []
+    return "; ".join(down[:most] + more)
+
+
+def _instance_down(name: str, i: dict) -> str:
+    why = f": {i['why']}" if i.get("why") else ""
+    if i.get("status") == "restarting":
+        return f"{name} out{why}, restarting as attempt {i.get('attempt')}"
+    return f"{name} {i.get('status')}{why}"
+
+
+def instance_lines(v: View, now: float | None = None) -> list[str]:
+    """One row per instance while the deployment serves (status, restarts, its last recovery's
+    time, nodes), then the nodes recovery keeps out. Nothing once it ended: the record then says
+    what was, not what is."""
+    if v.summary_phase not in SERVING_PHASES or not v.instances:
+        return []
+    now = time.time() if now is None else now
+    rows = [("INSTANCE", "STATUS", "RESTARTS", "LAST RECOVERY", "NODES")] + [
+        (n, instance_status(i, now), str(i.get("restarts", 0)), _seconds(i.get("recover_s")),
+         ",".join(i.get("nodes") or [])) for n, i in v.instances.items()]
+    excluded = v.state.get("excluded_nodes") or []
+    return [f"  {r}" for r in _columns(rows)] + (
+        [f"  excluded nodes: {','.join(excluded)}"] if excluded else [])
+
+
+def instance_status(i: dict, now: float) -> str:
+    """serving, out (why; next try in N s), restarting (attempt N), failed (why)."""
+    st = i.get("status", "?")
+    if st == "restarting":
+        return f"restarting (attempt {i.get('attempt')})"
+    said = [i["why"]] if i.get("why") and st != "serving" else []
+    if st == "out" and i.get("next_try_at") is not None:
+        said.append(f"next try in {max(0, round(i['next_try_at'] - now))} s")
+    return f"{st} ({'; '.join(said)})" if said else st
+
+
+def _seconds(s: float | None) -> str:
+    return "-" if s is None else f"{s:.1f} s" if s < 10 else f"{s:.0f} s"
+
+
+def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows with every column but the last padded to its widest cell."""
+    w = [max(len(r[k]) for r in rows) for k in range(len(rows[0]) - 1)]
+    return ["  ".join([c.ljust(w[k]) for k, c in enumerate(r[:-1])] + [r[-1]]) for r in rows]
+
+
 def failure_detail(v: View, lines: int = 10) -> str:
     """For a failed deployment: which log holds the cause, and its last lines."""
     f = v.failure or {}
@@ -373,19 +435,24 @@ def failure_detail(v: View, lines: int = 10) -> str:
                       [f"  {ln}" for ln in tail[-lines:]])
 
 
-def status_table(views: list[View]) -> str:
-    rows = [("JOB", "NAME", "SLURM", "PHASE")]
-    for v in views:
-        rows.append((v.job_id, v.name, v.slurm_state or "-", describe(v)))
-    w = [max(len(r[i]) for r in rows) for i in range(3)]
-    return "\n".join(f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}" for r in rows)
+def status_table(views: list[View], instances: bool = False) -> str:
+    """One row per job; with `instances`, each serving job's instance lines under its row."""
+    rows = [("JOB", "NAME", "SLURM", "PHASE")] + [
+        (v.job_id, v.name, v.slurm_state or "-", describe(v)) for v in views]
+    head, *lines = _columns(rows)
+    out = [head]
+    for v, line in zip(views, lines):
+        out += [line] + (instance_lines(v) if instances else [])
+    return "\n".join(out)
 
 
 # ------------------------------------------------------------------------------------- follow
 
 def follow(entry: deployments.Entry, runner, *, echo: Callable[[str], None], quiet: bool = False,
            interval: float = 1.0, until_serving: bool = True) -> int:
-    """Print each phase change with the elapsed time; 0 once serving (or done), 1 on failure."""
+    """Print each phase change with the elapsed time; 0 once serving (or done), 1 on failure.
+    Degraded and recovering count as serving: the endpoint answers while an instance is
+    replaced, and a deployment seen first in them has served already."""
     t0 = entry.submitted_at or time.time()
     last = None
     while True:
@@ -395,7 +462,7 @@ def follow(entry: deployments.Entry, runner, *, echo: Callable[[str], None], qui
             echo(f"[{time.time() - t0:7.1f}s] {line}")
         last = line
         ph = v.summary_phase
-        if ph == "serving" and until_serving:
+        if ph in SERVING_PHASES and until_serving:
             if quiet:
                 echo(line)
             return 0
@@ -408,24 +475,54 @@ def follow(entry: deployments.Entry, runner, *, echo: Callable[[str], None], qui
 
 # --------------------------------------------------------------------------------------- logs
 
+# logs/<base>[.attemptN][.node<R>.<host>[.task<T>]].log and <base>[.attemptN].srun.log: an
+# instance's first start (attempt 0) has no .attemptN., each restart's logs do.
+_LOG_NAME = re.compile(r"(?P<base>[^.]+)(?:\.attempt(?P<attempt>\d+))?"
+                       r"(?:\.node(?P<rank>\d+)\.(?P<host>.+?)(?:\.task(?P<task>\d+))?)?"
+                       r"\.(?:srun\.)?log")
+
+
+@dataclass(frozen=True)
+class LogName:
+    base: str                 # decode-0 / router / batch-123 / hpcserve-job / discover-0
+    attempt: int = 0          # which start of the instance (0 for the job's own logs)
+    rank: int | None = None   # node rank, for an engine's per-node log
+    host: str | None = None
+    task: int | None = None   # MPI engines: one log per task
+
+    @classmethod
+    def of(cls, name: str) -> "LogName":
+        m = _LOG_NAME.fullmatch(name)
+        if not m:  # batch-123.out, import-image.log...: only the base is known
+            return cls(name.split(".")[0])
+        num = {k: int(m[k]) if m[k] else None for k in ("attempt", "rank", "task")}
+        return cls(m["base"], num["attempt"] or 0, num["rank"], m["host"], num["task"])
+
+    def matches(self, role, instance, node, attempt) -> bool:
+        r, _, i = self.base.rpartition("-")
+        return ((not role or role in (self.base, r))
+                and (instance is None or (i.isdigit() and int(i) == instance))
+                and (node is None or self.rank is not None and node in (
+                    str(self.rank), self.host, self.host.split(".")[0]))  # n3 of n3.cluster
+                and (attempt is None or self.attempt == attempt))
+
+    def order(self) -> tuple:
+        # decode-2 before decode-10, each instance's attempts in turn, a step's nodes by rank
+        # with its srun log last
+        r, _, i = self.base.rpartition("-")
+        who = (r, int(i)) if i.isdigit() else (self.base, -1)
+        return (*who, self.attempt, self.rank is None, self.rank or 0, self.task or 0)
+
+
 def log_files(runner, entry: deployments.Entry, role: str | None, instance: int | None,
-              node: str | None) -> list[str]:
+              node: str | None, attempt: int | None = None) -> list[str]:
+    """The job's logs that match, each instance's attempts oldest first (so the newest ends the
+    output, as tail's would); `attempt` keeps one start of the instances."""
     logs = posixpath.join(entry.job_dir, "logs")
-    names = runner.list_dir(logs)
-    out = []
-    for n in names:
-        base = n.split(".")[0]  # prefill-0 / router / batch-123 / hpcserve-job / discover-0
-        r, _, i = base.rpartition("-")
-        if role and not (base == role or r == role):
-            continue
-        if instance is not None and not (i.isdigit() and int(i) == instance):
-            continue
-        if node is not None:
-            parts = n.split(".")
-            if not (len(parts) >= 3 and (parts[1] == f"node{node}" or parts[2] == node)):
-                continue
-        out.append(posixpath.join(logs, n))
-    return out
+    named = [(LogName.of(n), n) for n in runner.list_dir(logs)]
+    picked = [(ln, n) for ln, n in named if ln.matches(role, instance, node, attempt)]
+    picked.sort(key=lambda p: (p[0].order(), p[1]))
+    return [posixpath.join(logs, n) for _, n in picked]
 
 
 def cancel(entry: deployments.Entry, runner, *, wait: bool, echo: Callable[[str], None]) -> int:

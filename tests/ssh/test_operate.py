@@ -108,6 +108,14 @@ def test_submit_follow_status_logs_cancel(hs, tmp_path, dev_cluster):
     joblog = Path(st["job_dir"], "logs", "hpcserve-job.log").read_text()
     # router first, then the engines
     assert joblog.index("SIGTERM to router") < joblog.index("SIGTERM to prefill-0, decode-0")
+    # a restarted instance's logs, named as recovery names attempt 1's: every attempt in order,
+    # --attempt picks one (over SFTP as well), --node a rank inside the attempt's names
+    again_log = Path(st["job_dir"], "logs", "decode-0.attempt1.node1.node4.log")
+    again_log.write_text("attempt 1 of decode-0, node rank 1\n")
+    log = hs("logs", job, "--role", "decode", "--node", "1", "--attempt", "1").stdout
+    assert log.strip() == "attempt 1 of decode-0, node rank 1", log
+    both = hs("logs", job, "--role", "decode", "--node", "1").stdout
+    assert both.index("decode-0.node1.node3.log <==") < both.index(f"{again_log} <=="), both
     # a second cancel finds the job ended: it says so, sends nothing, and is not an error
     again = hs("cancel", job).stdout.strip()
     assert again == f"job {job} (ops-demo) had already ended: cancelled; nothing to cancel", again
