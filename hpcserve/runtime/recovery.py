@@ -163,10 +163,12 @@ class Recovery:
             return
         why = self.job.instances.move(rec.name, rec.lost) if rec.lost else None
         if why:
-            if rec.why != f"{rec.why_first}; {why}":
-                self.job.log(f"{rec.name} cannot restart: {why}")
-                self._set(rec, "out", f"{rec.why_first}; {why}")
-            rec.next_try_at = now() + self.job.plan["liveness"]["node_interval"]
+            # With --no-kill Slurm takes a lost node out of the allocation for good: the
+            # instance cannot come back in this job (a requeue may, on other nodes).
+            self.job.log(f"{rec.name} cannot restart: {why}")
+            rec.stage = None
+            self._set(rec, "failed", f"{rec.why_first}; {why}")
+            self._judge(rec, rec.attempts[-1]["failure"] or step_identity(rec.name))
             return
         self._start_attempt(rec)
 
@@ -317,8 +319,10 @@ class Recovery:
         if serving >= pol["min_serving"] or any(r.status != "failed" for r in mine
                                                 if r.status != "serving"):
             return
+        node = failure.get("node")
+        where = f" (node {node} lost)" if failure.get("reason") == "node lost" and node else ""
         raise Stop("failed", f"{rec.role} has {serving} serving instance(s) of the "
-                             f"{pol['min_serving']} it needs: {rec.name} {rec.why}",
+                             f"{pol['min_serving']} it needs: {rec.name} {rec.why}{where}",
                    {**failure, **step_identity(rec.name)})
 
     def phase(self) -> str:

@@ -129,7 +129,7 @@ def test_a_node_of_a_multi_node_instance_lost_is_rebuilt_on_the_spare(submit, de
     assert st["phase"] == "serving"
 
 
-def test_without_a_spare_a_lost_node_leaves_its_instance_out_and_named(submit, dev_cluster):
+def test_without_a_spare_a_lost_node_leaves_its_instance_failed_and_named(submit, dev_cluster):
     dep = deployment(1, 1, name="t-heal-nospare", liveness=FAST)
     dep["roles"]["decode"].update(instances=2, recovery={"backoff_s": 0.5})
     job = submit(dep)
@@ -143,7 +143,8 @@ def test_without_a_spare_a_lost_node_leaves_its_instance_out_and_named(submit, d
         dev_cluster.restart_node(victim)
     assert st["phase"] == "degraded", st
     d1 = st["instances"]["decode-1"]
-    assert d1["status"] == "out" and f"node {victim} is lost" in d1["why"], d1
+    assert d1["status"] == "failed" and f"node {victim} is lost" in d1["why"], d1
+    assert d1["attempts"][0]["failure"]["node"] == victim, d1
     assert st["instances"]["decode-0"]["status"] == "serving"
 
 
