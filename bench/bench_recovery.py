@@ -160,15 +160,19 @@ def submit(env: dict, tmp: Path, n: int) -> tuple[Path, str]:
     return d, out.split(";")[0]
 
 
-def srun_pid(step: str) -> int:
-    """The srun client of `step`'s first attempt (the step script execs it), on the batch host."""
+def srun_pid(d: Path, step: str) -> int:
+    """The srun client of `step`'s first attempt in job directory `d` (the step script execs it;
+    its last argument is the launch script there: other clusters on this host run their own
+    steps of the same name)."""
+    launch = str(d / "launch" / f"{step}.sh").encode()
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
             try:
                 argv = (p / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if argv[0].endswith(b"srun") and f"--job-name={step}".encode() in argv:
+            if argv[0].endswith(b"srun") and f"--job-name={step}".encode() in argv \
+                    and launch in argv:
                 return int(p.name)
     raise SystemExit(f"no srun of step {step}")
 
@@ -223,7 +227,7 @@ def one_run(cluster: DevCluster, env: dict, tmp: Path, n: int) -> dict:
 
     # 2. the kill under load
     victim_node, victim_addr = (d / "run" / f"{VICTIM}.nodes").read_text().split()[1:3]
-    pid, srun = sim_pid(cluster, victim_node), srun_pid(VICTIM)
+    pid, srun = sim_pid(cluster, victim_node), srun_pid(d, VICTIM)
     router = st["endpoint"]
     worker = url().rsplit("/", 1)[0]
     assert router_lists(router, worker), "the router does not list " + worker
@@ -242,7 +246,7 @@ def one_run(cluster: DevCluster, env: dict, tmp: Path, n: int) -> dict:
     inst = st["instances"][VICTIM]
     a0, a1 = inst["attempts"][0], inst["attempts"][1]
     w = watch.at
-    assert len(w) == 4, w
+    assert len(w) == 4, f"seen from here: {w}"
     t_out = log_at(d, rf"^{VICTIM} removed from the router", t0)
     assert t_out, "no removal line in the job log"
     r.update(srun_exited=w["srun_exited"] - t_kill, noticed=a0["ended_at"] - t_kill,
