@@ -254,6 +254,7 @@ def one_run(cluster: DevCluster, env: dict, tmp: Path, n: int) -> dict:
              restarted=a1["started_at"] - a0["ended_at"], healthy=w["health"] - a1["started_at"],
              listed=w["listed"] - w["health"], serving=a1["serving_at"] - w["listed"],
              total=a1["serving_at"] - t_kill, recover_s=inst["recover_s"])
+    r["own"] = r["total"] - r["healthy"]  # all but the new step's launch and engine start
     fails = [x for x in load.results if x[2] is not None]
     t_out = min(t_out, w["unlisted"])
     r.update(requests=len(load.results),
@@ -321,6 +322,7 @@ def main() -> None:
     row("listed -> serving (attempts[1].serving_at)", "serving")
     row("death -> serving again (attempts[1].serving_at)", "total", "(target <= 2 s)")
     row("recover_s (noticed -> serving again)", "recover_s")
+    row("hpcserve's own part (the whole less started -> /health)", "own")
     row("baseline: fresh job, step start -> /health", "baseline")
     print(f"{'ratio: death -> serving again / baseline':58} median "
           f"{statistics.median(r['total'] / r['baseline'] for r in out):6.2f}")
