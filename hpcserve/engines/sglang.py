@@ -175,9 +175,12 @@ class SGLang(EngineAdapter):
     router = SGLangRouter()
     sim_file = "sglang.py"
     bench_client = "sglang"
-    # sglang/srt/metrics/collector.py (0.5.23): on the server port with --enable-metrics
-    metrics = Metrics("/metrics", ("sglang:generation_tokens_total", "sglang:prompt_tokens_total"),
-                      ("sglang:num_running_reqs", "sglang:num_queue_reqs"))
+    # sglang/srt/metrics/collector.py (0.5.23): on the server port with --enable-metrics. The
+    # forward time moves with every batch, prefill chunks included; only running requests count
+    # as held (a queued one may wait for memory or for its KV from a prefill).
+    metrics = Metrics("/metrics", ("sglang:generation_tokens_total", "sglang:prompt_tokens_total",
+                                   "sglang:forward_execution_seconds_total"),
+                      ("sglang:num_running_reqs",))
     port_fields = {"bootstrap_port": "first PD bootstrap port (prefill)",
                    "dist_init_port": "first torch.distributed init port"}
 

@@ -155,11 +155,11 @@ class VLLMRouter(RouterAdapter):
 
     def workers_api(self, pd: bool) -> str:
         # Plain mode adds (POST /workers, answered once the worker is healthy) and removes.
-        # PD mode (0.1.17) removes but refuses to add ("PD router requires specific
+        # PD mode (0.1.17) removes at once but refuses to add ("PD router requires specific
         # add_prefill_server or add_decode_server methods", src/routers/http/pd_router.rs);
         # --enable-igw would add, but then ignores --prefill/--decode at start and its
         # /readiness answers "Ready" without the per-pool counts readiness() reads: restart.
-        return "restart" if pd else "direct"
+        return "remove-only" if pd else "direct"
 
     def argv(self, *, pd, prefill, decode, workers, port, prometheus_port, policy, args,
              start_timeout):
@@ -194,9 +194,12 @@ class VLLM(EngineAdapter):
     bench_client = "vllm"
     scratch = True  # ZMQ socket files and /tmp/vllm_dist_* stay in /tmp after a clean exit
     # vllm/v1/metrics/loggers.py (0.33.0), always on: its /health only says the engine has not
-    # errored, so a hung engine core shows as requests held while these counters stand still.
-    metrics = Metrics("/metrics", ("vllm:generation_tokens_total", "vllm:prompt_tokens_total"),
-                      ("vllm:num_requests_running", "vllm:num_requests_waiting"))
+    # errored, so a hung engine core shows as running requests while these stand still. The
+    # iteration histogram's count moves with every engine step, prefill chunks included; a
+    # waiting request (for memory, or for its KV from a prefill) is not held.
+    metrics = Metrics("/metrics", ("vllm:iteration_tokens_total_count",
+                                   "vllm:generation_tokens_total", "vllm:prompt_tokens_total"),
+                      ("vllm:num_requests_running",))
     port_fields = {"master_port": "first torch.distributed port of multi-node TP/PP "
                                   "(--master-port)",
                    "dp_rpc_port": "first DP handshake port (--data-parallel-rpc-port)",

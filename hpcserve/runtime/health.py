@@ -54,6 +54,13 @@ def probe(url: str, timeout: float) -> tuple[str | None, str]:
         return "unreachable", str(e)
 
 
+def router_auth(plan: dict) -> dict:
+    """The header a router started with --api-key {from_env: NAME} wants: NAME read from the
+    job's environment (sbatch exported it), never from a file."""
+    key_env = (plan.get("router") or {}).get("api_key_env")
+    return {"Authorization": f"Bearer {os.environ.get(key_env, '')}"} if key_env else {}
+
+
 def _dotted(obj, path: str):
     for part in path.split("."):
         obj = obj.get(part) if isinstance(obj, dict) else None
@@ -169,10 +176,7 @@ class Readiness:
 
     def _smoke_answer(self, url: str, rd: dict):
         plan = self.job.plan
-        # A router started with --api-key {from_env: NAME} wants it: read NAME from the job's
-        # environment (sbatch exported it), never from a file.
-        key_env = (plan.get("router") or {}).get("api_key_env")
-        auth = ({"Authorization": f"Bearer {os.environ.get(key_env, '')}"} if key_env else {})
+        auth = router_auth(plan)
         body = {"model": plan["served_name"], "max_tokens": rd["smoke_tokens"],
                 "messages": [{"role": "user", "content": "hpcserve smoke test: say hello"}]}
         # In a thread, so that a signal or a dying step ends the wait at once, not after up to
@@ -236,19 +240,21 @@ class Track:
         self.failed = 0
         self.stalled = 0
         self.progress: float | None = None
+        self.busy = False   # its last probe failed while its counters moved
 
     def judge(self, kind: str | None, detail: str, m: tuple[float, float] | None):
         """(kind, detail) of a failure this round, or None. Hung is not busy: an engine whose
         progress counters moved since the last round is working, however slowly it answers;
         one that answers but holds requests while its counters stand still is hung."""
-        moved = m is not None and self.progress is not None and m[0] > self.progress
+        prev = self.progress
+        moved = m is not None and prev is not None and m[0] > prev
         if m is not None:
             self.progress = m[0]
-        if kind is not None and moved:
+        self.busy = kind is not None and moved
+        if self.busy:
             self.failed = self.stalled = 0
             return None  # busy: it answers slowly because it works
-        if kind is None and m is not None and m[1] > 0 and not moved and \
-                self.progress is not None:
+        if kind is None and m is not None and m[1] > 0 and not moved and prev is not None:
             self.stalled += 1
             return "hung", (f"it answers its health path but holds {m[1]:g} request(s) while "
                             f"its progress counters stand still ({self.stalled} round(s))")
@@ -274,6 +280,7 @@ class Liveness:
         out = []
         for i in job.plan["instances"]:
             if not job.recovery.serving(i["name"]):
+                self.tracks.pop(i["name"], None)  # its next attempt's counters start at 0
                 continue
             m = i.get("metrics")
             murl = m and f"http://{inst.heads[i['name']]}:{i['port']}{m['path']}"
@@ -332,11 +339,15 @@ class Liveness:
         if name == "router" and kind == "unhealthy" and not job.recovery.all_serving():
             kind = None  # its readiness counts the workers: one is out, on purpose
         if name != "router" and not job.recovery.serving(name):
+            self.tracks.pop(name, None)
             return  # taken out meanwhile (its step ended while the round ran)
-        was = t.failed + t.stalled
+        was, was_busy = t.failed + t.stalled, t.busy
         verdict = t.judge(kind, detail, m)
+        if t.busy and not was_busy:
+            job.log(f"{name}: busy, not hung: {kind} ({detail}) at {url}, but its progress "
+                    "counters moved")
         if verdict is None:
-            if was:
+            if was or (was_busy and not t.busy):
                 job.log(f"{name} answers again at {url}")
             return
         kind, detail = verdict

@@ -26,7 +26,7 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from .failures import Stop, step_identity
-from .health import http_json, probe
+from .health import http_json, probe, router_auth
 from .state import now
 from .workers import RouterWorkers, WorkerApiError
 
@@ -45,6 +45,8 @@ class Rec:
         self.next_try_at: float | None = None
         self.failed_at: float | None = None
         self.deadline = 0.0
+        self.next_poll = 0.0
+        self.taken_out = False                # out of the router before its failure is judged
         self.lost: set[str] = set()
         self.task: Future | None = None       # the probe, smoke or registration under way
         self.old = None                       # the srun client of the attempt being stopped
@@ -79,10 +81,19 @@ class Recovery:
             rec.attempts[-1]["serving_at"] = round(at, 3)
             self.recs[spec["name"]] = rec
         if router_url:
-            self.router = RouterWorkers(job.plan["router"].get("workers_api", "restart"),
-                                        router_url)
+            # a router started with --api-key wants the key on its worker API too
+            self.router = RouterWorkers(job.plan["router"]["workers_api"], router_url,
+                                        headers=router_auth(job.plan))
         self.active = True
         self._save()
+
+    def take_out(self, name: str) -> None:
+        """Out of the router now (its failure is judged next): a serving instance whose step
+        just ended."""
+        rec = self.recs.get(name) if self.active else None
+        if rec is not None and rec.status == "serving" and not rec.taken_out:
+            rec.taken_out = True
+            self._deregister(rec)
 
     def handles(self, name: str | None) -> bool:
         return self.active and name in self.recs
@@ -108,7 +119,9 @@ class Recovery:
         if rec.status == "serving":
             rec.failed_at = at
         rec.why_first = reason
-        self._deregister(rec)
+        if not rec.taken_out:
+            self._deregister(rec)
+        rec.taken_out = False
         self._stop_step(rec)
         pol = job.plan["recovery"][rec.role]
         if not pol["restart"] or rec.restarts >= pol["max_restarts"]:
@@ -179,6 +192,9 @@ class Recovery:
         rec.lost = set()
         rec.nodes = [r[1] for r in job.instances.nodes[rec.name]]
         rec.next_try_at = None
+        # what the teardown knew of the last attempt (hung: KILL; lost: its srun client only)
+        job.supervisor.hung_steps.discard(rec.name)
+        job.supervisor.lost_steps.discard(rec.name)
         try:
             os.unlink(os.path.join(job.dir, "run", "ports", rec.name))
         except FileNotFoundError:
@@ -194,6 +210,8 @@ class Recovery:
         self._set(rec, "restarting", f"attempt {rec.attempt} starting")
 
     def _starting(self, rec: Rec) -> None:
+        """Its leader's health path, polled every readiness.poll_interval, until it answers as
+        this attempt's own process."""
         job = self.job
         if now() > rec.deadline:
             self.failed(rec.name, "readiness timeout", {
@@ -201,14 +219,22 @@ class Recovery:
                 "detail": f"not healthy within {job.plan['readiness']['engine_timeout']} s"})
             return
         if rec.task is None:
-            url = job.instances.health_url(job.instances.heads, job.instances.spec(rec.name))
-            rec.task = self.pool.submit(probe, url, 2.0)
+            if now() >= rec.next_poll:
+                url = job.instances.health_url(job.instances.heads, job.instances.spec(rec.name))
+                rec.task = self.pool.submit(probe, url, 2.0)
+                rec.next_poll = now() + job.plan["readiness"]["poll_interval"]
             return
         if not rec.task.done():
             return
         kind, _ = rec.task.result()
         rec.task = None
-        if kind is None and job.readiness.owns_port(rec.name, wait=0.0):
+        try:
+            ours = kind is None and job.readiness.owns_port(rec.name, wait=0.0)
+        except Stop as s:  # another process holds its port on that node
+            self.failed(rec.name, "port taken", s.failure or step_identity(rec.name))
+            return
+        if ours:
+            job.log(f"{rec.name}: attempt {rec.attempt} healthy")
             rec.stage = "checking"
             rec.task = self.pool.submit(self._smoke, rec.name)
 
@@ -221,6 +247,7 @@ class Recovery:
             self.failed(rec.name, "smoke request failed", {
                 **step_identity(rec.name), "reason": "smoke request failed", "detail": err})
             return
+        self.job.log(f"{rec.name}: attempt {rec.attempt} answered its smoke request")
         if self.router is not None and not self.router.live:
             # The router cannot take a worker while it runs: started again with the serving
             # set, here in the job's own thread (it starts a step and waits for its readiness).
@@ -273,7 +300,7 @@ class Recovery:
 
     def _deregister(self, rec: Rec) -> None:
         """Out of the router before anything else: no new request may reach it."""
-        if self.router is None or not self.router.live:
+        if self.router is None or not self.router.removes:
             return
         url = self._worker_url(rec.name)
         log = self.job.log

@@ -148,6 +148,9 @@ class Supervisor:
         steps = self.job.steps
         rc = p.poll()
         if rc is not None:
+            # Out of the router at once, before anything else is asked: each moment it stays
+            # in, requests go to an engine that is gone (harmless when a scancel ends it all).
+            self.job.recovery.take_out(name)
             time.sleep(0.3)  # a scancel signals steps and us together: let our signal land
             if self.resolve_signal():
                 raise self.signal_stop

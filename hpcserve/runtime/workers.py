@@ -10,6 +10,10 @@ the runtime names no engine, the plan's router adapter picks the kind:
 - "direct": vllm-router 0.1.17, plain mode. POST /workers {url} answers once the worker is healthy
   (200), or 400 after the router's --worker-startup-timeout-secs; DELETE /workers/{quoted url}
   answers 200 at once, for a URL it does not list too (src/routers/http/router.rs).
+- "remove-only": vllm-router 0.1.17 in PD mode: DELETE /workers/{quoted url} takes a worker out
+  at once, but adding one is refused ("PD router requires specific add_prefill_server or
+  add_decode_server methods", src/routers/http/pd_router.rs): the replacement goes in by a
+  restart of the router.
 - "restart": the router cannot change its workers while it runs (vllm-router's PD mode refuses
   to add one; TensorRT-LLM's front server reads them from its config file at start): the caller
   restarts it with the new set.
@@ -25,11 +29,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-KINDS = ("queued", "direct", "restart")
+KINDS = ("queued", "direct", "remove-only", "restart")
 # "queued": the worker_type of each hpcserve role (sglang-router's GET /workers says "regular"
 # in plain mode).
 WORKER_TYPES = {"prefill": "prefill", "decode": "decode", "worker": "regular"}
-POLL_S = 0.1
+POLL_S = 0.02  # a queued change is done within tens of ms (0.3.2)
 
 # As health.py: the submitter's http_proxy must not see the allocation's nodes.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -40,16 +44,24 @@ class WorkerApiError(Exception):
 
 
 class RouterWorkers:
-    def __init__(self, kind: str, router_url: str, timeout: float = 2.0):
+    def __init__(self, kind: str, router_url: str, timeout: float = 2.0,
+                 headers: dict | None = None):
         if kind not in KINDS:
             raise ValueError(f"unknown router workers API {kind!r}; expected one of {KINDS}")
         self.kind = kind
         self.url = router_url.rstrip("/")
         self.timeout = timeout
+        self.headers = headers or {}  # a router started with --api-key wants it here too
 
     @property
     def live(self) -> bool:
-        """False: the caller must restart the router with the new worker set instead."""
+        """Whether a worker can be added while the router runs (False: the caller restarts it
+        with the new worker set instead)."""
+        return self.kind in ("queued", "direct")
+
+    @property
+    def removes(self) -> bool:
+        """Whether a worker can be taken out while the router runs."""
         return self.kind != "restart"
 
     def listed(self) -> list[str]:
@@ -58,8 +70,10 @@ class RouterWorkers:
 
     def remove(self, worker_url: str, wait: float = 30.0) -> None:
         """Take `worker_url` out; one the router does not list is already out."""
-        self._need_live()
-        if self.kind == "direct":
+        if not self.removes:
+            raise WorkerApiError(f"the router at {self.url} cannot remove a worker while it "
+                                 "runs")
+        if self.kind in ("direct", "remove-only"):
             self._call("DELETE", "/workers/" + urllib.parse.quote(worker_url, safe=""))
             return
         for w in self._workers():
@@ -122,7 +136,8 @@ class RouterWorkers:
         """The router's JSON answer (None for none, or for a status in also_ok)."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json",
+                                              **self.headers})
         try:
             with _DIRECT.open(req, timeout=timeout or self.timeout) as r:
                 raw = r.read()

@@ -18,7 +18,10 @@ from hpcserve.runtime.contract import STATE_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {"cancelled", "failed", "done"}
-_STATE = jsonschema.Draft202012Validator(STATE_SCHEMA)  # built once: wait() reads state often
+_STATE = jsonschema.Draft202012Validator(STATE_SCHEMA)
+# A role whose failed instance is not replaced: its failure ends the deployment, named (the
+# failure tests check the naming; test_recovery.py the replacing).
+NO_RESTART = {"recovery": {"restart": False}}  # built once: wait() reads state often
 
 
 def deployment(prefill_nodes: int = 1, decode_nodes: int = 1, **over: Any) -> dict:

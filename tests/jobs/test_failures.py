@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jobkit import deployment, find_pid, wait_no_job_processes
+from jobkit import NO_RESTART, deployment, find_pid, wait_no_job_processes
 
 pytestmark = pytest.mark.slurm
 
@@ -87,8 +87,10 @@ def test_wrong_bootstrap_port_fails_the_smoke_request(submit, dev_cluster):
     wait_no_job_processes(dev_cluster, 15)
 
 
-def test_killed_decode_engine_ends_the_job_within_5s(submit, dev_cluster):
-    job = submit(deployment(1, 2, name="t-kill"))
+def test_killed_decode_engine_without_restart_ends_the_job_within_5s(submit, dev_cluster):
+    dep = deployment(1, 2, name="t-kill")
+    dep["roles"]["decode"].update(NO_RESTART)
+    job = submit(dep)
     st = job.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", job.logs()
     rows = job.node_rows("decode-0")
@@ -111,6 +113,7 @@ def test_a_rank_that_exits_0_while_serving_fails_its_instance_naming_the_node(su
     """vLLM's headless rank shuts down with exit code 0 once its worker died: srun's
     --kill-on-bad-exit does not act on that, its --wait does, and the job names that rank."""
     dep = deployment(1, 2, name="t-exit0")
+    dep["roles"]["decode"].update(NO_RESTART)
     dep["roles"]["decode"]["sim_fault"] = {"kind": "exit", "exit_code": 0, "after": 8, "ranks": [1]}
     # and, as vLLM's API server on node rank 0 did, the leader does not notice
     dep["env"] = {"HPCSERVE_SIM_PEER_LOSS_DELAY": 600}

@@ -12,12 +12,11 @@ import time
 
 import pytest
 
-from jobkit import deployment, find_pid, wait_no_job_processes
+from jobkit import NO_RESTART, deployment, find_pid, wait_no_job_processes
 
 pytestmark = pytest.mark.slurm
 
 FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1}
-NO_RESTART = {"recovery": {"restart": False}}
 
 
 @pytest.mark.parametrize("how", ["fault", "sigstop"])
@@ -99,10 +98,11 @@ def test_a_lost_node_with_requeue_serves_again_without_that_node(submit, dev_clu
         dev_cluster.restart_node(victim)
 
 
-def test_with_slow_probes_a_node_slurm_calls_down_is_still_named_lost(submit, dev_cluster):
+def test_a_node_slurm_ends_the_job_for_fails_it_as_node_lost_not_cancelled(submit, dev_cluster):
     # hpcserve's own checks are slowed down so that Slurm notices the crash first
-    # (SlurmdTimeout). The job holds --no-kill, so Slurm keeps it and ends only the step on that
-    # node: the runtime must name the node lost, not take the step's end for an engine crash.
+    # (SlurmdTimeout). --no-kill keeps a job running only where the failed node's component has
+    # nodes left: decode's component is that one node, so Slurm ends the job NODE_FAIL with a
+    # TERM, and the runtime must ask Slurm why, not take the TERM for a scancel.
     slow = {**FAST, "node_interval": 600, "failures": 1000}
     job = submit(deployment(1, 1, name="t-nodefail", liveness=slow))
     st = job.wait({"serving", "failed", "cancelled"}, 60)
@@ -116,6 +116,7 @@ def test_with_slow_probes_a_node_slurm_calls_down_is_still_named_lost(submit, de
     f = st["failure"]
     assert st["phase"] == "failed" and f["reason"] == "node lost", st
     assert (f["role"], f["instance"], f["node"]) == ("decode", 0, victim), f
-    assert f"node {victim} lost" in st["reason"] and "no spare node" in st["reason"], st
+    assert f"node {victim} lost: Slurm reports it down" in st["reason"], st["reason"]
+    assert "Slurm is ending the job" in st["reason"], st["reason"]
     job.squeue_gone(30)
     wait_no_job_processes(dev_cluster, 30)

@@ -127,6 +127,9 @@ def test_a_node_of_a_multi_node_instance_lost_is_rebuilt_on_the_spare(submit, de
     assert victim not in new_nodes and new_nodes[0] == rows[0][1], (rows, new_nodes)
     assert dec["nodes"] == new_nodes and victim in st["excluded_nodes"], st
     assert st["phase"] == "serving"
+    # the test cluster lets its user drain (most sites do not: the job says so instead)
+    log = (job.dir / "logs" / "hpcserve-job.log").read_text()
+    assert f"node {victim} drained" in log, log
 
 
 def test_without_a_spare_a_lost_node_leaves_its_instance_failed_and_named(submit, dev_cluster):
@@ -184,3 +187,87 @@ def test_an_instance_that_spends_its_restarts_fails_the_deployment_with_every_at
     for a in d0["attempts"][1:]:
         assert (job.dir / a["log"]).exists() and ".attempt" in a["log"], a
     wait_no_job_processes(dev_cluster, 30)
+
+
+def _rank_pid(cluster, node: str, rank: int) -> int:
+    """The PID of MPI rank `rank` of the simulated engine on `node` (its SLURM_PROCID)."""
+    from jobkit import cmdline, node_processes
+    for pid in node_processes(cluster)[node]:
+        if "hpcserve_sim.py" not in cmdline(pid):
+            continue
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"SLURM_PROCID={rank}".encode() in env:
+            return pid
+    raise AssertionError(f"no engine rank {rank} on {node}")
+
+
+def test_a_dead_rank_restarts_its_whole_mpi_world(submit, dev_cluster):
+    from test_trtllm_jobs import trtllm
+    dep = trtllm({"worker": {"nodes": 2, "recovery": {"backoff_s": 0.2}}},
+                 router={"enabled": False}, name="t-heal-mpi", liveness=FAST)
+    job = submit(dep)
+    st = job.wait({"serving", "failed", "cancelled"}, 90)
+    assert st["phase"] == "serving", job.logs()
+    rows = job.node_rows("worker-0")
+    os.kill(_rank_pid(dev_cluster, rows[1][1], 3), signal.SIGKILL)
+    st = job.wait_until(lambda s: s["instances"]["worker-0"]["attempt"] == 1
+                        and s["instances"]["worker-0"]["status"] == "serving", 90)
+    first = st["instances"]["worker-0"]["attempts"][0]
+    # the rank that died is named, with its node; the whole world started again as one
+    assert (first["failure"]["rank"], first["failure"]["node"]) == (3, rows[1][1]), first
+    assert first["end"] == "exited with code 137", first
+    assert st["phase"] == "serving" and "recovering" in [h["phase"] for h in st["history"]]
+    for node_rank, task, rank in ((0, 0, 0), (0, 1, 1), (1, 0, 2), (1, 1, 3)):
+        node = rows[node_rank][1]
+        log = job.dir / "logs" / f"worker-0.attempt1.node{node_rank}.{node}.task{task}.log"
+        assert f"rank {rank} of 4" in log.read_text(), log
+    job.scancel()
+    assert job.wait({"cancelled", "failed", "done"}, 60)["phase"] == "cancelled", job.logs()
+    wait_no_job_processes(dev_cluster, 30)
+
+
+def test_an_engine_slow_under_load_with_progress_is_never_replaced(submit, dev_cluster):
+    # default liveness: its health answers after 8 s, past the 5 s probe timeout, from 15 s on,
+    # while its counters move under load
+    dep = deployment(1, 1, name="t-heal-busy",
+                     engine={"name": "sglang", "version": "0.5.23", "simulate": True,
+                             "sim_decode_s_per_token": 0.02})
+    dep["roles"]["decode"]["sim_fault"] = {"kind": "slow", "delay": 8, "after": 15}
+    job = submit(dep)
+    st = _serving(job)
+    with Load(st["endpoint"], clients=2, tokens=40) as load:
+        time.sleep(max(0.0, st["history"][0]["at"] + 15 - time.time()))
+        time.sleep(40)  # five rounds of 3 s + 5 s: hung would be named after three
+    st = job.state()
+    d0 = st["instances"]["decode-0"]
+    assert (d0["status"], d0["attempt"], d0["restarts"]) == ("serving", 0, 0), d0
+    assert st["phase"] == "serving", st
+    log = (job.dir / "logs" / "hpcserve-job.log").read_text()
+    assert "decode-0: busy, not hung: hung (no answer within 5 s)" in log, log[-3000:]
+    assert not load.failures(), load.failures()[:3]
+
+
+def test_vllm_pd_router_takes_the_dead_decode_out_and_restarts_with_its_replacement(
+        submit, dev_cluster):
+    """vllm-router's PD mode removes a worker while it runs but cannot add one: the dead
+    decode goes out at once, and the router starts again with the replacement's address."""
+    from jobkit import chat, vllm_deployment
+    dep = vllm_deployment({"prefill": {"nodes": 1},
+                           "decode": {"nodes": 1, "recovery": {"backoff_s": 0.5}}},
+                          name="t-heal-vpd", liveness=FAST)
+    job = submit(dep)
+    st = _serving(job)
+    leader = job.node_rows("decode-0")[0]
+    os.kill(find_pid(dev_cluster, leader[1], r"hpcserve_sim\.py"), signal.SIGKILL)
+    st = job.wait_until(lambda s: s["instances"]["decode-0"]["attempt"] == 1
+                        and s["instances"]["decode-0"]["status"] == "serving", 60)
+    assert st["phase"] == "serving" and "recovering" in [h["phase"] for h in st["history"]]
+    log = (job.dir / "logs" / "hpcserve-job.log").read_text()
+    assert f"decode-0 removed from the router (http://{leader[2]}:8100)" in log, log
+    assert "restarting the router with the instances' addresses now" in log, log
+    assert chat(st["endpoint"], 5)["usage"]["completion_tokens"] == 5
+    new_log = job.dir / "logs" / f"decode-0.attempt1.node0.{leader[1]}.log"
+    assert _requests_in(new_log) > 0, new_log.read_text()

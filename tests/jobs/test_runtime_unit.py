@@ -635,6 +635,7 @@ def _liveness_job(make_job, port):
                                                    "failures": 3, "node_interval": 3600})
     job.instances.nodes["decode-0"] = [["0", "n7", "127.0.0.1", "eth0", "-"],
                              ["1", "n8", "127.0.0.1", "eth0", "-"]]
+    job.instances.heads = {"decode-0": "127.0.0.1"}
     return job
 
 
@@ -642,7 +643,7 @@ def test_a_leader_that_stops_answering_ends_serving_as_hung_naming_it(make_job, 
     job = _liveness_job(make_job, health)
     threading.Timer(0.5, lambda: setattr(_Health, "mode", "hang")).start()
     with pytest.raises(Stop) as e:
-        job.liveness.watch({"decode-0": "127.0.0.1"}, None, lambda: None)
+        job.liveness.watch(None, lambda: None)
     f = e.value.failure
     assert e.value.phase == "failed" and "decode-0 hung" in e.value.reason
     assert (f["role"], f["instance"], f["node"], f["node_rank"], f["reason"]) == (
@@ -664,7 +665,7 @@ def test_a_probe_that_recovers_resets_the_count(make_job, health, monkeypatch):
 
     monkeypatch.setattr(healthmod, "probe", flaky)
     with pytest.raises(Stop) as e:
-        job.liveness.watch({"decode-0": "127.0.0.1"}, None, lambda: None)
+        job.liveness.watch(None, lambda: None)
     assert e.value.reason == "all answers given"
     assert "answers again" in (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
 
@@ -807,3 +808,69 @@ def test_the_pyxis_image_is_imported_once_before_any_step(make_job, tmp_path, rc
     assert calls.read_text() == "docker://lmsysorg/sglang:v0.5.23 /cache/sglang.sqsh\n"
     # other runtimes, or a site's own squashfs: nothing to import
     assert make_job([]).discovery.start_image_import() is None
+
+
+# -- hung is not busy: the verdict of one probe target across rounds (health.Track)
+
+def test_a_slow_answer_while_the_counters_move_is_busy_never_a_failure():
+    t = healthmod.Track()
+    assert t.judge(None, "", (100.0, 2.0)) is None
+    for progress in (150.0, 210.0, 260.0, 300.0, 350.0):
+        assert t.judge("hung", "no answer within 5 s", (progress, 2.0)) is None
+        assert t.busy and t.failed == 0
+
+
+def test_no_answer_with_standing_counters_counts_as_hung_each_round():
+    t = healthmod.Track()
+    t.judge(None, "", (100.0, 1.0))
+    assert t.judge("hung", "no answer within 5 s", (100.0, 1.0)) == ("hung",
+                                                                      "no answer within 5 s")
+    assert t.judge("hung", "no answer within 5 s", None) == ("hung", "no answer within 5 s")
+    assert t.failed == 2
+
+
+def test_an_engine_that_answers_but_holds_requests_without_progress_is_hung():
+    # vLLM's /health answers while its engine core hangs: requests held, counters still
+    t = healthmod.Track()
+    t.judge(None, "", (100.0, 0.0))
+    verdicts = [t.judge(None, "", (100.0, 3.0)) for _ in range(3)]
+    assert all(v and v[0] == "hung" and "holds 3 request(s)" in v[1] for v in verdicts)
+    assert t.stalled == 3
+    assert t.judge(None, "", (101.0, 3.0)) is None and t.stalled == 0  # it moved again
+
+
+def test_an_idle_engine_with_standing_counters_is_fine():
+    t = healthmod.Track()
+    for _ in range(5):
+        assert t.judge(None, "", (100.0, 0.0)) is None
+
+
+def test_metrics_totals_sums_the_named_series_over_their_labels(tmp_path):
+    import http.server
+    text = ("# TYPE vllm:generation_tokens_total counter\n"
+            'vllm:generation_tokens_total{engine="0",model_name="m"} 40.0\n'
+            'vllm:generation_tokens_total{engine="1",model_name="m"} 2.0\n'
+            'vllm:iteration_tokens_total_count{engine="0"} 7\n'
+            'vllm:iteration_tokens_total_bucket{engine="0",le="1.0"} 99\n'
+            'vllm:num_requests_running{engine="0"} 3.0\n'
+            "vllm:num_requests_waiting 5.0\n")
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(text.encode())
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        m = {"progress": ["vllm:generation_tokens_total", "vllm:iteration_tokens_total_count"],
+             "pending": ["vllm:num_requests_running"]}
+        assert healthmod.metrics_totals(f"http://127.0.0.1:{srv.server_port}/metrics", m,
+                                        2.0) == (49.0, 3.0)
+    finally:
+        srv.shutdown()
+    assert healthmod.metrics_totals("http://127.0.0.1:9/metrics", m, 0.5) is None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobkit import chat, find_pid, vllm_deployment, wait_no_job_processes
+from jobkit import NO_RESTART, chat, find_pid, vllm_deployment, wait_no_job_processes
 
 pytestmark = pytest.mark.slurm
 
@@ -124,9 +124,9 @@ def test_side_channel_host_left_at_localhost_fails_the_smoke_request(submit, dev
     wait_no_job_processes(dev_cluster, 15)
 
 
-def test_killed_headless_rank_ends_the_job_naming_it(submit, dev_cluster):
-    job = submit(vllm_deployment({"worker": {"nodes": 2, "dp": 4, "expert_parallel": True}},
-                                 name="t-v-kill"))
+def test_killed_headless_rank_without_restart_ends_the_job_naming_it(submit, dev_cluster):
+    job = submit(vllm_deployment({"worker": {"nodes": 2, "dp": 4, "expert_parallel": True,
+                                             **NO_RESTART}}, name="t-v-kill"))
     st = job.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", job.logs()
     victim = job.node_rows("worker-0")[1][1]

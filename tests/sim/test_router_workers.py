@@ -205,9 +205,10 @@ def test_vllm_plain_removing_an_unlisted_worker_is_fine_and_a_refused_add_raises
     assert nobody not in rw.listed()
 
 
-def test_vllm_pd_router_cannot_add_so_its_kind_is_restart(procs):
-    """vllm-router 0.1.17 in PD mode, as VLLMRouter.argv starts it, refuses to add a worker;
-    the plan says "restart" for it, and a "restart" RouterWorkers is not live."""
+def test_vllm_pd_router_removes_but_cannot_add_so_its_kind_is_remove_only(procs):
+    """vllm-router 0.1.17 in PD mode, as VLLMRouter.argv starts it, takes a worker out at once
+    but refuses to add one: the plan says "remove-only", whose RouterWorkers removes and is not
+    live (a replacement goes in by restarting the router)."""
     ports = [free_port(), free_port()]
     for port, role in zip(ports, ("kv_producer", "kv_consumer")):
         kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": role})
@@ -224,12 +225,19 @@ def test_vllm_pd_router_cannot_add_so_its_kind_is_restart(procs):
     extra = f"http://127.0.0.1:{free_port()}"
     status, body = http("POST", url + "/workers", {"url": extra, "worker_type": "prefill"})
     assert status == 400 and "PD router requires specific add_prefill_server" in body["error"]
-    assert engines.get("vllm").router_for(True).workers_api(True) == "restart"
-    rw = RouterWorkers("restart", url)
-    assert rw.live is False
-    for call in (lambda: rw.add(extra, "prefill", None), lambda: rw.remove(extra), rw.listed):
-        with pytest.raises(WorkerApiError, match="restart it with the new set"):
-            call()
+    assert engines.get("vllm").router_for(True).workers_api(True) == "remove-only"
+    rw = RouterWorkers("remove-only", url)
+    assert rw.live is False and rw.removes
+    with pytest.raises(WorkerApiError, match="restart it with the new set"):
+        rw.add(extra, "prefill", None)
+    rw.remove(f"http://127.0.0.1:{ports[0]}")  # the only prefill: PD has nothing to route to
+    status, body = http("POST", url + "/v1/completions",
+                        {"model": "kimi-k2", "prompt": "hi", "max_tokens": 2})
+    assert status == 503 and "0 prefill" in json.dumps(body), (status, body)
+    gone = RouterWorkers("restart", url)
+    assert not gone.removes and not gone.live
+    with pytest.raises(WorkerApiError, match="cannot remove a worker while it runs"):
+        gone.remove(extra)
 
 
 @pytest.mark.parametrize("name", engines.names())
@@ -237,5 +245,6 @@ def test_vllm_pd_router_cannot_add_so_its_kind_is_restart(procs):
 def test_every_router_names_a_workers_api_the_runtime_knows(name, pd):
     api = engines.get(name).router_for(pd).workers_api(pd)
     assert api in KINDS
-    want = {"sglang": "queued", "ktransformers": "queued", "vllm": "restart" if pd else "direct"}
+    want = {"sglang": "queued", "ktransformers": "queued",
+            "vllm": "remove-only" if pd else "direct"}
     assert api == want.get(name, "restart"), (name, pd, api)

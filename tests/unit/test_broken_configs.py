@@ -44,6 +44,36 @@ class Case:
 
 
 CASES = [
+    Case("recovery_min_serving_above_instances", BASE_HEAD + """roles:
+  prefill:
+    nodes: 1
+  decode:
+    instances: 2
+    recovery:
+      min_serving: 3  #<
+""", "roles.decode.recovery.min_serving", ["3 instances of decode must serve",
+                                          "the role has 2"]),
+    Case("recovery_negative_backoff", BASE_HEAD + """roles:
+  prefill:
+    nodes: 1
+  decode:
+    recovery:
+      backoff_s: -1  #<
+""", "roles.decode.recovery.backoff_s", ["-1"]),
+    Case("recovery_unknown_key", BASE_HEAD + """roles:
+  prefill:
+    nodes: 1
+  decode:
+    recovery:
+      restarts: 2  #<
+""", "roles.decode.recovery.restarts", ["max_restarts"]),
+    Case("spares_not_a_count", BASE_HEAD + """roles:
+  prefill:
+    nodes: 1
+    spares: two  #<
+  decode:
+    nodes: 1
+""", "roles.prefill.spares", ["two"]),
     Case("benchmark_empty_sweep", BASE_HEAD + PD + "benchmark:\n  concurrency: []  #<\n",
          "benchmark.concurrency", ["give at least one point"]),
     Case("benchmark_zero_concurrency", BASE_HEAD + PD + "benchmark:\n  concurrency: [4, 0]  #<\n",
