@@ -140,8 +140,9 @@ class Supervisor:
             except Stop as s:
                 # While serving, one instance's failure is recovery's to handle; a signal, the
                 # router's failure or a failure before serving ends the deployment.
-                if s is self.signal_stop or not recovery.handles(name):
-                    raise
+                if s is self.signal_stop or not recovery.handles(name) or \
+                        (s.failure or {}).get("step") != name:
+                    raise  # (the last: a lost router node found while checking this step)
                 recovery.failed(name, _reason(s), s.failure or step_identity(name))
 
     def _check_step(self, name: str, p) -> None:
