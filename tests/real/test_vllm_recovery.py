@@ -153,6 +153,9 @@ def test_a_killed_vllm_instance_is_replaced_while_the_other_serves(
         # the runtime's one smoke request to it.
         seen = _until("chats through the router on the restarted worker-1",
                       lambda: (n := _chats(new_log)) >= 3 and n, 120, why=why)
+        # and the router answers requests sent after worker-1 is back
+        _until("requests answered after worker-1 came back",
+               lambda: load.ok_between(t_back, time.time()) >= 4, 120, why=why)
         t_end = time.time()
     first = back["attempts"][0]
     assert back["restarts"] == 1 and back["recover_s"] > 0, back
