@@ -162,8 +162,10 @@ def test_a_crashed_engine_worker_is_recorded_with_its_node_and_its_last_words(
     jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
     cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
     before = leftovers()
+    # restart: false: the crash is what this test looks at, not its recovery (recovery would
+    # start the instance again: tests/real/test_vllm_recovery.py)
     dep = real_deployment("real-crash", tiny_models["llama"], "tiny-llama", jobs,
-                          {"nodes": 2, "tp": 2}, cache)
+                          {"nodes": 2, "tp": 2, "recovery": {"restart": False}}, cache)
     out = hs("submit", str(write_deployment(tmp_path, dep)), "--wait").stdout
     st = _status(hs, _job_id(out))
     job_dir = Path(st["job_dir"])
