@@ -79,6 +79,12 @@ def _rows(job_dir: Path, inst: str) -> list[list[str]]:
     return [ln.split() for ln in (job_dir / "run" / f"{inst}.nodes").read_text().splitlines()]
 
 
+def _engine_cores(cluster, node: str) -> set[int]:
+    """PIDs of vLLM engine cores on `node` (VLLM::EngineCore, its process title)."""
+    from jobkit import cmdline, node_processes
+    return {p for p in node_processes(cluster)[node] if cmdline(p).startswith("VLLM::EngineCore")}
+
+
 def _until(what: str, ok, timeout: float, poll: float = 0.2, why=lambda: ""):
     end = time.time() + timeout
     while time.time() < end:
@@ -124,12 +130,13 @@ def test_a_killed_vllm_instance_is_replaced_while_the_other_serves(
         # steady load served by both first
         _until("requests through the router", lambda: load.ok_between(0, time.time()) >= 6,
                120, why=why)
-        # worker-1's leader: its vLLM engine core (VLLM::EngineCore, the child of `vllm serve`
-        # that schedules and runs the model), as an OOM kill would end it. Its API server then
-        # exits and the step ends; its worker process follows its parent. (A SIGKILL of the API
-        # server instead leaves the engine core and its worker running as orphans, which the
-        # test cluster's proctrack/linuxproc no longer counts as the step's: see the report.)
-        victim = find_pid(dev_cluster, w1[1], r"^VLLM::EngineCore")
+        # worker-1's leader: its API server (`vllm serve`, the step's task on that node), as
+        # an OOM kill would end it. Its engine core and worker are its children: where Slurm
+        # tracks processes by parentage (the test cluster's proctrack/linuxproc) they outlive
+        # it, until the launch script's watch over its process group ends them.
+        victim = find_pid(dev_cluster, w1[1], r"vllm\.entrypoints\.cli\.main serve")
+        orphans_before = _engine_cores(dev_cluster, w1[1])
+        assert orphans_before, "no VLLM::EngineCore on worker-1's node"
         t_kill = time.time()
         os.kill(victim, signal.SIGKILL)
         st = wait_state(job_dir, lambda s: s.get("phase") in ("degraded", "failed", "cancelled"),
@@ -146,6 +153,10 @@ def test_a_killed_vllm_instance_is_replaced_while_the_other_serves(
                         or s.get("phase") in ("failed", "cancelled"), RESTART_S)
         t_back = time.time()
         assert st["phase"] == "serving" and worker1_listed(), why()
+        # the killed attempt's engine core is gone: only the new attempt's runs there
+        now_cores = _engine_cores(dev_cluster, w1[1])
+        assert len(now_cores) == 1 and not now_cores & orphans_before, (orphans_before,
+                                                                         now_cores)
         back = st["instances"]["worker-1"]
         new_log = job_dir / back["attempts"][1]["log"]
         assert ".attempt1." in new_log.name and new_log.exists(), back

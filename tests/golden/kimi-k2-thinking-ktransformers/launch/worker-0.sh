@@ -41,6 +41,17 @@ if [ "$NODE_RANK" = 0 ]; then
     "$JOB_DIR/run/ports/worker-0" 5460 </dev/null &)
 fi
 
+# Where Slurm tracks a step's processes by parentage (proctrack/linuxproc), the engine's own
+# children (vLLM's engine core and workers) outlive a killed engine, holding the node's GPUs and
+# ports against the instance's next attempt. Slurm makes the first task on a node the leader of
+# the tasks' process group: once the engine (this PID, after exec) is gone, what is left of the
+# group goes with it.
+read -r _ _ _ _ TASK_PGID _ </proc/$$/stat
+if [ "$TASK_PGID" = "$$" ]; then
+  (trap '' TERM INT HUP; while kill -0 $$ 2>/dev/null; do sleep 1; done
+   kill -KILL -- "-$$" 2>/dev/null) </dev/null >/dev/null 2>&1 &
+fi
+
 exec \
   python3 -m sglang.launch_server \
   --model-path /lustre/models/Kimi-K2-Thinking \
