@@ -68,6 +68,7 @@ class Recovery:
         self.active = False
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hpcserve-recovery")
         self.router: RouterWorkers | None = None
+        self.drained: set[str] = set()
         self._phase = "serving"
 
     # -- while serving
@@ -110,6 +111,8 @@ class Recovery:
         out of the router at once, its step stopped; restarted later by tick()."""
         rec = self.recs[name]
         rec.lost |= self._lost_nodes(failure)
+        for node in self._lost_nodes(failure):
+            self._drain(node, failure.get("slurm_state") or "its slurmd does not answer")
         if rec.status in ("out", "failed"):
             return  # already out: a second word on the same failure
         job, at = self.job, now()
@@ -372,8 +375,11 @@ class Recovery:
         self._phase = phase
 
     def _drain(self, node: str, state: str) -> None:
-        """A lost node is drained with the reason where the site lets users do it (mostly it
-        does not: that is said, not an error)."""
+        """A lost node is drained with the reason, once, where the site lets users do it
+        (mostly it does not: that is said, not an error)."""
+        if node in self.drained:
+            return
+        self.drained.add(node)
         err = self.job.slurm.command(["scontrol", "update", f"NodeName={node}", "State=DRAIN",
                                       f"Reason=hpcserve job {self.job.job_id}: lost ({state})"],
                                      retry=False)
