@@ -4,7 +4,7 @@ by vLLM's NixlConnector (CPU buffers, UCX over TCP). One deployment for every ch
 deployment costs CI minutes: real tokens through the router (chat and streamed chat), the same
 request in both instances' logs, the decode's KV taken from the prefill and not computed (its
 own /metrics and the connector's log), vLLM's own benchmark client passing its gate against the
-PD route, then the prefill's API server killed: the job fails naming that instance."""
+PD route, then the prefill's engine killed: the job fails naming that instance."""
 
 from __future__ import annotations
 
