@@ -109,6 +109,9 @@ class Readiness:
             for name, url in list(pending.items()):
                 # each poll may take its full 2 s: a signal must not wait for all instances' polls
                 job.check()
+                # a port of it held by another process: named now, not at the timeout (an
+                # engine whose side channel cannot bind may never answer: vLLM's NIXL waits)
+                self.owns_port(name)
                 try:
                     code, _ = http_json(url, timeout=2)
                 except (OSError, ValueError, urllib.error.URLError):

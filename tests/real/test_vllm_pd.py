@@ -8,6 +8,7 @@ PD route, then the prefill's engine killed: the job fails naming that instance."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -138,3 +139,40 @@ def test_real_vllm_prefill_decode_moves_the_kv_benchmarks_and_names_a_killed_pre
     print("prefill failure:", json.dumps(f)[:2000])
     wait_no_job_processes(dev_cluster, 60)
     assert leftovers() - before == set()
+
+
+def test_a_side_channel_port_held_on_the_nodes_fails_naming_role_instance_and_node(
+        hs, dev_cluster, tiny_models, tmp_path):
+    """vLLM's NIXL side channel cannot bind a port another process holds, and then never
+    serves (it waits for its listener without a timeout): the job must name the instance, its
+    node and the port at once, not wait for readiness.engine_timeout. The preflight's port check
+    would stop it even earlier, so it is waived here to reach the engines."""
+    from test_preflight import listener_on
+    jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
+    cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
+    dep = real_deployment("real-pd-port", tiny_models["llama"], "tiny-llama", jobs, {}, cache)
+    role = dep["roles"].pop("worker")
+    dep["roles"] = {"prefill": role, "decode": role}
+    dep["router"] = {"port": 8000}
+    dep["preflight"] = {"waive": ["ports"]}
+    path = write_deployment(tmp_path, dep)
+    plan = json.loads(hs("plan", str(path), "--json").stdout)
+    side = {i["ports"]["side_channel"] for i in plan["instances"]}
+    assert len(side) == 1, side
+    port = side.pop()
+    nodes = sorted(dev_cluster.node_addresses())
+    with contextlib.ExitStack() as held:
+        holders = {n: held.enter_context(listener_on(dev_cluster, n, port)) for n in nodes}
+        t0 = time.time()
+        out = hs("submit", str(path), "--wait", check=False).stdout
+        job = _job_id(out)
+        st = _status(hs, job)
+        took = time.time() - t0
+    f = st["failure"]
+    assert st["phase"] == "failed" and f["reason"] == "port taken", st
+    assert f["role"] in ("prefill", "decode") and f["instance"] == 0, f
+    inst = f"{f['role']}-0"
+    assert f["node"] == _rows(Path(st["job_dir"]), inst)[0][1], f
+    assert f["port"] == port and str(holders[f["node"]]) in f["holder"], f
+    assert took < 120, f"named after {took:.0f} s"
+    wait_no_job_processes(dev_cluster, 60)
