@@ -6,7 +6,6 @@ faults that hit only some attempts of an instance."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 import threading
@@ -17,6 +16,7 @@ import pytest
 from simlib import REPO, clean_env, free_port, get_status, http, sse_events, wait_status
 
 DECODE = 0.05  # seconds per output token: a 60-token stream takes 3 s
+PROCS: dict = {}  # port -> the engine's process (its log), for the waits on its faults
 
 
 def metric(text, name):
@@ -24,6 +24,30 @@ def metric(text, name):
     m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
     assert m, f"{name} not in:\n{text}"
     return float(m.group(1))
+
+
+def until(fn, timeout=15.0, what="the condition"):
+    """fn()'s first truthy value, asked every 20 ms; the test fails after `timeout` s."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise AssertionError(f"{what} not seen within {timeout} s")
+
+
+def metrics_when(url, ok, timeout=15.0):
+    """The engine's /metrics text once ok(text) holds."""
+    def read():
+        text = http("GET", url, timeout=1)[1]
+        return text if ok(text) else None
+    return until(read, timeout, f"metrics at {url} as expected")
+
+
+def hanging(proc):
+    """Until the engine's fault has started (its log says so)."""
+    until(lambda: "fault injection: hanging" in proc.log(), what="the hang")
 
 
 def background(fn):
@@ -54,6 +78,7 @@ def sglang(procs, *extra, name="sglang", **env):
     p = procs.engine("--model-path", "/m", "--served-model-name", "kimi-k2", "--port", port,
                      *extra, name=name, HPCSERVE_SIM_DECODE_S_PER_TOKEN=DECODE, **env)
     wait_status(f"http://127.0.0.1:{port}/model_info", proc=p)
+    PROCS[port] = p
     return port
 
 
@@ -62,6 +87,7 @@ def vllm(procs, name="vllm", **env):
     p = procs.vllm("/m", "--served-model-name", "kimi-k2", "--host", "127.0.0.1", "--port",
                    port, name=name, HPCSERVE_SIM_DECODE_S_PER_TOKEN=DECODE, **env)
     wait_status(f"http://127.0.0.1:{port}/v1/models", proc=p)
+    PROCS[port] = p
     return port
 
 
@@ -85,10 +111,8 @@ def test_token_counters_move_while_a_stream_generates(procs, engine):
     assert f"# TYPE {gen} counter" in text and f"# TYPE {running} gauge" in text
     assert 'model_name="kimi-k2"' in text
     req = background(lambda: stream(port, 60))
-    time.sleep(0.8)
-    first = http("GET", url)[1]
-    time.sleep(0.8)
-    second = http("GET", url)[1]
+    first = metrics_when(url, lambda t: metric(t, gen) > 0)
+    second = metrics_when(url, lambda t: metric(t, gen) > metric(first, gen))
     # mid-stream: the request runs, and its tokens are counted as they are made
     assert metric(first, running) == 1 and metric(first, waiting) == 0
     assert 0 < metric(first, gen) < metric(second, gen) < 60
@@ -112,12 +136,11 @@ def test_slow_fault_answers_health_late_while_generation_goes_on(procs, engine):
     t0 = time.monotonic()
     probe = background(lambda: get_status(f"{base}/health", timeout=10))
     req = background(lambda: stream(port, 20))  # 1 s of tokens
-    time.sleep(0.5)
+    metrics_when(f"{base}/metrics", lambda t: metric(t, gen) > 0)
     m0 = time.monotonic()
     first = http("GET", f"{base}/metrics", timeout=1)[1]
     metrics_took = time.monotonic() - m0
-    time.sleep(0.3)
-    second = http("GET", f"{base}/metrics", timeout=1)[1]
+    second = metrics_when(f"{base}/metrics", lambda t: metric(t, gen) > metric(first, gen))
     probe["thread"].join(10)
     req["thread"].join(10)
     assert probe["result"] == 200
@@ -133,8 +156,8 @@ def test_slow_fault_waits_for_its_start(procs):
     t0 = time.monotonic()
     assert get_status(f"http://127.0.0.1:{port}/health", timeout=5) == 200
     assert time.monotonic() - t0 < 1.0
-    time.sleep(max(0.0, 2.6 - (time.monotonic() - t0)))
-    assert get_status(f"http://127.0.0.1:{port}/health", timeout=1) == "TimeoutError"
+    until(lambda: get_status(f"http://127.0.0.1:{port}/health", timeout=1) == "TimeoutError",
+          what="a late health answer once the fault started")
 
 
 def test_hung_vllm_answers_health_while_its_counters_stand_still(procs):
@@ -142,11 +165,10 @@ def test_hung_vllm_answers_health_while_its_counters_stand_still(procs):
     port = vllm(procs, HPCSERVE_SIM_FAULT="hang:1.5")
     base = f"http://127.0.0.1:{port}"
     background(lambda: stream(port, 200, timeout=60))  # 10 s of tokens; the hang comes first
-    time.sleep(0.5)
-    assert metric(http("GET", f"{base}/metrics")[1], gen) > 0
-    time.sleep(1.5)
+    metrics_when(f"{base}/metrics", lambda t: metric(t, gen) > 0)
+    hanging(PROCS[port])
     background(lambda: stream(port, 5, timeout=60))  # a new request: queued, never run
-    time.sleep(0.3)
+    metrics_when(f"{base}/metrics", lambda t: metric(t, waiting) == 1)
     assert get_status(f"{base}/health", timeout=1) == 200  # the API server is fine
     first = http("GET", f"{base}/metrics", timeout=1)[1]
     time.sleep(0.6)
@@ -160,7 +182,8 @@ def test_hung_sglang_times_out_health_but_shows_still_counters(procs):
     port = sglang(procs, "--enable-metrics", HPCSERVE_SIM_FAULT="hang:1.5")
     base = f"http://127.0.0.1:{port}"
     background(lambda: stream(port, 200, timeout=60))
-    time.sleep(2.0)
+    metrics_when(f"{base}/metrics", lambda t: metric(t, gen) > 0)
+    hanging(PROCS[port])
     # SGLang's /health runs a generation through the wedged scheduler
     assert get_status(f"{base}/health", timeout=1) == "TimeoutError"
     first = http("GET", f"{base}/metrics", timeout=1)[1]
@@ -185,14 +208,6 @@ def test_fault_attempts_default_to_every_attempt(procs):
 
 # ---------------------------------------------------------------- TensorRT-LLM: JSON iterations
 
-def _has(*mods):
-    return all(importlib.util.find_spec(m) for m in mods)
-
-
-needs_trt_deps = pytest.mark.skipif(not _has("mpi4py", "yaml"),
-                                    reason="the TensorRT-LLM stand-in needs mpi4py and PyYAML")
-
-
 def trtllm(procs, tmp_path, api, **env):
     port = free_port()
     opts = tmp_path / "api.yaml"
@@ -201,18 +216,16 @@ def trtllm(procs, tmp_path, api, **env):
            "--host", "127.0.0.1", "--port", str(port), "--extra_llm_api_options", str(opts)]
     p = procs.start(cmd, "trtllm", clean_env(HPCSERVE_SIM_DECODE_S_PER_TOKEN=DECODE, **env))
     wait_status(f"http://127.0.0.1:{port}/v1/models", proc=p, timeout=30)
+    PROCS[port] = p
     return port
 
 
-@needs_trt_deps
 def test_trtllm_metrics_are_json_iteration_stats_drained_per_read(procs, tmp_path):
     port = trtllm(procs, tmp_path, {"enable_iter_perf_stats": "true"})
     url = f"http://127.0.0.1:{port}/metrics"
     req = background(lambda: stream(port, 40))
-    time.sleep(0.6)
-    first = http("GET", url)[1]
-    time.sleep(0.6)
-    second = http("GET", url)[1]
+    first = until(lambda: http("GET", url)[1], what="iteration stats")
+    second = until(lambda: http("GET", url)[1], what="further iteration stats")
     req["thread"].join(10)
     assert isinstance(first, list) and first and second
     # each read takes what came since the last one: iterations move on, none read twice
@@ -222,7 +235,6 @@ def test_trtllm_metrics_are_json_iteration_stats_drained_per_read(procs, tmp_pat
     assert {"kvCacheStats", "numQueuedRequests", "numCompletedRequests"} <= set(second[0])
 
 
-@needs_trt_deps
 def test_trtllm_metrics_without_iter_perf_stats_is_an_empty_list_after_2s(procs, tmp_path):
     port = trtllm(procs, tmp_path, {})
     background(lambda: stream(port, 20))
@@ -231,13 +243,13 @@ def test_trtllm_metrics_without_iter_perf_stats_is_an_empty_list_after_2s(procs,
     assert time.monotonic() - t0 >= 1.9  # get_stats_async(2) waited for stats that never come
 
 
-@needs_trt_deps
 def test_hung_trtllm_answers_health_and_an_empty_metrics(procs, tmp_path):
     port = trtllm(procs, tmp_path, {"enable_iter_perf_stats": "true"},
                   HPCSERVE_SIM_FAULT="hang:1.5")
     base = f"http://127.0.0.1:{port}"
     background(lambda: stream(port, 200, timeout=60))
-    time.sleep(2.0)
+    until(lambda: http("GET", f"{base}/metrics")[1], what="iteration stats")
+    hanging(PROCS[port])
     http("GET", f"{base}/metrics")  # what came before the hang
     assert get_status(f"{base}/health", timeout=1) == 200
     assert http("GET", f"{base}/metrics", timeout=5)[1] == []
