@@ -56,6 +56,25 @@ class Load:
         return sum(1 for s, e, err in self.results if err is None and s >= t0 and e <= t1)
 
 
+def _until(what: str, ok, timeout: float):
+    """ok()'s first truthy value, asked every 50 ms; the test fails naming `what`."""
+    end = time.time() + timeout
+    while time.time() < end:
+        v = ok()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"no {what} within {timeout} s")
+
+
+def _rounds(job, n: int, timeout: float) -> None:
+    """Until the job has written its state n more times: once a liveness round while it
+    serves and nothing else changes."""
+    seen = {job.state()["updated_at"]}
+    _until(f"{n} liveness rounds",
+           lambda: seen.add(job.state()["updated_at"]) or len(seen) > n, timeout)
+
+
 def _serving(job) -> dict:
     st = job.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", job.logs()
@@ -76,8 +95,10 @@ def test_a_killed_decode_engine_is_replaced_while_the_other_decode_serves(submit
     job = submit(dep)
     st = _serving(job)
     victim = job.node_rows("decode-1")[0]
+    new_log = job.dir / "logs" / f"decode-1.attempt1.node0.{victim[1]}.log"
     with Load(st["endpoint"]) as load:
-        time.sleep(2)
+        _until("requests served by both decodes", lambda: load.ok_between(0, time.time()) >= 6,
+               30)
         t_kill = time.time()
         os.kill(find_pid(dev_cluster, victim[1], r"hpcserve_sim\.py"), signal.SIGKILL)
         st = job.wait_until(lambda s: s.get("phase") in ("degraded", "failed"), 20)
@@ -89,7 +110,8 @@ def test_a_killed_decode_engine_is_replaced_while_the_other_decode_serves(submit
                             and s["instances"]["decode-1"]["attempt"] == 1, 60)
         t_back = time.time()
         assert st["phase"] == "serving", st
-        time.sleep(3)  # later requests, with decode-1 back in the router
+        # later requests, with decode-1 back in the router
+        _until("request on the restarted decode-1", lambda: _requests_in(new_log) > 0, 30)
     back = st["instances"]["decode-1"]
     assert back["restarts"] == 1 and back["recover_s"] > 0, back
     assert [a["attempt"] for a in back["attempts"]] == [0, 1], back
@@ -100,7 +122,6 @@ def test_a_killed_decode_engine_is_replaced_while_the_other_decode_serves(submit
     assert not late, (f"{len(load.failures())} failed, {len(late)} after decode-1 was out",
                       late[:3])
     assert load.ok_between(t_kill, t_back) > 0, "no request succeeded while decode-1 was out"
-    new_log = job.dir / "logs" / f"decode-1.attempt1.node0.{victim[1]}.log"
     assert _requests_in(new_log) > 0, "the restarted decode-1 served no request:\n" + job.logs()
 
 
@@ -238,14 +259,17 @@ def test_an_engine_slow_under_load_with_progress_is_never_replaced(submit, dev_c
     dep["roles"]["decode"]["sim_fault"] = {"kind": "slow", "delay": 8, "after": 15}
     job = submit(dep)
     st = _serving(job)
+    log_path = job.dir / "logs" / "hpcserve-job.log"
     with Load(st["endpoint"], clients=2, tokens=40) as load:
-        time.sleep(max(0.0, st["history"][0]["at"] + 15 - time.time()))
-        time.sleep(40)  # five rounds of 3 s + 5 s: hung would be named after three
+        # the slow fault in force, its first probe timed out, then five more rounds of 3 s +
+        # 5 s: hung would be named after three
+        _until("busy round", lambda: "decode-0: busy, not hung" in log_path.read_text(), 60)
+        _rounds(job, 5, 90)
     st = job.state()
     d0 = st["instances"]["decode-0"]
     assert (d0["status"], d0["attempt"], d0["restarts"]) == ("serving", 0, 0), d0
     assert st["phase"] == "serving", st
-    log = (job.dir / "logs" / "hpcserve-job.log").read_text()
+    log = log_path.read_text()
     assert "decode-0: busy, not hung: hung (no answer within 5 s)" in log, log[-3000:]
     assert not load.failures(), load.failures()[:3]
 
