@@ -68,6 +68,16 @@ class Job:
             self.check()
             time.sleep(min(0.1, max(0.0, end - now())))
 
+    def step_ids(self, errors=(RuntimeError, Unreachable)) -> dict[str, str]:
+        """Slurm's step ids by step name, asked once, not retried (a grace or a recovery is
+        running); {} when Slurm does not answer: a step Slurm does not list is signalled through
+        its srun client instead."""
+        try:
+            return self.slurm.step_ids(retry=False)
+        except errors as e:
+            self.log(f"listing steps failed: {e}")
+            return {}
+
     def note_unreachable(self, e: Unreachable | None) -> None:
         """Slurm's controller stopped (or started again) answering the job's queries: said once
         in the log and in state.json; the deployment goes on serving meanwhile."""
@@ -146,11 +156,8 @@ class Job:
         """For a router that cannot take a worker while it runs (a static worker set): stopped
         and started again with every instance's address now; requests fail meanwhile."""
         self.log("restarting the router with the instances' addresses now")
-        try:
-            ids = self.slurm.step_ids(retry=False)
-        except Exception:  # the srun client is signalled instead
-            ids = {}
-        self.steps.signal(["router"], "TERM", ids, set(), self.slurm, self.log)
+        self.steps.signal(["router"], "TERM", self.step_ids(errors=Exception), set(), self.slurm,
+                          self.log)
         if not self.steps.wait(["router"], now() + 10):
             self.steps.kill_client("router")
             self.steps.wait(["router"], now() + 5)

@@ -110,8 +110,9 @@ class Recovery:
         """Instance `name` failed (`reason`: "exited with code 137", "hung", "node lost"...):
         out of the router at once, its step stopped; restarted later by tick()."""
         rec = self.recs[name]
-        rec.lost |= self._lost_nodes(failure)
-        for node in self._lost_nodes(failure):
+        lost = self._lost_nodes(failure)
+        rec.lost |= lost
+        for node in lost:
             self._drain(node, failure.get("slurm_state") or "its slurmd does not answer")
         if rec.status in ("out", "failed"):
             return  # already out: a second word on the same failure
@@ -326,13 +327,8 @@ class Recovery:
         proc = job.steps[rec.name]
         if proc.poll() is None:
             lost = job.supervisor.lost_steps if rec.lost else set()
-            try:
-                ids = job.slurm.step_ids(retry=False)
-            except Exception as e:  # Slurm's word is not needed: the srun client is the fallback
-                job.log(f"listing steps failed: {e}")
-                ids = {}
-            job.steps.signal([rec.name], "KILL" if rec.why_first == "hung" else "TERM", ids,
-                             lost, job.slurm, job.log)
+            job.steps.signal([rec.name], "KILL" if rec.why_first == "hung" else "TERM",
+                             job.step_ids(errors=Exception), lost, job.slurm, job.log)
         rec.old = job.steps.retire(rec.name)
         rec.deadline = now() + STOP_WAIT_S
         rec.stage = "stopping"

@@ -54,15 +54,6 @@ class Teardown:
                 budget = max(0.5, min(budget, (hard_end - now()) / 2))
         return budget, hard_end
 
-    def _step_ids(self, errors=(RuntimeError, Unreachable)) -> dict[str, str]:
-        # asked once, not retried: the grace is running, and a step Slurm does not list is
-        # signalled through its srun client instead
-        try:
-            return self.job.slurm.step_ids(retry=False)
-        except errors as e:
-            self.job.log(f"listing steps failed: {e}")
-            return {}
-
     def run(self) -> None:
         job = self.job
         job.discovery.stop()
@@ -74,7 +65,7 @@ class Teardown:
             return
         ids: dict[str, str] = {}
         try:
-            ids = self._step_ids()
+            ids = job.step_ids()  # the grace is running: asked once
             # The benchmark client first: its requests would only fail from here on. Then the
             # router, so no new request reaches an engine that is going away.
             tiers = [[BENCH_STEP], ["router"],
@@ -109,7 +100,7 @@ class Teardown:
         if not left:
             return
         job.log(f"SIGKILL to {', '.join(left)} after the grace period")
-        ids = self._step_ids(errors=Exception) or ids  # whatever failed, KILL follows
+        ids = job.step_ids(errors=Exception) or ids  # whatever failed, KILL follows
         steps.signal(left, "KILL", ids, job.supervisor.lost_steps, job.slurm, job.log)
         if not steps.wait(left, min(now() + 5.0, hard_end)):
             for n in left:

@@ -85,6 +85,18 @@ sys.meta_path.insert(0, _NoHpcserve())
 """
 
 
+def until(what: str, ok, timeout: float, poll: float = 0.05, why=lambda: ""):
+    """ok()'s first truthy value, asked every `poll` s; the test fails after `timeout` s naming
+    `what` (and why(), what the caller can say of the state then)."""
+    end = time.time() + timeout
+    while time.time() < end:
+        got = ok()
+        if got:
+            return got
+        time.sleep(poll)
+    raise AssertionError(f"no {what} within {timeout} s\n{why()}")
+
+
 class Job:
     def __init__(self, cluster: Any, job_dir: Path, job_id: str, env: dict):
         self.cluster = cluster

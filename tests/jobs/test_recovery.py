@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from jobkit import deployment, find_pid, wait_no_job_processes
+from jobkit import deployment, find_pid, until, wait_no_job_processes
 
 pytestmark = pytest.mark.slurm
 
@@ -56,22 +56,11 @@ class Load:
         return sum(1 for s, e, err in self.results if err is None and s >= t0 and e <= t1)
 
 
-def _until(what: str, ok, timeout: float):
-    """ok()'s first truthy value, asked every 50 ms; the test fails naming `what`."""
-    end = time.time() + timeout
-    while time.time() < end:
-        v = ok()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"no {what} within {timeout} s")
-
-
 def _rounds(job, n: int, timeout: float) -> None:
     """Until the job has written its state n more times: once a liveness round while it
     serves and nothing else changes."""
     seen = {job.state()["updated_at"]}
-    _until(f"{n} liveness rounds",
+    until(f"{n} liveness rounds",
            lambda: seen.add(job.state()["updated_at"]) or len(seen) > n, timeout)
 
 
@@ -97,7 +86,7 @@ def test_a_killed_decode_engine_is_replaced_while_the_other_decode_serves(submit
     victim = job.node_rows("decode-1")[0]
     new_log = job.dir / "logs" / f"decode-1.attempt1.node0.{victim[1]}.log"
     with Load(st["endpoint"]) as load:
-        _until("requests served by both decodes", lambda: load.ok_between(0, time.time()) >= 6,
+        until("requests served by both decodes", lambda: load.ok_between(0, time.time()) >= 6,
                30)
         t_kill = time.time()
         os.kill(find_pid(dev_cluster, victim[1], r"hpcserve_sim\.py"), signal.SIGKILL)
@@ -111,7 +100,7 @@ def test_a_killed_decode_engine_is_replaced_while_the_other_decode_serves(submit
         t_back = time.time()
         assert st["phase"] == "serving", st
         # later requests, with decode-1 back in the router
-        _until("request on the restarted decode-1", lambda: _requests_in(new_log) > 0, 30)
+        until("request on the restarted decode-1", lambda: _requests_in(new_log) > 0, 30)
     back = st["instances"]["decode-1"]
     assert back["restarts"] == 1 and back["recover_s"] > 0, back
     assert [a["attempt"] for a in back["attempts"]] == [0, 1], back
@@ -263,7 +252,7 @@ def test_an_engine_slow_under_load_with_progress_is_never_replaced(submit, dev_c
     with Load(st["endpoint"], clients=2, tokens=40) as load:
         # the slow fault in force, its first probe timed out, then five more rounds of 3 s +
         # 5 s: hung would be named after three
-        _until("busy round", lambda: "decode-0: busy, not hung" in log_path.read_text(), 60)
+        until("busy round", lambda: "decode-0: busy, not hung" in log_path.read_text(), 60)
         _rounds(job, 5, 90)
     st = job.state()
     d0 = st["instances"]["decode-0"]

@@ -22,6 +22,7 @@ import pytest
 from conftest import real_deployment, write_deployment
 from test_vllm_cpu import (_job_id, _serves_real_tokens, _status, find_pid, leftovers,
                            wait_no_job_processes, wait_state)
+from jobkit import until  # noqa: E402  (tests/jobs, put on the path by test_vllm_cpu)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real_engine]
 
@@ -43,15 +44,6 @@ def _by_source(url: str) -> dict[str, float]:
 def _log(job_dir: Path, inst: str) -> str:
     return "".join(p.read_text(errors="replace")
                    for p in sorted((job_dir / "logs").glob(f"{inst}.*.log")))
-
-
-def _until(what: str, ok, timeout: float, why=lambda: ""):
-    end = time.time() + timeout
-    while time.time() < end:
-        if v := ok():
-            return v
-        time.sleep(0.5)
-    raise AssertionError(f"no {what} after {timeout} s\n{why()}")
 
 
 def test_real_vllm_prefill_decode_moves_the_kv_benchmarks_and_names_a_killed_prefill(
@@ -116,10 +108,10 @@ def test_real_vllm_prefill_decode_moves_the_kv_benchmarks_and_names_a_killed_pre
     m = re.search(r"___decode_addr_\S+?_([0-9a-f]{32})", resp["id"])
     assert m, resp["id"]
     rid = m.group(1)
-    plog = _until("the request in the prefill's log", lambda: (t := _log(job_dir, "prefill-0"))
+    plog = until("the request in the prefill's log", lambda: (t := _log(job_dir, "prefill-0"))
                   and rid in t and t, 30)
     assert re.search(rf"request_finished\(\S*{rid}\S*\) waiting for", plog), plog[-3000:]
-    dlog = _until("the connector's transfer metrics in the decode's log",
+    dlog = until("the connector's transfer metrics in the decode's log",
                   lambda: (t := _log(job_dir, "decode-0")) and
                   "KV Transfer metrics: Num successful transfers=" in t and rid in t and t, 60)
     assert re.search(rf"start_load_kv for request \S*{rid}", dlog), dlog[-3000:]

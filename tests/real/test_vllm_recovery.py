@@ -18,7 +18,7 @@ from conftest import real_deployment, write_deployment
 from test_vllm_cpu import _job_id, _post, _status, leftovers, read_state, wait_state
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
-from jobkit import find_pid, wait_no_job_processes  # noqa: E402
+from jobkit import find_pid, until, wait_no_job_processes  # noqa: E402
 
 from hpcserve.runtime.workers import RouterWorkers  # noqa: E402
 
@@ -85,16 +85,6 @@ def _engine_cores(cluster, node: str) -> set[int]:
     return {p for p in node_processes(cluster)[node] if cmdline(p).startswith("VLLM::EngineCore")}
 
 
-def _until(what: str, ok, timeout: float, poll: float = 0.2, why=lambda: ""):
-    end = time.time() + timeout
-    while time.time() < end:
-        got = ok()
-        if got:
-            return got
-        time.sleep(poll)
-    raise AssertionError(f"{what}: not within {timeout} s. {why()}")
-
-
 def test_a_killed_vllm_instance_is_replaced_while_the_other_serves(
         hs, dev_cluster, tiny_models, tmp_path):
     jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
@@ -128,7 +118,7 @@ def test_a_killed_vllm_instance_is_replaced_while_the_other_serves(
 
     with Load(url) as load:
         # steady load served by both first
-        _until("requests through the router", lambda: load.ok_between(0, time.time()) >= 6,
+        until("requests through the router", lambda: load.ok_between(0, time.time()) >= 6,
                120, why=why)
         # worker-1's leader: its API server (`vllm serve`, the step's task on that node), as
         # an OOM kill would end it. Its engine core and worker are its children: where Slurm
@@ -145,7 +135,7 @@ def test_a_killed_vllm_instance_is_replaced_while_the_other_serves(
         assert st["instances"]["worker-0"]["status"] == "serving", why()
         # the router stops listing it (the runtime's DELETE /workers/<url>): from here on no
         # request may reach it
-        _until("worker-1 out of the router", lambda: not worker1_listed(), 60, poll=0.05,
+        until("worker-1 out of the router", lambda: not worker1_listed(), 60, poll=0.05,
                why=why)
         t_out = time.time()
         st = wait_state(job_dir, lambda s: s["instances"]["worker-1"]["status"] == "serving"
@@ -162,10 +152,10 @@ def test_a_killed_vllm_instance_is_replaced_while_the_other_serves(
         assert ".attempt1." in new_log.name and new_log.exists(), back
         # Later requests reach the new worker-1 through the router: its log shows chats beyond
         # the runtime's one smoke request to it.
-        seen = _until("chats through the router on the restarted worker-1",
+        seen = until("chats through the router on the restarted worker-1",
                       lambda: (n := _chats(new_log)) >= 3 and n, 120, why=why)
         # and the router answers requests sent after worker-1 is back
-        _until("requests answered after worker-1 came back",
+        until("requests answered after worker-1 came back",
                lambda: load.ok_between(t_back, time.time()) >= 4, 120, why=why)
         t_end = time.time()
     first = back["attempts"][0]
