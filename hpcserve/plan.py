@@ -98,7 +98,7 @@ class RouterPlan:
     name: str                      # the router program, for people
     readiness_path: str            # GET answers 200 once it routes to every worker: the sum
     readiness_count: tuple[str, ...]  # of these (dotted) JSON fields reaches their number
-    workers_api: str               # how recovery changes its workers (runtime/workers.py KINDS)
+    workers_api: str               # how recovery changes its workers (runtime/contract.py WORKERS_APIS)
     files: tuple[tuple[str, tuple[Word, ...]], ...] = ()  # run/<name>, one Word per line
     api_key_env: str | None = None
 

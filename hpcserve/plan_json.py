@@ -21,8 +21,7 @@ from typing import Any
 
 from . import __version__
 from .containers import IMPORT_HELPER, apptainer_image, enroot_image
-from .runtime.contract import SPEC, SPEC_VERSION
-from .runtime.workers import KINDS as WORKERS_APIS
+from .runtime.contract import SPEC, SPEC_VERSION, WORKERS_APIS
 from .words import Var, Word
 
 

@@ -196,7 +196,7 @@ class RouterAdapter:
 
     def workers_api(self, pd: bool) -> str:
         """How the in-job runtime takes a failed instance out of the running router and puts its
-        replacement back (runtime/workers.py KINDS): the kind of the router's worker API, or
+        replacement back (runtime/contract.py WORKERS_APIS): the kind of the router's worker API, or
         "restart" where the router cannot change its workers while it runs (the runtime then
         restarts it with the new set)."""
         return "restart"

@@ -26,6 +26,10 @@ SPEC_VERSION = 6
 # instances than its minimum while one is replaced.
 PHASES = ("pending", "starting", "engines_ready", "router_ready", "serving", "degraded",
           "recovering", "stopping", "requeued", "done", "cancelled", "failed")
+# How recovery changes the running router's workers (plan.json's router.workers_api; workers.py
+# speaks each): over its worker API (a queued job, or a direct call), removing only, or by a
+# restart with the new set.
+WORKERS_APIS = ("queued", "direct", "remove-only", "restart")
 # An instance's own status while the deployment serves.
 INSTANCE_STATUSES = ("serving", "out", "restarting", "failed")
 # A phase the job never leaves: state.json's last word on the deployment.

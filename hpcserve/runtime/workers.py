@@ -29,7 +29,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-KINDS = ("queued", "direct", "remove-only", "restart")
+from .contract import WORKERS_APIS as KINDS  # declared with plan.json's other keys
+
 # "queued": the worker_type of each hpcserve role (sglang-router's GET /workers says "regular"
 # in plain mode).
 WORKER_TYPES = {"prefill": "prefill", "decode": "decode", "worker": "regular"}
