@@ -176,7 +176,7 @@ def plan_cmd(file: str, sets: tuple[str, ...], as_json: bool, as_argv: bool) -> 
     click.echo(plan_argv(p) if as_argv else plan_text(p))
 
 
-@main.command(short_help="Print the JSON Schemas of the deployment, site and profile files.")
+@main.command(short_help="JSON Schemas of the deployment, site and profile files.")
 @click.argument("which", type=click.Choice(["deployment", "site", "profile", "all"]),
                 default="all")
 def schema(which: str) -> None:
@@ -346,7 +346,7 @@ def list_cmd(as_json, show_all):
         click.echo(ops.status_table(views) if views else "no deployments")
 
 
-@main.command(short_help="Show or follow a deployment's logs, by role, instance, node, attempt.")
+@main.command(short_help="Show or follow a deployment's logs (role, instance, node).")
 @click.argument("job")
 @click.option("--role", type=click.Choice(["prefill", "decode", "worker", "router", "batch",
                                            "hpcserve-job", "discover"]),
@@ -495,7 +495,7 @@ def bench(job, concurrency, rate, prompts, input_tokens, output_tokens, warmup, 
     sys.exit(0 if result["passed"] else 1)
 
 
-@main.command(short_help="A benchmark's table, plots and HTML page; several jobs side by side.")
+@main.command(short_help="A benchmark's table, plots and HTML page, jobs side by side.")
 @click.argument("jobs", nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="the rows as JSON (no files written)")
 @click.option("--out", "-o", help="where the plots and report.html go (default: the job "
@@ -527,7 +527,7 @@ def report(jobs, as_json, out):
     sys.exit(0 if all(j.bench["passed"] for j in loaded) else 1)
 
 
-@main.command(short_help="Stop a deployment gracefully: the router first, then the engines.")
+@main.command(short_help="Stop a deployment gracefully: router first, then engines.")
 @click.argument("job")
 @click.option("--wait", "-w", is_flag=True, help="wait until the teardown is complete")
 def cancel(job, wait):

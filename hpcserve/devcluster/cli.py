@@ -45,7 +45,7 @@ def _state_dir_args(cluster: Any) -> str:
     return f" --state-dir {shlex.quote(str(cluster.state_dir))}"
 
 
-@click.group("dev-cluster", short_help="A real multi-node Slurm cluster on this machine, no GPUs needed.")
+@click.group("dev-cluster", short_help="A real multi-node Slurm cluster on this machine (no GPUs).")
 def dev_cluster() -> None:
     """A real multi-node Slurm cluster on this machine (needs root and slurm-wlm).
 
