@@ -20,7 +20,7 @@ from .plan import Instance, Plan
 from .plan_json import dumps as spec_dumps
 from .plan_json import job_spec
 from .templates import jinja
-from .words import Var, Word, quote
+from .words import Var, Word, argv_lines, quote
 
 # The in-job runtime, copied whole into the job directory as a package of its own: a folder,
 # not a zipapp, so that it is read (and patched, on a site that must) like the scripts beside it.
@@ -277,20 +277,6 @@ def _sim_env(plan: Plan, inst: Instance) -> list[tuple[str, Word]]:
         if f.attempts is not None:  # the sim reads the attempt from HPCSERVE_ATTEMPT
             out.append(("HPCSERVE_SIM_FAULT_ATTEMPTS", ",".join(map(str, f.attempts))))
     return out
-
-
-def argv_lines(cmd: list[Word], argv: tuple[Word, ...]) -> list[str]:
-    """One line per option with its values, so a person reads the command as in the docs."""
-    lines = [" ".join(quote(w) for w in cmd)]
-    cur: list[str] = []
-    for w in argv:
-        if isinstance(w, str) and w.startswith("--") and cur:
-            lines.append(" ".join(cur))
-            cur = []
-        cur.append(quote(w))
-    if cur:
-        lines.append(" ".join(cur))
-    return lines
 
 
 def write_job(files: dict[str, tuple[str, int]], out_dir: str | Path) -> Path:

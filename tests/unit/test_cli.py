@@ -95,20 +95,21 @@ def test_schema_subcommand_prints_one_schema():
 
 
 def _plan_rows(output: str) -> list[list[str]]:
+    """The rows of `hpcserve plan --argv`: one per node, with its whole command line."""
     lines = output.splitlines()
     head = next(i for i, ln in enumerate(lines) if ln.split()[:6] == ["comp", "node", "role",
                                                                       "instance", "rank", "ports"])
     rows = []
     for ln in lines[head + 1:]:
-        if ln.startswith(("warning:", "note:")):
+        if ln.startswith(("warning:", "note:", "fit ")):
             break
         rows.append(ln.split(None, 6))
     return rows
 
 
-def test_plan_shows_one_row_per_node_with_ranks():
+def test_plan_argv_shows_one_row_per_node_with_ranks():
     ex = ROOT / "examples" / "kimi-k2-instruct-4p12d.yaml"
-    r = CliRunner().invoke(main, ["plan", str(ex)])
+    r = CliRunner().invoke(main, ["plan", "--argv", str(ex)])
     assert r.exit_code == 0, r.output
     assert "16 nodes" in r.output.splitlines()[0]
     rows = _plan_rows(r.output)
@@ -132,11 +133,19 @@ def test_plan_shows_shared_nodes_and_idle_nodes(tmp_path):
     doc = small_pd()
     doc["model"] = {"profile": "kimi-k2-thinking", "path": "/m"}
     doc["roles"] = {"prefill": {"instances": 3, "gpus": 4}, "decode": {"nodes": 1}}
-    r = CliRunner().invoke(main, ["plan", str(write_yaml(tmp_path / "d.yaml", doc))])
+    f = str(write_yaml(tmp_path / "d.yaml", doc))
+    r = CliRunner().invoke(main, ["plan", "--argv", f])
     assert r.exit_code == 0, r.output
     rows = _plan_rows(r.output)
     prefill = [(row[1], row[3]) for row in rows if row[2] == "prefill"]
     assert prefill == [("0", "0"), ("0", "1"), ("1", "2")]
+    assert "note: prefill: 4 GPU(s)" in r.output
+    # the summary: one row per instance, the two sharing node 0, four GPUs each
+    r = CliRunner().invoke(main, ["plan", f])
+    assert r.exit_code == 0, r.output
+    rows = [ln.split() for ln in r.output.splitlines() if ln.split()[2:3] == ["prefill"]]
+    assert [(row[1], row[3], row[5]) for row in rows] == [("0", "0", "4"), ("0", "1", "4"),
+                                                          ("1", "2", "4")]
     assert "note: prefill: 4 GPU(s)" in r.output
 
 
