@@ -150,17 +150,22 @@ def _runner(remote, jump=None, identity=(), known_hosts=None):
 @click.option("--check", is_flag=True, help="ask Slurm whether it would run (sbatch --test-only)")
 @click.option("--follow", "-f", is_flag=True, help="show the phases live until serving or failure")
 @click.option("--wait", "-w", is_flag=True, help="wait until serving or failure, print the end")
+@click.option("--in-allocation", is_flag=True,
+              help="run as steps of the allocation this shell is in (salloc, your batch script)")
 @_remote_opts
-def submit(file, sets, out, dry_run, check, follow, wait, remote, jump, identity, known_hosts):
+def submit(file, sets, out, dry_run, check, follow, wait, in_allocation, remote, jump, identity,
+           known_hosts):
     """Render FILE and submit it with sbatch; print the job id and the job directory."""
     from . import ops
     runner = _runner(remote, jump, identity, known_hosts)
     res = ops.submit(file, sets, runner=runner, remote=remote, out=out, dry_run=dry_run,
-                     check=check, warn=lambda w: click.echo(f"hpcserve: warning: {w}", err=True))
+                     check=check, in_allocation=in_allocation,
+                     warn=lambda w: click.echo(f"hpcserve: warning: {w}", err=True))
     if isinstance(res, str):
         click.echo(res)
         return
-    click.echo(f"submitted job {res.job_id}: {res.name}")
+    click.echo(f"started {res.name} in allocation {res.job_id}" if in_allocation else
+               f"submitted job {res.job_id}: {res.name}")
     click.echo(f"job directory: {res.job_dir}")
     if not (follow or wait):
         from .deployments import reference
@@ -175,14 +180,16 @@ def submit(file, sets, out, dry_run, check, follow, wait, remote, jump, identity
 @_file_arg
 @_set_opt
 @click.option("--json", "as_json", is_flag=True, help="print state.json's preflight block")
+@click.option("--in-allocation", is_flag=True,
+              help="run as steps of the allocation this shell is in (salloc, your batch script)")
 @_remote_opts
-def preflight(file, sets, as_json, remote, jump, identity, known_hosts):
+def preflight(file, sets, as_json, in_allocation, remote, jump, identity, known_hosts):
     """Run FILE's preflight checks as a short job of its own, before a long one: the same
     allocation, ten minutes, no engines. Prints one row per node; exit 1 if a check failed."""
     from . import ops
     runner = _runner(remote, jump, identity, known_hosts)
     res = ops.submit(file, sets, runner=runner, remote=remote, out=None, dry_run=False,
-                     check=False, preflight_only=True,
+                     check=False, preflight_only=True, in_allocation=in_allocation,
                      warn=lambda w: click.echo(f"hpcserve: warning: {w}", err=True))
     click.echo(f"submitted preflight job {res.job_id}: {res.job_dir}", err=True)
     rc = ops.follow(res.entry, runner, echo=lambda line: click.echo(line, err=True), quiet=True,
