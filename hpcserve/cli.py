@@ -214,24 +214,30 @@ def profiles() -> None:
 @click.option("--check", is_flag=True, help="ask Slurm whether it would run (sbatch --test-only)")
 @click.option("--follow", "-f", is_flag=True, help="show the phases live until serving or failure")
 @click.option("--wait", "-w", is_flag=True, help="wait until serving or failure, print the end")
-def submit(file, sets, out, dry_run, check, follow, wait):
+@click.option("--in-allocation", is_flag=True,
+              help="run as steps of the allocation this shell is in (salloc, your batch script)")
+def submit(file, sets, out, dry_run, check, follow, wait, in_allocation):
     """Render FILE and submit it with sbatch; print the job id and the job directory.
+    With --in-allocation, run it as steps of the allocation this shell is in instead.
 
     \b
     Example:
       hpcserve submit examples/demo.yaml --follow
       hpcserve --remote me@login.example.org submit deploy.yaml --check
+      salloc -N 4 --time 2-0   # then, in its shell:  hpcserve submit deploy.yaml --in-allocation
     """
     from . import ops
     ssh = _ssh()
     remote = ssh.remote
     runner = ssh.runner(remote)
     res = ops.submit(file, sets, runner=runner, remote=remote, out=out, dry_run=dry_run,
-                     check=check, warn=lambda w: click.echo(f"hpcserve: warning: {w}", err=True))
+                     check=check, in_allocation=in_allocation,
+                     warn=lambda w: click.echo(f"hpcserve: warning: {w}", err=True))
     if isinstance(res, str):
         click.echo(res)
         return
-    click.echo(f"submitted job {res.job_id}: {res.name}")
+    click.echo(f"started {res.name} in allocation {res.job_id}" if in_allocation else
+               f"submitted job {res.job_id}: {res.name}")
     click.echo(f"job directory: {res.job_dir}")
     if not (follow or wait):
         from .deployments import reference
@@ -246,7 +252,9 @@ def submit(file, sets, out, dry_run, check, follow, wait):
 @_file_arg
 @_set_opt
 @click.option("--json", "as_json", is_flag=True, help="print state.json's preflight block")
-def preflight(file, sets, as_json):
+@click.option("--in-allocation", is_flag=True,
+              help="run as steps of the allocation this shell is in (salloc, your batch script)")
+def preflight(file, sets, as_json, in_allocation):
     """Run FILE's preflight checks as a short job of its own, before a long one: the same
     allocation, ten minutes, no engines. Prints one row per node; exit 1 if a check failed.
 
@@ -259,7 +267,7 @@ def preflight(file, sets, as_json):
     remote = ssh.remote
     runner = ssh.runner(remote)
     res = ops.submit(file, sets, runner=runner, remote=remote, out=None, dry_run=False,
-                     check=False, preflight_only=True,
+                     check=False, preflight_only=True, in_allocation=in_allocation,
                      warn=lambda w: click.echo(f"hpcserve: warning: {w}", err=True))
     click.echo(f"submitted preflight job {res.job_id}: {res.job_dir}", err=True)
     rc = ops.follow(res.entry, runner, echo=lambda line: click.echo(line, err=True), quiet=True,

@@ -155,6 +155,7 @@ class Plan:
     fits: tuple = ()                          # fit.RoleFit per role (hpcserve plan shows them)
     preflight: dict = field(default_factory=dict)  # plan.json's preflight block, less the image
     benchmark: BenchPlan | None = None
+    in_allocation: bool = False  # steps of an allocation the user holds (allocation.py)
     sim: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
@@ -677,6 +678,13 @@ def preflight_only(p: Plan) -> Plan:
     return dataclasses.replace(p, components=comps, time_limit=PREFLIGHT_TIME, requeue=0,
                                preflight={**p.preflight, "enabled": True, "only": True},
                                benchmark=None)
+
+
+def in_allocation(p: Plan) -> Plan:
+    """`--in-allocation`: the same job, run as steps of an allocation the user already holds
+    (hpcserve_runtime/allocation.py maps the components onto its nodes), never requeued: the
+    allocation is the user's, not the deployment's."""
+    return dataclasses.replace(p, in_allocation=True, requeue=0)
 
 
 # What a site's node.gpu_type says when its nodes have no NVIDIA GPU (the local test cluster).

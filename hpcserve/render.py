@@ -75,7 +75,12 @@ def _srun(plan: Plan, component: int, nodes: int | None, name: str, *, nodelist:
           overlap: bool, inst: Instance | None = None) -> list[Word]:
     w: list[Word] = []
     tasks_per_node = inst.tasks_per_node if inst else 1
-    if len(plan.components) > 1:
+    if plan.in_allocation:
+        # steps of the user's allocation: each names its nodes (its component's share of the
+        # allocation's, hpcserve_runtime/allocation.py) where a het job names its het group
+        w.append(("--jobid=", Var("SLURM_JOB_ID")))
+        nodelist = True
+    elif len(plan.components) > 1:
         w.append(f"--het-group={component}")
     if nodes is not None:
         w += [f"--nodes={nodes}", f"--ntasks={nodes * tasks_per_node}",
@@ -119,7 +124,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
                       "plural": "" if c.nodes == 1 else "s",
                       "directives": [_directive(k, v) for k, v in ds]})
     files["job.sbatch"] = (env.get_template("job.sbatch.j2").render(
-        components=comps, plan=plan, version=__version__, topology=topology(plan),
+        components=[] if plan.in_allocation else comps, alloc_components=comps, plan=plan, version=__version__, topology=topology(plan),
         engine_title=_engine_title(plan),
         job_dir=jd, site_python=plan.site_python), 0o755)
 
@@ -135,7 +140,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
         files[f"steps/discover-{c.index}.sh"] = (step.render(
             title=f"address discovery on every node of component {c.index} ({c.name}): one task "
                   f"per node prints {what}its name, address, interface and IB devices",
-            needs_nodelist=False,
+            needs_nodelist=plan.in_allocation,
             srun=[quote(w) for w in _srun(plan, c.index, c.nodes, f"discover-{c.name}",
                                           nodelist=False, overlap=True)
                   + (["--mpi=pmix"] if pf["enabled"] and pf["mpi"] else [])],
