@@ -34,8 +34,6 @@ def plan_table(p: Plan) -> str:
     widths = [max(len(r[k]) for r in rows) for k in range(6)]
     for r in rows:
         out.append("  ".join(r[k].ljust(widths[k]) for k in range(6)) + "  " + r[6])
-    for w in p.warnings:
-        out.append(f"warning: {w}")
     for n in p.notes:
         out.append(f"note: {n}")
     return "\n".join(out)

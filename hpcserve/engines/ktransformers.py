@@ -214,8 +214,8 @@ class KTransformersLegacy(EngineAdapter):
     # of /v1/models means ready.
     health_path = "/v1/models"
 
-    def release(self, version: str) -> Release:
-        rel = self.matrix.release(version)
+    def release(self, version: str, check_as: str | None = None) -> Release:
+        rel = self.matrix.release(version, check_as)
         data = self.matrix.data(rel)
         if not data.get("legacy_server"):
             raise FlagError(("engine", "version"),
