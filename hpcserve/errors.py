@@ -6,9 +6,11 @@ import re
 from typing import Any
 
 # What would break the one-line rule or act on a terminal: C0 and C1 controls, DEL, the
-# Unicode line and paragraph separators, and the lone surrogates a command line's undecodable
-# bytes become.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+# Unicode line and paragraph separators, the invisible format characters (bidirectional overrides
+# reorder what follows them), non-characters, and the lone surrogates a command line's
+# undecodable bytes become (each one str.isprintable() refuses).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\xad\u200b-\u200f\u2028-\u202e\u2060-\u206f"
+                          "\ufeff\ufff9-\ufffb\ufffe\uffff\ud800-\udfff]")
 ECHO_CHARS = 60
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError, echo, escape
+from .errors import ConfigError, echo, escape, shorten
 
 try:  # the C composer is several times faster on large files
     from yaml import CSafeLoader as _Loader
@@ -59,7 +59,7 @@ def format_path(path: tuple) -> str:
         if isinstance(p, int):
             out += f"[{p}]"
         else:
-            out += ("." if out else "") + escape(str(p))
+            out += ("." if out else "") + shorten(escape(str(p)))
     return out or "<document>"
 
 
