@@ -246,7 +246,7 @@ class Engine:
     check_flags_as: str | None = field(default=None, metadata=doc(
         "for an engine.version hpcserve's flag matrix lacks: check its flags against the newest "
         "release hpcserve knows (newest) or against a known release named here; a warning says "
-        "so before anything else is printed", pattern=f"newest|{VERSION}",
+        "so before anything else is printed", pattern=f"(newest|{VERSION})",
         pattern_help="newest or " + VERSION_HELP))
     image: str | None = field(default=None, metadata=doc("overrides site.container.image"))
     simulate: bool = field(default=False, metadata=doc(
