@@ -16,7 +16,7 @@ from typing import Any
 
 from . import bench_sweep, engines, fit
 from .config import Resolved, merged_settings
-from .engines.base import EngineAdapter, Layout, Net, RoleContext
+from .engines.base import EngineAdapter, Layout, Net, RoleContext, gpus_from
 from .engines.bench_clients import CLIENTS, BenchPoint
 from .engines.flags import FlagError, Release
 from .errors import ConfigError
@@ -411,7 +411,7 @@ def _check_model_fits(d: _Draft, ctx: RoleContext, layout: Layout) -> None:
         raise _err(cfg, rp + (("nodes",) if r.gpus is None else ("gpus",)),
                    f"{cfg.profile.name} weights ({f.weights_gb:.1f} GiB per GPU in {ctx.role}'s "
                    f"layout, {arch.weight_bytes / fit.GIB:.0f} GiB in all) do not fit "
-                   f"{ctx.gpus} x {gpu:g} GiB GPUs with room for a KV cache "
+                   f"{ctx.gpus} x {gpu:g} GiB GPUs ({gpus_from(ctx)}) with room for a KV cache "
                    f"({f.budget.how if f.budget else 'weights alone'}): give the instance "
                    "more GPUs")
     if f.verdict == "tight":
@@ -561,7 +561,8 @@ def _check_node_limit(d: _Draft) -> None:
     max_nodes = d.cfg.site.slurm.max_nodes
     if max_nodes is not None and total > max_nodes:
         parts = " + ".join(f"{c.nodes} {c.name}" for c in d.components)
-        raise _err(d.cfg, ("roles",), f"the deployment needs {total} nodes ({parts}) but the "
+        raise _err(d.cfg, ("roles",), f"the deployment needs {total} nodes ({parts}), "
+                                      "instances x nodes (+ spares) of each role, but the "
                                       f"site's partition allows {max_nodes} "
                                       "(site.slurm.max_nodes)")
 

@@ -51,12 +51,15 @@ def env_field() -> Any:
                                                     key_pattern=ENV_NAME))
 
 
-def instance_gpus(ctx: "RoleContext") -> str:
-    """The instance's GPUs and what they come from, in the deployment's own terms."""
+def gpus_from(ctx: "RoleContext") -> str:
+    """What an instance's GPU count comes from, in the deployment's own terms."""
     if ctx.shared:
-        return f"the instance's {ctx.gpus} GPUs (gpus: {ctx.gpus}, a share of a node)"
-    return (f"the instance's {ctx.gpus} GPUs (nodes {ctx.nodes} x {ctx.gpus // ctx.nodes} GPUs "
-            "per node)")
+        return f"gpus: {ctx.gpus}, a share of a node"
+    return f"nodes {ctx.nodes} x {ctx.gpus // ctx.nodes} GPUs per node"
+
+
+def instance_gpus(ctx: "RoleContext") -> str:
+    return f"the instance's {ctx.gpus} GPUs ({gpus_from(ctx)})"
 
 
 def _size(ctx: "RoleContext", name: str, value: int) -> str:
