@@ -136,7 +136,8 @@ def test_set_overrides_a_deployment_value_and_records_its_origin(tmp_path):
     assert cfg.deployment.roles["decode"].nodes == 3
     assert cfg.deployment.roles["decode"].args == {"foo": [1, 2]}
     assert cfg.deployment.engine.simulate is True
-    assert cfg.positions.lookup(("roles", "decode", "nodes")) == Origin("--set roles.decode.nodes=3")
+    assert cfg.positions.lookup(("roles", "decode", "nodes")) == \
+        Origin("--set roles.decode.nodes=3")
     assert cfg.positions.lookup(("roles", "decode", "args", "foo")) == \
         Origin("--set roles.decode.args.foo=[1, 2]")
     assert cfg.positions.lookup(("roles", "prefill", "nodes")).file == str(f)

@@ -130,7 +130,8 @@ def test_simulated_router_is_the_stand_in_of_the_front_server(tmp_path):
 
 
 @pytest.mark.parametrize("roles, key, text", [
-    ({"worker": {"nodes": 2, "tp": 8}}, "roles.worker.tp", "tp 8 must equal the instance's 16 GPUs (nodes 2 x 8 GPUs per node)"),
+    ({"worker": {"nodes": 2, "tp": 8}}, "roles.worker.tp",
+     "tp 8 must equal the instance's 16 GPUs (nodes 2 x 8 GPUs per node)"),
     ({"worker": {"ep": 3}}, "roles.worker.ep", "ep 3 must divide tp 8"),
     ({"worker": {"cache_transceiver": "UCX"}}, "roles.worker.cache_transceiver",
      "disaggregated serving"),

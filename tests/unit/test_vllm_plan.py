@@ -165,7 +165,8 @@ def test_side_channel_reserves_one_port_per_dp_rank(tmp_path):
      "set by hpcserve"),
     ({"worker": {"nodes": 1, "deepep_mode": "normal"}}, "roles.worker.deepep_mode",
      "unknown key 'deepep_mode'"),
-], ids=["tp-mismatch", "dp-tp-mismatch", "derived-tp", "dp-not-dividing", "dcp", "dcp-derived-tp", "redundant-no-eplb",
+], ids=["tp-mismatch", "dp-tp-mismatch", "derived-tp", "dp-not-dividing", "dcp", "dcp-derived-tp",
+        "redundant-no-eplb",
         "connector-no-pd", "planted-num-redundant-experts", "owned-headless", "sglang-key"])
 def test_layouts_vllm_refuses(tmp_path, roles, field, says):
     with pytest.raises(ConfigError) as e:
