@@ -118,8 +118,13 @@ _set_opt = click.option("--set", "sets", multiple=True, metavar="KEY.PATH=VALUE"
 
 
 def _plan(file: str, sets: tuple[str, ...]):
+    """The plan, its warnings on stderr first: before a table, a path or JSON, where they are
+    read (an engine release checked against another one's flags is one)."""
     from . import config, plan
-    return plan.build(config.load(file, sets))
+    p = plan.build(config.load(file, sets))
+    for w in p.warnings:
+        click.echo(f"hpcserve: warning: {w}", err=True)
+    return p
 
 
 def _default_out(p, jobs_dir: str) -> Path:
@@ -146,8 +151,6 @@ def render(file: str, sets: tuple[str, ...], out: str | None) -> None:
     target = Path(out) if out else _default_out(p, p.jobs_dir)
     target = target.resolve()
     written = write_job(render_files(p, str(target)), target)
-    for w in p.warnings:
-        click.echo(f"hpcserve: warning: {w}", err=True)
     click.echo(str(written))
 
 

@@ -175,9 +175,10 @@ def fit_lines(p: Plan) -> list[str]:
 
 
 def plan_text(p: Plan) -> str:
-    """`hpcserve plan`: topology, each instance's command once, warnings, notes, the fit."""
+    """`hpcserve plan`: topology, each instance's command once, notes, the fit (the warnings
+    go to stderr first, before it)."""
     return "\n".join([*_header_lines(p), *topology(p), "", *commands(p), "",
-                      *_wrapped("warning: ", p.warnings), *_wrapped("note: ", p.notes),
+                      *_wrapped("note: ", p.notes),
                       *fit_lines(p)]).rstrip("\n")
 
 
@@ -208,6 +209,6 @@ def plan_argv(p: Plan) -> str:
                 rows.append((str(c.index), str(n), "router", "-", "-", str(p.router.port),
                              p.router.name + " " + " ".join(show(w, vals) for w in p.router.argv)))
     out += _columns(rows)
-    out += [f"warning: {w}" for w in p.warnings] + [f"note: {n}" for n in p.notes]
+    out += [f"note: {n}" for n in p.notes]
     out += fit_table(list(p.fits)) if p.fits else []
     return "\n".join(out)

@@ -64,6 +64,7 @@ def test_schema_validates_bundled_sites_and_profiles(schemas, path):
     (("site", "container", "env"), ["A,B"]),
     (("site", "slurm", "max_nodes"), 0),
     (("engine", "version"), "latest"),
+    (("engine", "check_flags_as"), "latest"),
     (("time_limit",), "forever"),
     (("router", "placement"), "everywhere"),
     (("env",), {"BAD-NAME": 1}),
@@ -163,6 +164,28 @@ def test_the_demo_renders_without_a_warning(tmp_path):
     p = subprocess.run([_cli(), "render", str(ROOT / "examples" / "demo.yaml"), "--out",
                         str(tmp_path / "job")], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stderr == "", p.stderr
+
+
+@pytest.mark.parametrize("command", ["plan", "render"])
+def test_a_release_checked_against_another_warns_before_anything_else(tmp_path, command):
+    """engine.check_flags_as lets a release outside the flag matrix through; the warning that
+    says so is the first thing printed (on stderr), before the table or the path."""
+    doc = small_pd()
+    doc["engine"].update(version="0.99.1", check_flags_as="newest")
+    f = write_yaml(tmp_path / "d.yaml", doc)
+    out = ["--out", str(tmp_path / "job")] if command == "render" else []
+    p = subprocess.run([_cli(), command, str(f), *out], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout
+    first, rest = p.stdout.split("\n", 1)
+    assert first == ("hpcserve: warning: SGLang 0.99.1 is not in hpcserve's flag matrix: its "
+                     "flags are checked against 0.5.23 (engine.check_flags_as: newest)")
+    assert "flag matrix" not in rest  # said once, first
+    doc["engine"].pop("check_flags_as")
+    p = subprocess.run([_cli(), command, str(write_yaml(tmp_path / "e.yaml", doc)), *out],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stdout == "" and p.stderr.count("\n") == 1, p.stderr
+    assert "engine.version: SGLang '0.99.1' is not in hpcserve's flag matrix" in p.stderr
 
 
 def test_render_writes_the_job_directory_and_prints_it(tmp_path):
