@@ -144,6 +144,18 @@ class Paths:
 
 
 @dataclass(frozen=True)
+class SiteMetrics:
+    """How the site's Prometheus finds a deployment's metrics while it serves."""
+
+    file_sd_dir: str | None = field(default=None, metadata=doc(
+        "a directory the site's Prometheus reads with file_sd_configs (on a file system the "
+        "batch host writes): each job keeps a file there listing its engines' and router's "
+        "metrics endpoints while it serves, and removes it at the end; null: none is written",
+        pattern=r"[/~][^\x00-\x1f]*",
+        pattern_help="an absolute path (or one starting with ~) without control characters"))
+
+
+@dataclass(frozen=True)
 class Site:
     """A cluster: Slurm options, node facts, container runtime, network and paths."""
 
@@ -154,6 +166,7 @@ class Site:
     container: Container = field(default_factory=Container)
     network: Network = field(default_factory=Network)
     paths: Paths = field(default_factory=Paths)
+    metrics: SiteMetrics = field(default_factory=SiteMetrics)
 
 
 # ----------------------------------------------------------------------------------- deployment

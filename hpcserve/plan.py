@@ -101,6 +101,7 @@ class RouterPlan:
     workers_api: str               # how recovery changes its workers (runtime/contract.py WORKERS_APIS)
     files: tuple[tuple[str, tuple[Word, ...]], ...] = ()  # run/<name>, one Word per line
     api_key_env: str | None = None
+    metrics_path: str | None = None  # its Prometheus text on prometheus_port; None: none
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ class Plan:
     preflight: dict = field(default_factory=dict)  # plan.json's preflight block, less the image
     benchmark: BenchPlan | None = None
     in_allocation: bool = False  # steps of an allocation the user holds (allocation.py)
+    file_sd_dir: str | None = None  # site.metrics.file_sd_dir: Prometheus file SD while serving
     sim: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
@@ -546,7 +548,8 @@ def _plan_router(d: _Draft) -> RouterPlan | None:
                       readiness_count=router.readiness(d.pd).count,
                       workers_api=router.workers_api(d.pd),
                       files=tuple((name, tuple(lines)) for name, lines in files.items()),
-                      api_key_env=getattr(rc.args.get("api-key"), "from_env", None))
+                      api_key_env=getattr(rc.args.get("api-key"), "from_env", None),
+                      metrics_path=router.metrics_path)
 
 
 def _engine_python(d: _Draft) -> str:
@@ -615,6 +618,7 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
         files=tuple(sorted(d.files.items())), fits=tuple(d.fits),
         preflight=_preflight(d, router),
         benchmark=_benchmark(d, router),
+        file_sd_dir=site.metrics.file_sd_dir,
         sim={"startup_delay": dep.engine.sim_startup_delay,
              "prefill_s_per_token": dep.engine.sim_prefill_s_per_token,
              "decode_s_per_token": dep.engine.sim_decode_s_per_token},

@@ -80,6 +80,8 @@ def job_spec(plan, job_dir: str) -> dict:
                        for c in plan.components],
         "instances": [_instance(plan, i) for i in plan.instances],
         "router": _router(plan),
+        # the site's Prometheus file-SD directory (runtime/file_sd.py), or None
+        "file_sd_dir": plan.file_sd_dir,
         "secret_env": list(plan.secret_env),
         # steps of an allocation the user holds (runtime/allocation.py), not a het job's
         "in_allocation": plan.in_allocation,
@@ -137,7 +139,7 @@ def _router(plan) -> dict | None:
         return None
     return {
         "name": r.name, "component": r.component, "node_offset": r.node_offset, "port": r.port,
-        "prometheus_port": r.prometheus_port, "pd": r.pd,
+        "prometheus_port": r.prometheus_port, "metrics_path": r.metrics_path, "pd": r.pd,
         "readiness": {"path": r.readiness_path, "count": list(r.readiness_count),
                       "workers": len(plan.instances)},
         "workers_api": r.workers_api,
@@ -227,7 +229,7 @@ SCHEMA = {
             "env": {"type": "array", "items": {"type": "array", "prefixItems": [_STR, _WORD]}}})},
         "router": {"anyOf": [{"type": "null"}, _obj({
             "name": _STR, "component": _INT, "node_offset": _INT, "port": _INT,
-            "prometheus_port": _INT, "pd": {"type": "boolean"},
+            "prometheus_port": _INT, "metrics_path": _OPT_STR, "pd": {"type": "boolean"},
             "readiness": _obj({"path": _STR, "count": {"type": "array", "items": _STR},
                                "workers": _INT}),
             "workers_api": {"enum": list(WORKERS_APIS)},
@@ -235,6 +237,7 @@ SCHEMA = {
             "command": {"type": "array", "items": _WORD},
             "argv": {"type": "array", "items": _WORD},
             "env": {"type": "array", "items": {"type": "array", "prefixItems": [_STR, _WORD]}}})]},
+        "file_sd_dir": _OPT_STR,
         "secret_env": {"type": "array", "items": _STR},
         "in_allocation": {"type": "boolean"},
         "warnings": {"type": "array", "items": _STR},

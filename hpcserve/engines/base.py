@@ -244,6 +244,9 @@ class RouterAdapter:
     # of TensorRT-LLM), a simulated deployment runs the engine's stand-in with these arguments
     # in its place; None: the real router runs in front of simulated engines too.
     stand_in: tuple[str, ...] | None = None
+    # Where it serves Prometheus text on its metrics port (plan.json router.prometheus_port);
+    # None: it has no Prometheus endpoint, and no scrape target is listed for it.
+    metrics_path: str | None = None
 
     def readiness(self, pd: bool) -> RouterReadiness:
         raise NotImplementedError

@@ -137,6 +137,8 @@ class SGLangRouter(RouterAdapter):
     name = "sglang-router"
     owned = frozenset({"--host", "--port", "--pd-disaggregation", "--prefill", "--decode",
                        "--worker-urls", "--policy", "--prometheus-host", "--prometheus-port"})
+    # Prometheus text on --prometheus-port (its smg_* series; tests/jobs scrape it there)
+    metrics_path = "/metrics"
 
     def command(self, python: str) -> list[Word]:
         return [python, "-m", "sglang_router.launch_router"]

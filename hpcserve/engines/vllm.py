@@ -146,6 +146,8 @@ class VLLMRouter(RouterAdapter):
     owned = frozenset({"--host", "--port", "--vllm-pd-disaggregation", "--prefill", "--decode",
                        "--worker-urls", "--policy", "--prometheus-host", "--prometheus-port",
                        "--kv-connector", "--worker-startup-check-interval"})
+    # Prometheus text on --prometheus-port (its vllm_router_* series), as sglang-router's
+    metrics_path = "/metrics"
 
     def command(self, python: str) -> list[Word]:
         return [python, "-m", "vllm_router.launch_router"]

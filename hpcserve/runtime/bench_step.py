@@ -61,13 +61,14 @@ class BenchStep:
 
     def metrics_targets(self, heads: dict) -> list:
         """Every Prometheus endpoint of the deployment: each instance leader's /metrics and
-        the router's metrics port."""
+        the router's metrics port, where it has one (TensorRT-LLM's front server has none)."""
         plan, inst = self.job.plan, self.job.instances
         out = [(i["name"], f"http://{heads[i['name']]}:{i['port']}/metrics")
                for i in plan["instances"]]
         r = plan.get("router")
-        if r and inst.router_addr and r.get("prometheus_port"):
-            out.append(("router", f"http://{inst.router_addr}:{r['prometheus_port']}/metrics"))
+        if r and inst.router_addr and r.get("metrics_path"):
+            out.append(("router", f"http://{inst.router_addr}:{r['prometheus_port']}"
+                                  f"{r['metrics_path']}"))
         return out
 
     def verdict(self, spec: dict, rc: int) -> None:

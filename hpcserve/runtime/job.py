@@ -20,6 +20,7 @@ from .bench_step import BenchStep
 from .contract import SpecError, load_spec
 from .discovery import Discovery, cmd_discover
 from .failures import Stop
+from .file_sd import FileSD
 from .health import Liveness, Readiness
 from .instances import Instances
 from .logs import JobLog
@@ -55,6 +56,7 @@ class Job:
         self.readiness = Readiness(self)
         self.liveness = Liveness(self)
         self.recovery = Recovery(self)
+        self.file_sd = FileSD(self)
         self.bench = BenchStep(self)
         self.teardown = Teardown(self)
         self.requeue = Requeue(self)

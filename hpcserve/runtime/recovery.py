@@ -369,6 +369,7 @@ class Recovery:
         if phase != self._phase:
             job.log(f"deployment {phase}")
         self._phase = phase
+        job.file_sd.update()  # the site's Prometheus scrapes the instances in the router
 
     def _drain(self, node: str, state: str) -> None:
         """A lost node is drained with the reason, once, where the site lets users do it

@@ -56,6 +56,7 @@ class Teardown:
 
     def run(self) -> None:
         job = self.job
+        job.file_sd.remove()  # Prometheus stops scraping before the targets go away
         job.discovery.stop()
         job.discovery.stop_image_import()
         budget, hard_end = self.budget()

@@ -225,6 +225,26 @@ def wait_no_job_processes(cluster: Any, timeout: float) -> float:
     raise AssertionError(f"job processes still running after {timeout}s: {left}")
 
 
+# A sample line of Prometheus's text exposition format: name{label="value",...} value [time]
+_SAMPLE = re.compile(r'[a-zA-Z_:][a-zA-Z0-9_:]*'
+                     r'(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})?'
+                     r' [-+]?([0-9.]+([eE][-+]?[0-9]+)?|NaN|Inf)( -?[0-9]+)?')
+
+
+def scrape(target: str, labels: dict) -> set[str]:
+    """One scrape of a file-SD target as Prometheus makes it (at its __metrics_path__, else
+    /metrics): the metric names, after checking the answer is Prometheus text (its content type,
+    and every sample line in the format)."""
+    url = f"http://{target}{labels.get('__metrics_path__', '/metrics')}"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        ctype, text = r.headers.get("Content-Type", ""), r.read().decode()
+    assert ctype.startswith("text/plain"), (url, ctype)
+    samples = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    bad = [ln for ln in samples if not _SAMPLE.fullmatch(ln)]
+    assert samples and not bad, (url, bad[:3], text[:300])
+    return {ln.split("{", 1)[0].split(" ", 1)[0] for ln in samples}
+
+
 def chat(url: str, max_tokens: int, stream: bool = False, timeout: float = 30) -> Any:
     body = {"model": "kimi-k2", "max_tokens": max_tokens, "stream": stream,
             "messages": [{"role": "user", "content": "hello there"}]}

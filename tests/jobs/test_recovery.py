@@ -4,6 +4,7 @@ the deployment fails only once a role it needs has spent its restarts."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from jobkit import deployment, find_pid, until, wait_no_job_processes
+from jobkit import deployment, find_pid, scrape, until, wait_no_job_processes
 
 pytestmark = pytest.mark.slurm
 
@@ -114,13 +115,44 @@ def test_a_killed_decode_engine_is_replaced_while_the_other_decode_serves(submit
     assert _requests_in(new_log) > 0, "the restarted decode-1 served no request:\n" + job.logs()
 
 
-def test_a_node_of_a_multi_node_instance_lost_is_rebuilt_on_the_spare(submit, dev_cluster):
-    dep = deployment(1, 2, name="t-heal-spare", liveness=FAST)
+def _file_sd(sd_dir, job, pred, timeout: float) -> dict:
+    """The job's Prometheus file-SD file by instance label, once pred(it) holds."""
+    files = lambda: sorted(sd_dir.glob(f"hpcserve-t-heal-spare-*-{job.id}.json"))  # noqa: E731
+
+    def read():
+        for f in files():  # written by one rename: never half a file
+            groups = {g["labels"]["instance"]: g for g in json.loads(f.read_text())}
+            return pred(groups) and groups
+    return until("file SD as expected", read, timeout,
+                 why=lambda: f"{[f.read_text() for f in files()]}\n{job.logs()}")
+
+
+def test_a_node_of_a_multi_node_instance_lost_is_rebuilt_on_the_spare_and_prometheus_follows(
+        submit, dev_cluster, tmp_path):
+    sd_dir = tmp_path / "prometheus-sd"
+    sd_dir.mkdir()
+    dep = deployment(1, 2, name="t-heal-spare", liveness=FAST,
+                     site={"base": "local", "metrics": {"file_sd_dir": str(sd_dir)}})
     dep["roles"]["decode"].update(spares=1, recovery={"backoff_s": 0.5})
     job = submit(dep)
-    _serving(job)
+    st = _serving(job)
     rows = job.node_rows("decode-0")
     victim = rows[1][1]
+    # while serving: every engine's leader and the router, each answering Prometheus text
+    sd = _file_sd(sd_dir, job, lambda g: len(g) == 3, 30)
+    assert set(sd) == {"prefill-0", "decode-0", "router"}, sd
+    d0 = sd["decode-0"]
+    port = {i["name"]: i["port"] for i in json.loads((job.dir / "plan.json").read_text())[
+        "instances"]}["decode-0"]
+    assert d0["targets"] == [f"{rows[0][2]}:{port}"], d0  # the leader, where it serves
+    assert (d0["labels"]["node"], d0["labels"]["nodes"], d0["labels"]["attempt"]) == (
+        rows[0][1], f"{rows[0][1]},{victim}", "0"), d0
+    assert (d0["labels"]["deployment"], d0["labels"]["slurm_job_id"]) == ("t-heal-spare", job.id)
+    assert sd["router"]["labels"]["node"] == st["router_node"], (sd, st)
+    for name, g in sd.items():
+        names = scrape(g["targets"][0], g["labels"])
+        want = "smg_" if name == "router" else "sglang:generation_tokens"
+        assert any(n.startswith(want) for n in names), (name, sorted(names)[:20])
     try:
         dev_cluster.crash_node(victim)
         st = job.wait_until(lambda s: s.get("phase") != "serving", 30)
@@ -140,6 +172,21 @@ def test_a_node_of_a_multi_node_instance_lost_is_rebuilt_on_the_spare(submit, de
     # the test cluster lets its user drain (most sites do not: the job says so instead)
     log = (job.dir / "logs" / "hpcserve-job.log").read_text()
     assert f"node {victim} drained" in log, log
+    # Prometheus is told of the rebuilt instance: its attempt and the spare in the lost node's
+    # place; it answers there
+    sd = _file_sd(sd_dir, job, lambda g: g.get("decode-0", {}).get("labels", {}).get(
+        "attempt") == "1", 10)
+    assert sd["decode-0"]["labels"]["nodes"] == ",".join(new_nodes), sd
+    scrape(sd["decode-0"]["targets"][0], sd["decode-0"]["labels"])
+    # left out of the file while it was out of the router
+    log = (job.dir / "logs" / "hpcserve-job.log").read_text()
+    counts = [ln.split("Prometheus file SD: ")[1].split()[0] for ln in log.splitlines()
+              if "Prometheus file SD: " in ln]
+    assert counts == ["3", "2", "3"], log
+    # and the file is gone once the job is cancelled
+    job.scancel()
+    assert job.wait({"cancelled", "failed", "done"}, 60)["phase"] == "cancelled", job.logs()
+    assert not list(sd_dir.iterdir()), list(sd_dir.iterdir())
 
 
 def test_without_a_spare_a_lost_node_leaves_its_instance_failed_and_named(submit, dev_cluster):

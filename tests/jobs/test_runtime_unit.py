@@ -421,6 +421,31 @@ def test_run_tears_down_although_state_json_cannot_be_written(make_job, restore_
     assert "final state: failed" in log
 
 
+def test_a_failed_job_removes_its_prometheus_file_sd_first(make_job, restore_signals,
+                                                             monkeypatch, tmp_path):
+    sd_dir = tmp_path / "sd"
+    sd_dir.mkdir()
+    monkeypatch.setenv("SLURM_CLUSTER_NAME", "c1")
+    job = make_job([], {"engine.sh": "exec sleep 60"}, name="t", file_sd_dir=str(sd_dir))
+    order = []
+
+    def serve():
+        Path(job.file_sd.path).write_text("[]\n")  # as written while it served
+        job.steps.start("engine-0", "steps/engine.sh", ["n1"])
+        monkeypatch.setattr(job.steps, "signal", lambda *a: order.append(
+            ("signal", os.path.exists(job.file_sd.path))) or real_signal(*a))
+        raise Stop("failed", "step engine-0 failed")
+
+    real_signal = job.steps.signal
+    monkeypatch.setattr(job, "serve", serve)
+    assert job.run() == 1
+    assert job.file_sd.path == str(sd_dir / "hpcserve-t-c1.json")
+    assert not os.listdir(sd_dir)
+    assert order and order[0] == ("signal", False), order  # gone before the engines stop
+    log = (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
+    assert f"Prometheus file SD removed: {job.file_sd.path}" in log, log
+
+
 def test_the_kill_tier_runs_even_when_the_term_tier_fails(make_job, monkeypatch):
     job = make_job([], {"engine.sh": IGNORE_TERM})
     job.steps.start("engine-0", "steps/engine.sh", ["n1"])

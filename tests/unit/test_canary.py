@@ -54,6 +54,8 @@ CANARY: dict[tuple, tuple[Any, list[tuple[str | None, str]]]] = {
     ("site", "slurm", "extra_directives"): ({"canary-directive": "canary-directive-value"},
                                             [(F_JOB, "--canary-directive=canary-directive-value")]),
     ("site", "slurm", "signal_grace"): (137, [(F_JOB, "#SBATCH --signal=B:TERM@137\n")]),
+    ("site", "metrics", "file_sd_dir"): ("/canary/prometheus/sd",
+                                         [(F_PLAN, '"file_sd_dir": "/canary/prometheus/sd"')]),
     ("site", "node", "gpus"): (6, [(F_JOB, "#SBATCH --gpus-per-node=6\n")]),
     ("site", "node", "gpu_memory_gb"): (400, []),   # fit check only, see ALLOW
     ("site", "container", "mounts"): (["/canary/mount/src:/canary/mount/dst"],

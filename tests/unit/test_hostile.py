@@ -70,6 +70,9 @@ SHADOW = {("site", "container", "image"): ("engine", "image"),
           ("site", "paths", "jobs_dir"): ("jobs_dir",),
           ("site", "paths", "router_python"): ("router", "python")}
 CONTAINER = ("site", "container")
+# Fields the runtime reads from plan.json (as a path, never through a shell): plan.json's key.
+PLAN_JSON = {("jobs_dir",): "jobs_dir", ("site", "paths", "jobs_dir"): "jobs_dir",
+             ("site", "metrics", "file_sd_dir"): "file_sd_dir"}
 
 
 def _leaves() -> list[Leaf]:
@@ -259,8 +262,7 @@ class Run:
                 want = self._image_as_runtime_takes_it(want)
             if any(want in w for w in words) or want in sbatch_values:
                 continue
-            if p in (("jobs_dir",), ("site", "paths", "jobs_dir")) and \
-                    json.loads(plan_json)["jobs_dir"] == want:
+            if p in PLAN_JSON and json.loads(plan_json)[PLAN_JSON[p]] == want:
                 continue
             problems.append(f"{'.'.join(map(str, p))}: {want!r} reached no command, no #SBATCH "
                             "option and not plan.json")
