@@ -315,6 +315,32 @@ model:
     Case("huge_value_is_not_echoed_whole", BASE_HEAD + "roles:\n  prefill:\n    nodes: '"
          + "9" * 5000 + "'  #<\n  decode:\n    nodes: 2\n", "roles.prefill.nodes",
          ["expected an integer", "... (5,002 characters)"]),
+    Case("instance_larger_than_an_nvlink_domain", """name: broken
+site:
+  base: gb200-nvl72
+  fabric:
+    nvlink_domain_nodes: 18
+model:
+  profile: kimi-k2-instruct
+  path: /models/k2
+roles:
+  prefill:
+    nodes: 4
+  decode:
+    nodes: 24  #<
+""", "roles.decode.nodes", ["an instance of 24 nodes does not fit one NVLink domain of 18 "
+                            "nodes (site.fabric.nvlink_domain_nodes)"]),
+    Case("segment_on_a_slurm_without_it", """name: broken
+site:
+  base: gb200-nvl72
+  fabric:
+    nvlink_domain_nodes: 18
+    slurm_version: "23.11"  #<
+model:
+  profile: kimi-k2-instruct
+  path: /models/k2
+""" + PD, "site.fabric.slurm_version", ["--segment, which Slurm 24.05 added; this site runs "
+                                        "23.11"]),
     Case("huge_profile_name_is_not_echoed_whole", "name: broken\nsite: local\nmodel:\n"
          "  profile: '" + "x" * 5000 + "'  #<\n  path: /m\n" + PD, "model.profile",
          ["no model profile named 'xxxx", "... (5,002 characters)"]),
