@@ -156,7 +156,7 @@ class Fabric:
 
     nvlink_domain_nodes: int = field(metadata=doc(
         "nodes per NVLink domain (GB200 NVL72: 18)", ge=1, le=100_000))
-    topology: Literal["block", "tree", "none"] = field(default="block", metadata=doc(
+    topology: Literal["block", "tree", "none"] = field(metadata=doc(
         "the site's Slurm TopologyPlugin: block (each NVLink domain a BlockName; hpcserve asks "
         "--segment=<nodes per instance>, Slurm 24.05+), tree (each domain a leaf SwitchName; "
         "--switches=1 for a role whose nodes fit one domain), none (no directive: only the "

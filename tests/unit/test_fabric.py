@@ -109,6 +109,6 @@ def test_topology_block_on_a_slurm_without_segment_is_refused(tmp_path):
 def test_the_schema_documents_the_fabric(tmp_path):
     site = config.schemas()["site"]
     fab = site["$defs"]["Fabric"]
-    assert fab["required"] == ["nvlink_domain_nodes"]
+    assert fab["required"] == ["nvlink_domain_nodes", "topology"]
     assert fab["properties"]["topology"]["enum"] == ["block", "tree", "none"]
     assert json.dumps(site).count("--segment") >= 1
