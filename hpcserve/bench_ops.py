@@ -161,9 +161,18 @@ def run_script(script: str, bench_dir: str, spec_: dict) -> dict:
     return bench.evaluate(bench_dir, spec_)
 
 
-def as_job(prep: Prepared, plan_partition: str | None, minutes: int, name: str) -> dict:
-    """The run as a one-node Slurm job of its own beside the deployment: submitit writes the
-    batch script, submits it, waits for it and unpickles the function's result here."""
+# The site's Slurm options (site.slurm, in every component's #SBATCH lines) that the benchmark's
+# own job takes too, as submitit's SlurmExecutor parameters; a reservation has none of its own.
+# The GPU, memory and exclusivity requests are the engines', not the one-node client's.
+SITE_OPTIONS = {"partition": "partition", "account": "account", "qos": "qos",
+                "constraint": "constraint", "reservation": None}
+
+
+def as_job(prep: Prepared, site: dict[str, str], minutes: int, name: str) -> dict:
+    """The run as a one-node Slurm job of its own beside the deployment, with the deployment's
+    partition, account, QOS, constraint and reservation (`site`: slurm_options_of): submitit
+    writes the batch script, submits it, waits for it and unpickles the function's result here.
+    Its job runs this Python (sys.executable), which imports submitit and hpcserve there."""
     import logging
 
     import submitit
@@ -171,16 +180,28 @@ def as_job(prep: Prepared, plan_partition: str | None, minutes: int, name: str) 
     # without slurmdbd): the result file it waits for arrives all the same.
     logging.getLogger("submitit").setLevel(logging.ERROR)
     ex = submitit.SlurmExecutor(folder=f"{prep.bench_dir}/submitit")
-    params = {"nodes": 1, "ntasks_per_node": 1, "time": minutes, "job_name": f"{name}-bench"}
-    if plan_partition:
-        params["partition"] = plan_partition
-    ex.update_parameters(**params)
+    ex.update_parameters(**job_parameters(site, minutes, name))
     job = ex.submit(run_script, prep.script, prep.bench_dir, prep.spec)
     return job.result()
 
 
-def partition_of(runner, entry) -> str | None:
-    """The partition the deployment's first component runs in: the small job goes beside it."""
+def job_parameters(site: dict[str, str], minutes: int, name: str) -> dict:
+    """submitit's parameters for the benchmark's job: one task on one node, the site's options."""
+    params: dict = {"nodes": 1, "ntasks_per_node": 1, "time": minutes, "job_name": f"{name}-bench"}
+    extra = {}
+    for key, value in site.items():
+        if SITE_OPTIONS[key]:
+            params[SITE_OPTIONS[key]] = value
+        else:
+            extra[key] = value
+    if extra:
+        params["additional_parameters"] = extra
+    return params
+
+
+def slurm_options_of(runner, entry) -> dict[str, str]:
+    """The site options the deployment was submitted with (its first component's #SBATCH
+    lines in plan.json): the benchmark's job goes where the deployment may go."""
     plan = read_json(runner, f"{entry.job_dir}/plan.json") or {}
     comps = plan.get("components") or [{}]
-    return next((v for k, v in comps[0].get("directives", []) if k == "partition"), None)
+    return {k: v for k, v in comps[0].get("directives", []) if k in SITE_OPTIONS and v}

@@ -6,11 +6,21 @@ import json
 import os
 import posixpath
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
 from .errors import HpcserveError
+
+# `hpcserve --help` lists the commands under these headings, in this order; a command missing
+# here is listed under "other" (tests/unit/test_cli_help.py refuses that).
+SECTIONS = (
+    ("author a deployment", ("plan", "render", "schema", "profiles")),
+    ("run and operate", ("preflight", "submit", "status", "list", "logs", "cancel")),
+    ("measure", ("bench", "report")),
+    ("local test cluster", ("dev-cluster",)),
+)
 
 
 class _Group(click.Group):
@@ -32,19 +42,71 @@ class _Group(click.Group):
             click.echo(f"hpcserve: error: {where}{e.strerror or e}", err=True)
             sys.exit(2)
 
+    def format_commands(self, ctx, formatter):
+        """Every command with its one-line summary, under the heading of what it is for."""
+        cmds = {n: c for n in self.list_commands(ctx)
+                if (c := self.get_command(ctx, n)) is not None and not c.hidden}
+        listed = {n for _, names in SECTIONS for n in names}
+        sections = [*SECTIONS, ("other", tuple(n for n in cmds if n not in listed))]
+        width = max(map(len, cmds), default=0)  # one column for every section
+        for title, names in sections:
+            rows = [(n.ljust(width), cmds[n].get_short_help_str(limit=200))
+                    for n in names if n in cmds]
+            if rows:
+                with formatter.section(title[0].upper() + title[1:]):
+                    formatter.write_dl(rows)
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+
+@dataclass(frozen=True)
+class Ssh:
+    """The group's SSH options (or their HPCSERVE_* variables), read by every command that
+    talks to Slurm: where it runs and how it gets there."""
+
+    remote: str | None = None
+    jump: str | None = None
+    identity: tuple[str, ...] = ()
+    known_hosts: str | None = None
+
+    def runner(self, remote: str | None):
+        """Slurm's commands here (remote None) or over SSH on `remote`, with these options."""
+        from .ops import runner_for
+        return runner_for(remote, jump=self.jump,
+                          key_filenames=list(self.identity) or None,
+                          known_hosts=self.known_hosts)
+
+
+def _ssh() -> Ssh:
+    return click.get_current_context().find_object(Ssh) or Ssh()
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"],
+                                           "max_content_width": 100})
 @click.version_option(package_name="hpcserve")
-def main() -> None:
-    """Serve the largest open LLMs on Slurm from one YAML file.
+@click.option("--remote", metavar="USER@HOST[:PORT]", envvar="HPCSERVE_REMOTE",
+              help="run Slurm's commands on this login node over SSH [env: HPCSERVE_REMOTE]")
+@click.option("--jump", metavar="USER@HOST[:PORT]", envvar="HPCSERVE_JUMP",
+              help="SSH jump host on the way to --remote [env: HPCSERVE_JUMP]")
+@click.option("--identity", "-i", type=click.Path(dir_okay=False), multiple=True,
+              envvar="HPCSERVE_IDENTITY",
+              help="SSH private key, repeatable (default: agent and ~/.ssh keys) "
+                   "[env: HPCSERVE_IDENTITY, several separated by ':']")
+@click.option("--known-hosts", type=click.Path(dir_okay=False), envvar="HPCSERVE_KNOWN_HOSTS",
+              help="known_hosts file (default ~/.ssh/known_hosts); unknown host keys are "
+                   "refused [env: HPCSERVE_KNOWN_HOSTS]")
+@click.pass_context
+def main(ctx, remote, jump, identity, known_hosts) -> None:
+    """Serve the largest open LLMs on Slurm from one YAML file, with SGLang, vLLM, TensorRT-LLM
+    or KTransformers.
+
+    The SSH options come before the command and hold for every command that talks to Slurm.
 
     \b
-    hpcserve plan deploy.yaml      what would run where (components, nodes, ranks, ports, argv)
-    hpcserve render deploy.yaml    write the self-contained job directory
-    hpcserve preflight deploy.yaml the checks every node runs first, as a short job
-    hpcserve schema                JSON Schemas of the deployment and site files
-    hpcserve dev-cluster up        a real local Slurm cluster to try it without GPUs
+    Example:
+      hpcserve plan examples/demo.yaml
+      hpcserve --remote me@login.example.org submit deploy.yaml
+      export HPCSERVE_REMOTE=me@login.example.org; hpcserve status
     """
+    ctx.obj = Ssh(remote, jump, tuple(identity), known_hosts)
 
 
 # A plain string: the loader checks the file itself (a directory, FIFO or device is refused in
@@ -56,8 +118,13 @@ _set_opt = click.option("--set", "sets", multiple=True, metavar="KEY.PATH=VALUE"
 
 
 def _plan(file: str, sets: tuple[str, ...]):
+    """The plan, its warnings on stderr first: before a table, a path or JSON, where they are
+    read (an engine release checked against another one's flags is one)."""
     from . import config, plan
-    return plan.build(config.load(file, sets))
+    p = plan.build(config.load(file, sets))
+    for w in p.warnings:
+        click.echo(f"hpcserve: warning: {w}", err=True)
+    return p
 
 
 def _default_out(p, jobs_dir: str) -> Path:
@@ -66,83 +133,83 @@ def _default_out(p, jobs_dir: str) -> Path:
     return Path(jobs_dir).expanduser() / f"{p.name}-{stamp}"
 
 
-@main.command()
+@main.command(short_help="Write FILE's self-contained job directory and print its path.")
 @_file_arg
 @_set_opt
 @click.option("--out", "-o",
               help="job directory to write (default: <jobs_dir>/<name>-<timestamp>)")
 def render(file: str, sets: tuple[str, ...], out: str | None) -> None:
-    """Write the job directory for FILE and print its path."""
+    """Write the job directory for FILE and print its path: the batch script, one launch script
+    per instance, plan.json and the runtime, nothing submitted.
+
+    \b
+    Example:
+      hpcserve render examples/demo.yaml --out /tmp/demo-job
+    """
     from .render import render_files, write_job
     p = _plan(file, sets)
     target = Path(out) if out else _default_out(p, p.jobs_dir)
     target = target.resolve()
     written = write_job(render_files(p, str(target)), target)
-    for w in p.warnings:
-        click.echo(f"hpcserve: warning: {w}", err=True)
     click.echo(str(written))
 
 
-@main.command("plan")
+@main.command("plan", short_help="Show what FILE would run where: nodes, ranks, ports, commands.")
 @_file_arg
 @_set_opt
-@click.option("--json", "as_json", is_flag=True, help="the plan as JSON")
-def plan_cmd(file: str, sets: tuple[str, ...], as_json: bool) -> None:
-    """Show what FILE would run where: components, nodes, roles, ranks, ports, commands."""
+@click.option("--json", "as_json", is_flag=True, help="the plan as JSON (plan.json's content)")
+@click.option("--argv", "as_argv", is_flag=True,
+              help="every node's full command line, one node per block, instead of the summary")
+def plan_cmd(file: str, sets: tuple[str, ...], as_json: bool, as_argv: bool) -> None:
+    """Show what FILE would run where: the components, nodes, ranks and ports, then each
+    instance's command once, one option per line, with what differs per node as the launch
+    script's variable ($NODE_RANK, $NODE_IP, $LEADER_IP), then whether the model fits.
+
+    \b
+    Example:
+      hpcserve plan examples/kimi-k2-instruct-4p12d.yaml
+      hpcserve plan examples/demo.yaml --set roles.decode.nodes=2 --argv
+    """
     p = _plan(file, sets)
     if as_json:
-        import json
         from .plan_json import job_spec
         click.echo(json.dumps(job_spec(p, "<job-dir>"), indent=1))
         return
-    from .fit import fit_table
-    from .table import plan_table
-    click.echo(plan_table(p))
-    if p.fits:
-        click.echo("\n".join(fit_table(list(p.fits))))
+    from .table import plan_argv, plan_text
+    click.echo(plan_argv(p) if as_argv else plan_text(p))
 
 
-@main.command()
+@main.command(short_help="JSON Schemas of the deployment, site and profile files.")
 @click.argument("which", type=click.Choice(["deployment", "site", "profile", "all"]),
                 default="all")
 def schema(which: str) -> None:
-    """Print the JSON Schema of deployment and site files (for editors' YAML validation)."""
-    import json
+    """Print the JSON Schema of WHICH file kind (default: all three), for editors' YAML
+    validation.
+
+    \b
+    Example:
+      hpcserve schema deployment > hpcserve-deployment.schema.json
+    """
     from .config import schemas
     s = schemas()
     click.echo(json.dumps(s if which == "all" else s[which], indent=1))
 
 
-@main.command()
+@main.command(short_help="List the bundled model profiles.")
 def profiles() -> None:
-    """List the bundled model profiles."""
+    """List the bundled model profiles, the names a deployment's model.profile takes.
+
+    \b
+    Example:
+      hpcserve profiles
+    """
     from .config import BUNDLED_PROFILES, load_profile
     for f in sorted(BUNDLED_PROFILES.glob("*.yaml")):
         prof, _ = load_profile(f.stem)
         click.echo(f"{prof.name:20} {prof.description}")
 
 
-def _remote_opts(f):
-    for opt in reversed([
-        click.option("--remote", metavar="USER@HOST[:PORT]", envvar="HPCSERVE_REMOTE",
-                     help="run Slurm's commands on this login node over SSH"),
-        click.option("--jump", metavar="USER@HOST[:PORT]", help="SSH jump host"),
-        click.option("--identity", "-i", type=click.Path(dir_okay=False), multiple=True,
-                     help="SSH private key (default: agent and ~/.ssh keys)"),
-        click.option("--known-hosts", type=click.Path(dir_okay=False),
-                     help="known_hosts file (default ~/.ssh/known_hosts); unknown keys are refused"),
-    ]):
-        f = opt(f)
-    return f
-
-
-def _runner(remote, jump=None, identity=(), known_hosts=None):
-    from .ops import runner_for
-    return runner_for(remote, jump=jump, key_filenames=list(identity) or None,
-                      known_hosts=known_hosts)
-
-
-@main.command()
+@main.command(short_help="Render FILE and submit it with sbatch; print the job id.")
 @_file_arg
 @_set_opt
 @click.option("--out", "-o", help="job directory (default: <jobs_dir>/<name>-<timestamp>)")
@@ -150,39 +217,60 @@ def _runner(remote, jump=None, identity=(), known_hosts=None):
 @click.option("--check", is_flag=True, help="ask Slurm whether it would run (sbatch --test-only)")
 @click.option("--follow", "-f", is_flag=True, help="show the phases live until serving or failure")
 @click.option("--wait", "-w", is_flag=True, help="wait until serving or failure, print the end")
-@_remote_opts
-def submit(file, sets, out, dry_run, check, follow, wait, remote, jump, identity, known_hosts):
-    """Render FILE and submit it with sbatch; print the job id and the job directory."""
+@click.option("--in-allocation", is_flag=True,
+              help="run as steps of the allocation this shell is in (salloc, your batch script)")
+def submit(file, sets, out, dry_run, check, follow, wait, in_allocation):
+    """Render FILE and submit it with sbatch; print the job id and the job directory.
+    With --in-allocation, run it as steps of the allocation this shell is in instead.
+
+    \b
+    Example:
+      hpcserve submit examples/demo.yaml --follow
+      hpcserve --remote me@login.example.org submit deploy.yaml --check
+      salloc -N 4 --time 2-0   # then, in its shell:  hpcserve submit deploy.yaml --in-allocation
+    """
     from . import ops
-    runner = _runner(remote, jump, identity, known_hosts)
+    ssh = _ssh()
+    remote = ssh.remote
+    runner = ssh.runner(remote)
     res = ops.submit(file, sets, runner=runner, remote=remote, out=out, dry_run=dry_run,
-                     check=check, warn=lambda w: click.echo(f"hpcserve: warning: {w}", err=True))
+                     check=check, in_allocation=in_allocation,
+                     warn=lambda w: click.echo(f"hpcserve: warning: {w}", err=True))
     if isinstance(res, str):
         click.echo(res)
         return
-    click.echo(f"submitted job {res.job_id}: {res.name}")
+    click.echo(f"started {res.name} in allocation {res.job_id}" if in_allocation else
+               f"submitted job {res.job_id}: {res.name}")
     click.echo(f"job directory: {res.job_dir}")
     if not (follow or wait):
         from .deployments import reference
-        r = f" --remote {remote}" if remote else ""
+        r = f"--remote {remote} " if remote else ""
         ref = reference(res.entry)
-        click.echo(f"follow it with: hpcserve status {ref}{r}   (logs: hpcserve logs {ref}{r})")
+        click.echo(f"follow it with: hpcserve {r}status {ref}   (logs: hpcserve {r}logs {ref})")
         return
     sys.exit(ops.follow(res.entry, runner, echo=click.echo, quiet=wait))
 
 
-@main.command()
+@main.command(short_help="Run FILE's node checks as a short job before a long one.")
 @_file_arg
 @_set_opt
 @click.option("--json", "as_json", is_flag=True, help="print state.json's preflight block")
-@_remote_opts
-def preflight(file, sets, as_json, remote, jump, identity, known_hosts):
+@click.option("--in-allocation", is_flag=True,
+              help="run as steps of the allocation this shell is in (salloc, your batch script)")
+def preflight(file, sets, as_json, in_allocation):
     """Run FILE's preflight checks as a short job of its own, before a long one: the same
-    allocation, ten minutes, no engines. Prints one row per node; exit 1 if a check failed."""
+    allocation, ten minutes, no engines. Prints one row per node; exit 1 if a check failed.
+
+    \b
+    Example:
+      hpcserve preflight examples/kimi-k2-instruct-4p12d.yaml
+    """
     from . import ops
-    runner = _runner(remote, jump, identity, known_hosts)
+    ssh = _ssh()
+    remote = ssh.remote
+    runner = ssh.runner(remote)
     res = ops.submit(file, sets, runner=runner, remote=remote, out=None, dry_run=False,
-                     check=False, preflight_only=True,
+                     check=False, preflight_only=True, in_allocation=in_allocation,
                      warn=lambda w: click.echo(f"hpcserve: warning: {w}", err=True))
     click.echo(f"submitted preflight job {res.job_id}: {res.job_dir}", err=True)
     rc = ops.follow(res.entry, runner, echo=lambda line: click.echo(line, err=True), quiet=True,
@@ -196,21 +284,29 @@ def preflight(file, sets, as_json, remote, jump, identity, known_hosts):
     sys.exit(rc)
 
 
-@main.command()
+@main.command(short_help="Where deployments stand: Slurm's state and each job's phase.")
 @click.argument("jobs", nargs=-1)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="one object per deployment, as JSON")
 @click.option("--probe", is_flag=True, help="also probe each serving endpoint's /health")
 @click.option("--follow", "-f", is_flag=True, help="follow one job's phases live")
-@_remote_opts
-def status(jobs, as_json, probe, follow, remote, jump, identity, known_hosts):
-    """Where deployments stand: Slurm's state (one squeue call) merged with each job's state.json."""
-    import json
+def status(jobs, as_json, probe, follow):
+    """Where deployments stand (JOBS: job ids or names; default: this user's deployments):
+    Slurm's state (one squeue call) merged with each job's state.json. Exit 1 if a job named
+    has failed or ended.
+
+    \b
+    Example:
+      hpcserve status 12345 --probe
+      hpcserve --remote me@login.example.org status
+    """
     from . import deployments, ops
+    ssh = _ssh()
+    remote = ssh.remote
     runners = {}
 
     def runner_of(r):
         if r not in runners:
-            runners[r] = _runner(r or remote, jump, identity, known_hosts)
+            runners[r] = ssh.runner(r or ssh.remote)
         return runners[r]
 
     if jobs:
@@ -236,17 +332,23 @@ def status(jobs, as_json, probe, follow, remote, jump, identity, known_hosts):
     sys.exit(1 if failed and jobs else 0)
 
 
-@main.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@main.command("list", short_help="This user's deployments with their phase and endpoint.")
+@click.option("--json", "as_json", is_flag=True, help="one object per deployment, as JSON")
 @click.option("--all", "show_all", is_flag=True, help="include finished deployments")
-@_remote_opts
-def list_cmd(as_json, show_all, remote, jump, identity, known_hosts):
-    """This user's deployments with their phase and endpoint."""
-    import json
+def list_cmd(as_json, show_all):
+    """This user's deployments with their phase and endpoint (those still running; --all for
+    every one hpcserve submitted).
+
+    \b
+    Example:
+      hpcserve list --all
+    """
     from . import deployments, ops
+    ssh = _ssh()
+    remote = ssh.remote
     from .runtime.contract import TERMINAL_PHASES
     entries = [e for e in deployments.entries() if not remote or e.remote == remote]
-    views = ops.status(entries, lambda r: _runner(r or remote, jump, identity, known_hosts))
+    views = ops.status(entries, lambda r: ssh.runner(r or ssh.remote))
     if not show_all:
         views = [v for v in views if v.summary_phase not in TERMINAL_PHASES and not v.ended]
     if as_json:
@@ -255,25 +357,33 @@ def list_cmd(as_json, show_all, remote, jump, identity, known_hosts):
         click.echo(ops.status_table(views) if views else "no deployments")
 
 
-@main.command()
+@main.command(short_help="Show or follow a deployment's logs (role, instance, node).")
 @click.argument("job")
 @click.option("--role", type=click.Choice(["prefill", "decode", "worker", "router", "batch",
-                                           "hpcserve-job", "discover"]))
-@click.option("--instance", type=int)
+                                           "hpcserve-job", "discover"]),
+              help="only this role's logs (batch: the batch script's own log)")
+@click.option("--instance", type=int, help="only this instance of the role (0, 1, ...)")
 @click.option("--node", help="node rank or host name")
 @click.option("--attempt", type=click.IntRange(0),
               help="one start of the instances: 0 the first, N its Nth restart "
                    "(default: every attempt, oldest first)")
 @click.option("--follow", "-f", is_flag=True, help="keep printing what is appended")
-@click.option("--lines", "-n", type=int, default=50, show_default=True)
-@_remote_opts
-def logs(job, role, instance, node, attempt, follow, lines, remote, jump, identity, known_hosts):
+@click.option("--lines", "-n", type=int, default=50, show_default=True,
+              help="the last N lines of each log")
+def logs(job, role, instance, node, attempt, follow, lines):
     """Show a deployment's logs (logs/<role>-<instance>.node<rank>.<host>.log and others; a
-    restarted instance's attempt N: <role>-<instance>.attemptN.node<rank>.<host>.log)."""
+    restarted instance's attempt N: <role>-<instance>.attemptN.node<rank>.<host>.log).
+
+    \b
+    Example:
+      hpcserve logs 12345 --role decode --node 0 -f
+    """
     import time
     from . import ops
-    e = ops.resolve(job, remote, _runner(remote, jump, identity, known_hosts))
-    runner = _runner(e.remote, jump, identity, known_hosts)  # where the job was submitted
+    ssh = _ssh()
+    remote = ssh.remote
+    e = ops.resolve(job, remote, ssh.runner(ssh.remote))
+    runner = ssh.runner(e.remote)  # where the job was submitted
     files = ops.log_files(runner, e, role, instance, node, attempt)
     if not files:
         which = _attempts_there(runner, e, role, instance, node, attempt)
@@ -328,15 +438,18 @@ def _numbers(value, kind, param):
     return out
 
 
-@main.command()
+@main.command(short_help="Benchmark a serving deployment with the engine's own client.")
 @click.argument("job")
 @click.option("--concurrency", "-c", callback=_ints, metavar="N,N,...",
               help="the sweep (default: the deployment's benchmark:, else 1,16)")
 @click.option("--rate", callback=_floats, metavar="R,R,...", help="requests/s at each point")
 @click.option("--prompts", type=click.IntRange(1), help="requests per point (default 4 x N)")
-@click.option("--input-tokens", type=click.IntRange(1))
-@click.option("--output-tokens", type=click.IntRange(1))
-@click.option("--warmup", type=click.IntRange(0))
+@click.option("--input-tokens", type=click.IntRange(1),
+              help="prompt length (default: the deployment's benchmark:, else 2000)")
+@click.option("--output-tokens", type=click.IntRange(1),
+              help="tokens generated per request (default: benchmark:, else 100)")
+@click.option("--warmup", type=click.IntRange(0),
+              help="requests sent before each point, not counted (default 2)")
 @click.option("--client", help="whose benchmark client (default: the engine's own)")
 @click.option("--python", help="the python on the node that has the client")
 @click.option("--tokenizer", help="tokenizer directory (default: the model path)")
@@ -344,16 +457,29 @@ def _numbers(value, kind, param):
               help="run as a step in the deployment's own allocation (no spare node needed; "
                    "the only way over SSH) instead of a one-node job of its own")
 @click.option("--json", "as_json", is_flag=True, help="the gate's verdict as JSON")
-@_remote_opts
 def bench(job, concurrency, rate, prompts, input_tokens, output_tokens, warmup, client, python,
-          tokenizer, in_allocation, as_json, remote, jump, identity, known_hosts):
+          tokenizer, in_allocation, as_json):
     """Benchmark a deployment that serves, with the engine's own client; the same gate as a
-    deployment's benchmark: step. Exit 1 if a point fails it."""
+    deployment's benchmark: step. Exit 1 if a point fails it.
+
+    Without --in-allocation the run is a one-node job of its own (submitit), submitted with the
+    deployment's partition, account, QOS, constraint and reservation; that node runs this
+    hpcserve's Python (the same path) and imports hpcserve and submitit there, so the node needs
+    this installation (a shared file system). --in-allocation needs neither: its step
+    runs only the job directory's launch script.
+
+    \b
+    Example:
+      hpcserve bench 12345 -c 1,16,64
+      hpcserve --remote me@login.example.org bench 12345 --in-allocation
+    """
     import time
     from . import bench_ops, ops
     from .runtime.bench import one_line
-    e = ops.resolve(job, remote, _runner(remote, jump, identity, known_hosts))
-    runner = _runner(e.remote, jump, identity, known_hosts)
+    ssh = _ssh()
+    remote = ssh.remote
+    e = ops.resolve(job, remote, ssh.runner(ssh.remote))
+    runner = ssh.runner(e.remote)
     if e.remote and not in_allocation:
         raise HpcserveError("over SSH the benchmark runs as a step of the deployment's own "
                             "allocation: add --in-allocation (submitit submits from this "
@@ -367,8 +493,8 @@ def bench(job, concurrency, rate, prompts, input_tokens, output_tokens, warmup, 
     if in_allocation:
         result = bench_ops.in_allocation(prep, e, runner, limit)
     else:
-        result = bench_ops.as_job(prep, bench_ops.partition_of(runner, e), limit // 60 + 1,
-                                  e.name)
+        result = bench_ops.as_job(prep, bench_ops.slurm_options_of(runner, e),
+                                  limit // 60 + 1, e.name)
     if as_json:
         click.echo(json.dumps(result, indent=1))
     else:
@@ -380,20 +506,27 @@ def bench(job, concurrency, rate, prompts, input_tokens, output_tokens, warmup, 
     sys.exit(0 if result["passed"] else 1)
 
 
-@main.command()
+@main.command(short_help="A benchmark's table, plots and HTML page, jobs side by side.")
 @click.argument("jobs", nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="the rows as JSON (no files written)")
 @click.option("--out", "-o", help="where the plots and report.html go (default: the job "
                                   "directory's report/ for one local job, else ./hpcserve-report)")
-@_remote_opts
-def report(jobs, as_json, out, remote, jump, identity, known_hosts):
+def report(jobs, as_json, out):
     """A benchmark's table and plots (PNG and one self-contained HTML page); several jobs side
-    by side. Exit 1 if a job's benchmark failed its gate."""
+    by side. Exit 1 if a job's benchmark failed its gate. The plots need matplotlib:
+    pip install 'hpcserve[report]'.
+
+    \b
+    Example:
+      hpcserve report 12345 12399 --out kimi-report
+    """
     from . import ops
     from . import report as rep
-    entries = [ops.resolve(j, remote, _runner(remote, jump, identity, known_hosts))
-               for j in jobs]
-    loaded = [rep.load(e, _runner(e.remote, jump, identity, known_hosts)) for e in entries]
+    if not as_json:
+        rep.need_matplotlib()
+    ssh = _ssh()
+    entries = [ops.resolve(j, ssh.remote, ssh.runner(ssh.remote)) for j in jobs]
+    loaded = [rep.load(e, ssh.runner(e.remote)) for e in entries]
     if as_json:
         click.echo(json.dumps(rep.as_json(loaded), indent=1))
     else:
@@ -405,15 +538,20 @@ def report(jobs, as_json, out, remote, jump, identity, known_hosts):
     sys.exit(0 if all(j.bench["passed"] for j in loaded) else 1)
 
 
-@main.command()
+@main.command(short_help="Stop a deployment gracefully: router first, then engines.")
 @click.argument("job")
 @click.option("--wait", "-w", is_flag=True, help="wait until the teardown is complete")
-@_remote_opts
-def cancel(job, wait, remote, jump, identity, known_hosts):
-    """Stop a deployment through its own graceful path (router first, then engines)."""
+def cancel(job, wait):
+    """Stop a deployment through its own graceful path (router first, then engines).
+
+    \b
+    Example:
+      hpcserve cancel 12345 --wait
+    """
     from . import ops
-    e = ops.resolve(job, remote, _runner(remote, jump, identity, known_hosts))
-    runner = _runner(e.remote, jump, identity, known_hosts)  # where the job was submitted
+    ssh = _ssh()
+    e = ops.resolve(job, ssh.remote, ssh.runner(ssh.remote))
+    runner = ssh.runner(e.remote)  # where the job was submitted
     sys.exit(ops.cancel(e, runner, wait=wait, echo=click.echo))
 
 

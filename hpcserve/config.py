@@ -18,9 +18,9 @@ from typing import Any, Literal
 from . import engines, package_data
 from .engines.base import setting_names
 from .engines.bench_clients import CLIENTS
-from .errors import ConfigError
-from .schema import FieldProblem, Validator, doc, json_schema, schema_ref, shorten
-from .values import ENV_NAME, FLAG_NAME, NAME, ArgValue, EnvValue, check_secrets
+from .errors import ConfigError, echo, escape, shorten
+from .schema import FieldProblem, Validator, doc, json_schema, schema_ref
+from .values import ENV_NAME, FLAG_NAME, NAME, ArgValue, EnvValue, check_secrets, looks_secret
 from .yamlsrc import Origin, Positions, check_string, format_path, load_file, load_text
 
 BUNDLED_SITES = package_data.path("site_configs")
@@ -30,9 +30,10 @@ TIME = r"(\d+-)?\d{1,3}:\d{2}:\d{2}"
 # Job directories become sbatch's --output: % starts a Slurm filename pattern (%j, %x...) and a
 # backslash turns them off, so a path holding either would not be the path written.
 JOB_PATH = r"[^%\\]+"
-JOB_PATH_HELP = ("a job directory path cannot hold % or \\: sbatch reads them as filename "
-                 "patterns in --output")
+JOB_PATH_HELP = ("a job directory path without % or \\ (sbatch reads them as filename "
+                 "patterns in --output)")
 VERSION = r"\d+\.\d+(\.\d+){0,2}(rc\d+)?(\.?post\d+)?"
+VERSION_HELP = "a release such as 0.5.23, 0.10.1.1, 0.4.9.post6 or 1.2.0rc2"
 # Literal[...] of the engines hpcserve has adapters for; the annotation below is evaluated here.
 EngineName = Literal[engines.names()]
 ROUTER_FLAG = r"[a-z0-9][a-z0-9_-]*"
@@ -97,7 +98,7 @@ class Container:
     mounts: list[str] = field(default_factory=list, metadata=doc(
         "SRC:DST[:ro] bind mounts; the job directory and the model path are added automatically",
         pattern=r"/[^,:\s]*:/[^,:\s]*(:(ro|rw))?",
-        pattern_help="a mount is SRC:DST or SRC:DST:ro, absolute paths without commas, colons "
+        pattern_help="a mount SRC:DST or SRC:DST:ro of absolute paths without commas, colons "
                      "or whitespace (the container runtimes' mount syntax cannot hold them)"))
     workdir: str | None = None
     env: list[str] = field(default_factory=list, metadata=doc(
@@ -278,8 +279,13 @@ class Engine:
     name: EngineName = field(default=engines.DEFAULT, metadata=doc("the inference engine"))
     version: str | None = field(default=None, metadata=doc(
         "the engine release in the image; flags are spelled for it (default: the newest "
-        "release hpcserve knows)", pattern=VERSION,
-        pattern_help="a release such as 0.5.23, 0.10.1.1, 0.4.9.post6 or 1.2.0rc2"))
+        "release hpcserve knows); a release not in hpcserve's flag matrix is refused unless "
+        "check_flags_as is set", pattern=VERSION, pattern_help=VERSION_HELP))
+    check_flags_as: str | None = field(default=None, metadata=doc(
+        "for an engine.version hpcserve's flag matrix lacks: check its flags against the newest "
+        "release hpcserve knows (newest) or against a known release named here; a warning says "
+        "so before anything else is printed", pattern=f"(newest|{VERSION})",
+        pattern_help="newest or " + VERSION_HELP))
     image: str | None = field(default=None, metadata=doc("overrides site.container.image"))
     simulate: bool = field(default=False, metadata=doc(
         "run hpcserve's stand-in engine with the same plan and argv (no GPU needed)"))
@@ -601,21 +607,30 @@ class Resolved:
     positions: Positions = field(compare=False, repr=False)
 
 
-def parse_set(expr: str, index: int) -> tuple[tuple, Any, Origin]:
-    origin = Origin("--set", index + 1)
+def set_source(expr: str) -> str:
+    """How errors name a --set: as written (bounded, a secret-looking value left out), so the
+    user sees which of several it is and that the command line, not the file, holds it."""
+    key, eq, raw = expr.partition("=")
+    if eq and looks_secret(key.strip().split(".")[-1]):
+        raw = "..."
+    return "--set " + shorten(escape(key + eq + raw))
+
+
+def parse_set(expr: str) -> tuple[tuple, Any, Origin]:
+    source = set_source(expr)
+    origin = Origin(source)
     if "=" not in expr:
-        raise ConfigError(f"expected KEY.PATH=VALUE, got {expr!r}", file="--set", line=index + 1)
+        raise ConfigError(f"expected KEY.PATH=VALUE, got {echo(expr)}", file=source)
     key, raw = expr.split("=", 1)
     parts = key.strip().split(".")
     if not all(parts):
-        raise ConfigError(f"bad key path {key!r}", file="--set", line=index + 1)
+        raise ConfigError(f"bad key path {echo(key)}", file=source)
     path = tuple(int(p) if p.isdigit() else p for p in parts)
     try:
-        value, _ = load_text(raw, "--set") if raw.strip() else ("", None)
+        value, _ = load_text(raw, source) if raw.strip() else ("", None)
     except ConfigError as e:
         # The position inside the value's own text is meaningless: point at this --set.
-        raise ConfigError(e.message, file="--set", line=index + 1,
-                          field=format_path(path)) from None
+        raise ConfigError(e.message, file=source, field=format_path(path)) from None
     if value == {} and raw.strip() == "":
         value = ""
     if isinstance(value, str):
@@ -630,6 +645,7 @@ def apply_set(doc_: dict, pos: Positions, path: tuple, value: Any, origin: Origi
         if nxt is None:
             nxt = {}
             cur[p] = nxt
+            pos.table[path[:i + 1]] = origin  # a mapping only the --set names is its own
         elif not isinstance(nxt, dict):
             raise ConfigError(f"{format_path(path[:i + 1])} is not a mapping",
                               file=origin.file, line=origin.line, field=format_path(path))
@@ -690,7 +706,7 @@ def _find_named(name: str, dirs: list[Path], what: str, origin: Origin | None,
         p = p if p.is_absolute() else base / p
         if _is_file(p):
             return p
-        raise ConfigError(f"{what} file {shorten(repr(name))} not found",
+        raise ConfigError(f"{what} file {echo(name)} not found",
                           file=origin.file if origin else None,
                           line=origin.line if origin else None, field=fieldname)
     for d in dirs:
@@ -698,7 +714,7 @@ def _find_named(name: str, dirs: list[Path], what: str, origin: Origin | None,
             if _is_file(d / (name + ext)):
                 return d / (name + ext)
     known = sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.y*ml")})
-    raise ConfigError(f"no {what} named {shorten(repr(name))}; known: {', '.join(known) or 'none'}",
+    raise ConfigError(f"no {what} named {echo(name)}; known: {', '.join(known) or 'none'}",
                       file=origin.file if origin else None, line=origin.line if origin else None,
                       field=fieldname)
 
@@ -706,7 +722,7 @@ def _find_named(name: str, dirs: list[Path], what: str, origin: Origin | None,
 def load_profile(name: str, origin: Origin | None = None, base: Path = Path(".")) -> tuple[Profile, str]:
     path = _find_named(name, [BUNDLED_PROFILES], "model profile", origin, "model.profile", base)
     raw, pos = load_file(path)
-    return Validator(pos).build(Profile, raw, ()), str(path)
+    return Validator(pos, "profile").build(Profile, raw, ()), str(path)
 
 
 def load(deploy_file: str | Path, sets: list[str] | tuple[str, ...] = ()) -> Resolved:
@@ -716,8 +732,8 @@ def load(deploy_file: str | Path, sets: list[str] | tuple[str, ...] = ()) -> Res
     if not isinstance(raw, dict):
         raise ConfigError("a deployment file is a mapping (name:, model:, site:, roles: ...)",
                           file=str(dpath), line=1)
-    for i, expr in enumerate(sets):
-        path, value, origin = parse_set(expr, i)
+    for expr in sets:
+        path, value, origin = parse_set(expr)
         if isinstance(raw.get("site"), str) and path[0] == "site" and len(path) > 1:
             raw["site"] = {"base": raw["site"]}  # a named site gets overridden field by field
         apply_set(raw, pos, path, value, origin)
@@ -726,6 +742,9 @@ def load(deploy_file: str | Path, sets: list[str] | tuple[str, ...] = ()) -> Res
     site_raw = raw.get("site")
     site_file = None
     if site_raw is None:
+        if "site" in raw:  # `site: null`, at its own line
+            raise Validator(pos).error(("site",), "a required key, got null (a site name, a "
+                                                  "path or a mapping)")
         raise ConfigError("missing required key 'site'", file=str(dpath), line=1)
     spos = Positions()
     if isinstance(site_raw, str) or (isinstance(site_raw, dict) and "base" in site_raw):
@@ -751,7 +770,7 @@ def load(deploy_file: str | Path, sets: list[str] | tuple[str, ...] = ()) -> Res
         raise Validator(pos).error(("site",), "expected a site name or a mapping")
 
     try:
-        site = Validator(spos).build(Site, site_doc, ())
+        site = Validator(spos, "site").build(Site, site_doc, ())
     except ConfigError as e:
         # A site value written in the deployment file (or a --set) sits under `site:` there.
         if e.file != site_file and e.field:

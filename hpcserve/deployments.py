@@ -40,6 +40,7 @@ class Entry:
     remote: str | None = None
     submitted_at: float = 0.0
     cluster: str | None = None   # Slurm's ClusterName (None: not known, an older entry)
+    allocation: str | None = None  # run as steps of this allocation (job_id is the same)
 
     @property
     def handle(self) -> str:
@@ -119,6 +120,6 @@ def reference(entry: Entry) -> str:
 
 
 def new_entry(job_id: str, name: str, job_dir: str, remote: str | None,
-              cluster: str | None = None) -> Entry:
+              cluster: str | None = None, allocation: str | None = None) -> Entry:
     return Entry(job_id=job_id, name=name, job_dir=job_dir, remote=remote,
-                 submitted_at=time.time(), cluster=cluster)
+                 submitted_at=time.time(), cluster=cluster, allocation=allocation)

@@ -49,19 +49,20 @@ class Submitted:
 
 def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out: str | None,
            dry_run: bool, check: bool, warn: Callable[[str], None] = lambda _w: None,
-           preflight_only: bool = False) -> Submitted | str:
+           preflight_only: bool = False, in_allocation: bool = False) -> Submitted | str:
     from . import config, plan as planner
     from .render import render_files, write_job
     cfg = config.load(file, sets)
     p = planner.build(cfg)
     if preflight_only:
         p = planner.preflight_only(p)
+    if in_allocation:
+        p = planner.in_allocation(p)
+        if not dry_run:
+            return _submit_in_allocation(p, cfg, runner, remote, out, check, warn, preflight_only)
     if not cfg.site.slurm.exclusive and not dry_run and not check:
         p = clear_of_my_other_deployments(p, cfg, runner, remote, warn)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    kind = "-preflight" if preflight_only else ""
-    job_dir = runner.expand_path(out) if out else posixpath.join(runner.expand_path(p.jobs_dir),
-                                                                 f"{p.name}{kind}-{stamp}")
+    job_dir = _job_dir(p, runner, out, preflight_only)
     files = render_files(p, job_dir)
     if not (dry_run or check):
         check_router_python(p, runner)  # refused: one line, no warnings before it
@@ -105,6 +106,42 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
     entry = deployments.new_entry(job_id, p.name, job_dir, remote, cluster)
     deployments.record(entry)
     return Submitted(job_id, job_dir, p.name, remote, entry)
+
+
+def _job_dir(p, runner, out: str | None, preflight_only: bool) -> str:
+    """--out, or <jobs_dir>/<name>[-preflight]-<timestamp>."""
+    if out:
+        return runner.expand_path(out)
+    kind = "-preflight" if preflight_only else ""
+    return posixpath.join(runner.expand_path(p.jobs_dir),
+                          f"{p.name}{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def _submit_in_allocation(p, cfg, runner, remote, out, check, warn, preflight_only):
+    """The job started as a background process of the allocation this shell is in, once it is
+    known to fit there (in_allocation.py)."""
+    from . import in_allocation as ia
+    from .plan_json import job_spec
+    from .render import render_files, write_job
+    if remote is not None:
+        raise HpcserveError("--in-allocation runs in the allocation's own shell, not with --remote")
+    alloc = ia.allocation_here()
+    held = ia.check_fits(job_spec(p, ""), alloc, runner)
+    if check:
+        return ia.fits_words(job_spec(p, ""), held)
+    ia.refuse_second(alloc, runner, deployments.entries())
+    if not cfg.site.slurm.exclusive:
+        p = clear_of_my_other_deployments(p, cfg, runner, remote, warn)
+    job_dir = _job_dir(p, runner, out, preflight_only)
+    files = render_files(p, job_dir)
+    check_router_python(p, runner)
+    for w in p.warnings:
+        warn(w)
+    write_job(files, job_dir)
+    ia.start_driver(job_dir, alloc)
+    entry = deployments.new_entry(alloc, p.name, job_dir, None, cluster_name(runner), alloc)
+    deployments.record(entry)
+    return Submitted(alloc, job_dir, p.name, None, entry)
 
 
 def cluster_name(runner) -> str | None:
@@ -210,6 +247,8 @@ class View:
     failure: dict | None = None
     engines: str | None = None
     health: str | None = None
+    allocation: str | None = None  # in an allocation the user holds: its job id
+    driver: str | None = None      # its driver process: running, gone, elsewhere
     state: dict = field(default_factory=dict)
 
     def as_json(self) -> dict:
@@ -230,8 +269,11 @@ class View:
         failure...), or GONE; None for a job that still runs, waits, or wrote its final phase.
         Derived from slurm_state and phase, so it holds whenever either is set (status fills
         slurm_state in from accounting after the queue)."""
-        if self.phase in TERMINAL_PHASES or self.slurm_state in ("PENDING", "RUNNING",
-                                                                 "COMPLETING"):
+        if self.phase in TERMINAL_PHASES:
+            return None
+        if self.driver == "gone":  # in an allocation, which outlives the deployment
+            return "its driver process is gone"
+        if self.slurm_state in ("PENDING", "RUNNING", "COMPLETING"):
             return None
         if self.slurm_state is None:
             # Gone from the queue (and from accounting) without a final phase: whatever the job
@@ -243,7 +285,8 @@ class View:
     def summary_phase(self) -> str:
         """The phase a person should see: state.json's, or Slurm's when the job never started."""
         if self.phase and (self.phase in TERMINAL_PHASES or self.slurm_state in ("RUNNING",
-                                                                                 "COMPLETING")):
+                                                                                 "COMPLETING")
+                           and self.driver != "gone"):
             return self.phase
         if self.slurm_state == "PENDING":
             return "pending"
@@ -268,9 +311,9 @@ def status(entries: list[deployments.Entry], runner_of: Callable[[str | None], A
         queue = _squeue(runner)  # one call for every job on this cluster
         here = _listed_here(runner, es)
         for e in es:
-            v = View(e.job_id, e.name, e.job_dir, remote)
-            j = queue.get(e.job_id) if e in here else None
-            if j is not None and j.name != e.name:
+            v = View(e.job_id, e.name, e.job_dir, remote, allocation=e.allocation)
+            j = queue.get(e.job_id) if e in here or e.allocation else None
+            if j is not None and j.name != e.name and not e.allocation:
                 j = None  # the id went to another job of this user's since
             if j is not None:
                 v.slurm_state = j.state
@@ -290,6 +333,9 @@ def status(entries: list[deployments.Entry], runner_of: Callable[[str | None], A
                     v.failure = v.state.get("failure")
                     if v.state.get("engines_total"):
                         v.engines = f"{v.state.get('engines_ready_count', 0)}/{v.state['engines_total']}"
+            if e.allocation and v.phase not in TERMINAL_PHASES:
+                from .in_allocation import driver_state
+                v.driver = driver_state(runner, e.job_dir)
             if probe and v.summary_phase in SERVING_PHASES:  # degraded answers too
                 v.health = _probe(runner, v.endpoint, v.state.get("health_urls") or {})
             views.append(v)
@@ -435,10 +481,15 @@ def failure_detail(v: View, lines: int = 10) -> str:
                       [f"  {ln}" for ln in tail[-lines:]])
 
 
+def _slurm_cell(v: View) -> str:
+    """Slurm's state of the job; for a deployment in an allocation, the allocation's."""
+    return f"alloc {v.slurm_state or '-'}" if v.allocation else v.slurm_state or "-"
+
+
 def status_table(views: list[View], instances: bool = False) -> str:
     """One row per job; with `instances`, each serving job's instance lines under its row."""
     rows = [("JOB", "NAME", "SLURM", "PHASE")] + [
-        (v.job_id, v.name, v.slurm_state or "-", describe(v)) for v in views]
+        (v.job_id, v.name, _slurm_cell(v), describe(v)) for v in views]
     head, *lines = _columns(rows)
     out = [head]
     for v, line in zip(views, lines):
@@ -527,6 +578,9 @@ def log_files(runner, entry: deployments.Entry, role: str | None, instance: int 
 
 def cancel(entry: deployments.Entry, runner, *, wait: bool, echo: Callable[[str], None]) -> int:
     """Stop a deployment through its own graceful path; plain scancel where that cannot work."""
+    if entry.allocation:  # its steps and its driver, never the allocation
+        from . import in_allocation
+        return in_allocation.cancel(entry, runner, wait=wait, echo=echo)
     (v,) = status([entry], lambda _r: runner)
     if v.slurm_state not in ACTIVE_SLURM:
         # Gone from the queue or ended: say how it ended rather than claim a cancel.

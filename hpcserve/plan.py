@@ -16,7 +16,7 @@ from typing import Any
 
 from . import bench_sweep, engines, fit
 from .config import Resolved, merged_settings
-from .engines.base import EngineAdapter, Layout, Net, RoleContext
+from .engines.base import EngineAdapter, Layout, Net, RoleContext, gpus_from
 from .engines.bench_clients import CLIENTS, BenchPoint
 from .engines.flags import FlagError, Release
 from .errors import ConfigError
@@ -155,6 +155,7 @@ class Plan:
     fits: tuple = ()                          # fit.RoleFit per role (hpcserve plan shows them)
     preflight: dict = field(default_factory=dict)  # plan.json's preflight block, less the image
     benchmark: BenchPlan | None = None
+    in_allocation: bool = False  # steps of an allocation the user holds (allocation.py)
     sim: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
@@ -313,7 +314,7 @@ def _start(cfg: Resolved) -> _Draft:
     adapter = engines.get(dep.engine.name)
     version = dep.engine.version or adapter.matrix.known_versions()[-1]
     try:
-        rel = adapter.release(version)
+        rel = adapter.release(version, dep.engine.check_flags_as)
     except FlagError as e:
         raise _err(cfg, e.key, e.message) from None
     pd = "worker" not in dep.roles
@@ -365,8 +366,8 @@ def _role_context(d: _Draft, role: str) -> tuple[RoleContext, int, int]:
             raise _err(cfg, rp + ("gpus",), "gpus (a share of one node) cannot be combined "
                                             f"with nodes: {r.nodes}")
         if node_gpus % r.gpus:
-            raise _err(cfg, rp + ("gpus",), f"{r.gpus} GPUs per instance do not divide the "
-                                            f"{node_gpus} GPUs of a node")
+            raise _err(cfg, rp + ("gpus",), f"gpus {r.gpus} (per instance) does not divide "
+                                            f"the {node_gpus} GPUs of a node (site.node.gpus)")
         per_node = node_gpus // r.gpus
         gpus_inst, inst_nodes = r.gpus, 1
         comp_nodes = -(-r.instances // per_node)
@@ -393,8 +394,9 @@ def _check_model_fits(d: _Draft, ctx: RoleContext, layout: Layout) -> None:
         physical = arch.experts + (redundant or 0)
         if physical % layout.ep:
             raise _err(cfg, rp + (("redundant_experts",) if redundant else ()),
-                       f"{arch.experts} experts + {redundant or 0} redundant "
-                       f"= {physical} do not divide over EP {layout.ep}")
+                       f"{arch.experts} experts (model profile) + {redundant or 0} redundant "
+                       f"= {physical} do not divide over the {layout.ep} expert-parallel ranks "
+                       f"of {ctx.role}'s layout ({_layout_words(layout)})")
     if not arch:
         return
     gpu = cfg.site.node.gpu_memory_gb
@@ -410,11 +412,16 @@ def _check_model_fits(d: _Draft, ctx: RoleContext, layout: Layout) -> None:
         raise _err(cfg, rp + (("nodes",) if r.gpus is None else ("gpus",)),
                    f"{cfg.profile.name} weights ({f.weights_gb:.1f} GiB per GPU in {ctx.role}'s "
                    f"layout, {arch.weight_bytes / fit.GIB:.0f} GiB in all) do not fit "
-                   f"{ctx.gpus} x {gpu:g} GiB GPUs with room for a KV cache "
+                   f"{ctx.gpus} x {gpu:g} GiB GPUs ({gpus_from(ctx)}) with room for a KV cache "
                    f"({f.budget.how if f.budget else 'weights alone'}): give the instance "
                    "more GPUs")
     if f.verdict == "tight":
         d.warnings.append(f"{ctx.role}: tight fit: {f.why}")
+
+
+def _layout_words(layout: Layout) -> str:
+    """The parallel sizes of a layout, as the plan derived them: "tp 16, attn_dp 16, ep 16"."""
+    return ", ".join(f"{k} {v}" for k, v in layout.parallel)
 
 
 def _engine_directives(cfg: Resolved, layout: Layout) -> tuple:
@@ -590,7 +597,8 @@ def _check_node_limit(d: _Draft) -> None:
     max_nodes = d.cfg.site.slurm.max_nodes
     if max_nodes is not None and total > max_nodes:
         parts = " + ".join(f"{c.nodes} {c.name}" for c in d.components)
-        raise _err(d.cfg, ("roles",), f"the deployment needs {total} nodes ({parts}) but the "
+        raise _err(d.cfg, ("roles",), f"the deployment needs {total} nodes ({parts}), "
+                                      "instances x nodes (+ spares) of each role, but the "
                                       f"site's partition allows {max_nodes} "
                                       "(site.slurm.max_nodes)")
 
@@ -712,6 +720,13 @@ def preflight_only(p: Plan) -> Plan:
     return dataclasses.replace(p, components=comps, time_limit=PREFLIGHT_TIME, requeue=0,
                                preflight={**p.preflight, "enabled": True, "only": True},
                                benchmark=None)
+
+
+def in_allocation(p: Plan) -> Plan:
+    """`--in-allocation`: the same job, run as steps of an allocation the user already holds
+    (hpcserve_runtime/allocation.py maps the components onto its nodes), never requeued: the
+    allocation is the user's, not the deployment's."""
+    return dataclasses.replace(p, in_allocation=True, requeue=0)
 
 
 # What a site's node.gpu_type says when its nodes have no NVIDIA GPU (the local test cluster).

@@ -81,6 +81,8 @@ def job_spec(plan, job_dir: str) -> dict:
         "instances": [_instance(plan, i) for i in plan.instances],
         "router": _router(plan),
         "secret_env": list(plan.secret_env),
+        # steps of an allocation the user holds (runtime/allocation.py), not a het job's
+        "in_allocation": plan.in_allocation,
         "warnings": list(plan.warnings), "notes": list(plan.notes),
     }
 
@@ -234,6 +236,7 @@ SCHEMA = {
             "argv": {"type": "array", "items": _WORD},
             "env": {"type": "array", "items": {"type": "array", "prefixItems": [_STR, _WORD]}}})]},
         "secret_env": {"type": "array", "items": _STR},
+        "in_allocation": {"type": "boolean"},
         "warnings": {"type": "array", "items": _STR},
         "notes": {"type": "array", "items": _STR},
     }),

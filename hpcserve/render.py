@@ -20,7 +20,7 @@ from .plan import Instance, Plan
 from .plan_json import dumps as spec_dumps
 from .plan_json import job_spec
 from .templates import jinja
-from .words import Var, Word, quote
+from .words import Var, Word, argv_lines, quote
 
 # The in-job runtime, copied whole into the job directory as a package of its own: a folder,
 # not a zipapp, so that it is read (and patched, on a site that must) like the scripts beside it.
@@ -75,7 +75,12 @@ def _srun(plan: Plan, component: int, nodes: int | None, name: str, *, nodelist:
           overlap: bool, inst: Instance | None = None) -> list[Word]:
     w: list[Word] = []
     tasks_per_node = inst.tasks_per_node if inst else 1
-    if len(plan.components) > 1:
+    if plan.in_allocation:
+        # steps of the user's allocation: each names its nodes (its component's share of the
+        # allocation's, hpcserve_runtime/allocation.py) where a het job names its het group
+        w.append(("--jobid=", Var("SLURM_JOB_ID")))
+        nodelist = True
+    elif len(plan.components) > 1:
         w.append(f"--het-group={component}")
     if nodes is not None:
         w += [f"--nodes={nodes}", f"--ntasks={nodes * tasks_per_node}",
@@ -119,7 +124,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
                       "plural": "" if c.nodes == 1 else "s",
                       "directives": [_directive(k, v) for k, v in ds]})
     files["job.sbatch"] = (env.get_template("job.sbatch.j2").render(
-        components=comps, plan=plan, version=__version__, topology=topology(plan),
+        components=[] if plan.in_allocation else comps, alloc_components=comps, plan=plan, version=__version__, topology=topology(plan),
         engine_title=_engine_title(plan),
         job_dir=jd, site_python=plan.site_python), 0o755)
 
@@ -135,7 +140,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
         files[f"steps/discover-{c.index}.sh"] = (step.render(
             title=f"address discovery on every node of component {c.index} ({c.name}): one task "
                   f"per node prints {what}its name, address, interface and IB devices",
-            needs_nodelist=False,
+            needs_nodelist=plan.in_allocation,
             srun=[quote(w) for w in _srun(plan, c.index, c.nodes, f"discover-{c.name}",
                                           nodelist=False, overlap=True)
                   + (["--mpi=pmix"] if pf["enabled"] and pf["mpi"] else [])],
@@ -277,20 +282,6 @@ def _sim_env(plan: Plan, inst: Instance) -> list[tuple[str, Word]]:
         if f.attempts is not None:  # the sim reads the attempt from HPCSERVE_ATTEMPT
             out.append(("HPCSERVE_SIM_FAULT_ATTEMPTS", ",".join(map(str, f.attempts))))
     return out
-
-
-def argv_lines(cmd: list[Word], argv: tuple[Word, ...]) -> list[str]:
-    """One line per option with its values, so a person reads the command as in the docs."""
-    lines = [" ".join(quote(w) for w in cmd)]
-    cur: list[str] = []
-    for w in argv:
-        if isinstance(w, str) and w.startswith("--") and cur:
-            lines.append(" ".join(cur))
-            cur = []
-        cur.append(quote(w))
-    if cur:
-        lines.append(" ".join(cur))
-    return lines
 
 
 def write_job(files: dict[str, tuple[str, int]], out_dir: str | Path) -> Path:

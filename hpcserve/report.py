@@ -133,6 +133,18 @@ def plot_data(data: list[dict]) -> dict:
     return out
 
 
+def need_matplotlib() -> None:
+    """The plots need matplotlib, an extra (the rest of hpcserve does not): say which."""
+    import importlib.util
+    try:
+        found = importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):  # a broken install, or sys.modules["matplotlib"] = None
+        found = False
+    if not found:
+        raise HpcserveError("hpcserve report draws its plots with matplotlib, which is not "
+                            "installed: pip install 'hpcserve[report]' (or --json for the rows)")
+
+
 def plot(jobs: list[JobBench], out: Path) -> list[Path]:
     """throughput.png and latency.png in `out`, one line per job (and latency), and the same
     figures as SVG (text kept as text, each line a group "<plot>-<k>"), which a script or a

@@ -17,7 +17,7 @@ import typing
 from functools import lru_cache
 from typing import Any, Literal, Union
 
-from .errors import ConfigError
+from .errors import ConfigError, echo, shorten
 from .yamlsrc import Positions, format_path
 
 _NoneType = type(None)
@@ -60,22 +60,17 @@ def type_name(tp: Any) -> str:
         tp, getattr(tp, "__name__", str(tp)))
 
 
-def shorten(text: str, keep: int = 60) -> str:
-    """A value as an error message echoes it: a huge one is cut, not printed whole."""
-    return text if len(text) <= keep else f"{text[:keep]}... ({len(text):,} characters)"
-
-
 def _kind(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int):
-        return f"the integer {shorten(str(value))}"
+        return f"the integer {echo(value)}"
     if isinstance(value, float):
         return f"the number {value}"
     if isinstance(value, str):
-        return f"the string {shorten(repr(value))}"
+        return f"the string {echo(value)}"
     if isinstance(value, list):
         return "a list"
     if isinstance(value, dict):
@@ -83,9 +78,25 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
+# Up to this many valid keys are listed after an unknown one; more are counted and pointed to.
+LIST_KEYS = 8
+
+
+def unknown_key(key: str, valid: list[str], schema: str) -> str:
+    """An unknown key's message: the close matches and the valid keys, in one short line."""
+    near = difflib.get_close_matches(str(key), valid, n=2)
+    hint = f" (did you mean {' or '.join(map(repr, near))}?)" if near else ""
+    if len(valid) <= LIST_KEYS:
+        return f"unknown key {echo(key)}{hint}; valid keys here: {', '.join(valid)}"
+    return (f"unknown key {echo(key)}{hint}; {len(valid)} keys are valid here: see "
+            f"`hpcserve schema {schema}`")
+
+
 class Validator:
-    def __init__(self, positions: Positions):
+    def __init__(self, positions: Positions, schema: str = "deployment"):
+        """schema: the `hpcserve schema` name of the document validated (for its key lists)."""
         self.pos = positions
+        self.schema = schema
 
     def error(self, path: tuple, message: str) -> ConfigError:
         o = self.pos.lookup(path)
@@ -169,7 +180,7 @@ class Validator:
     def _check_key_pattern(self, key: str, meta: dict, path: tuple) -> None:
         pat = meta.get("key_pattern")
         if pat and not re.fullmatch(pat, key):
-            raise self.error(path, f"key {key!r} does not match {pat}")
+            raise self.error(path, f"key {echo(key)} does not match {pat}")
 
     def _scalar(self, value: Any, tp: Any, path: tuple, meta: dict) -> Any:
         ok = self._shape_matches(value, tp)
@@ -180,12 +191,13 @@ class Validator:
             if not math.isfinite(value):
                 raise self.error(path, f"expected a finite number, got {value}")
         if "ge" in meta and value < meta["ge"]:
-            raise self.error(path, f"must be at least {meta['ge']}, got {value}")
+            raise self.error(path, f"must be at least {meta['ge']}, got {echo(value)}")
         if "le" in meta and value > meta["le"]:
-            raise self.error(path, f"must be at most {meta['le']}, got {value}")
+            raise self.error(path, f"must be at most {meta['le']}, got {echo(value)}")
         if "pattern" in meta and isinstance(value, str) and not re.fullmatch(meta["pattern"], value):
-            raise self.error(path, meta.get("pattern_help") or
-                             f"{shorten(repr(value))} does not match the pattern {meta['pattern']}")
+            if "pattern_help" in meta:
+                raise self.error(path, f"expected {meta['pattern_help']}, got {echo(value)}")
+            raise self.error(path, f"{echo(value)} does not match the pattern {meta['pattern']}")
         return value
 
     def build(self, cls: type, value: Any, path: tuple) -> Any:
@@ -195,18 +207,18 @@ class Validator:
         th = hints(cls)
         unknown = [k for k in value if k not in fmap]
         if unknown:
-            k = unknown[0]
-            valid = ", ".join(fmap)
-            near = difflib.get_close_matches(str(k), list(fmap), n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise self.error(path + (k,), f"unknown key {k!r}{hint}; valid keys here: {valid}")
+            raise self.error(path + (unknown[0],), unknown_key(unknown[0], list(fmap),
+                                                                self.schema))
         kwargs = {}
         for name, f in fmap.items():
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            if required and name in value and value[name] is None:
+                # At the key's own line: `path: null` is written there, not at its parent's.
+                raise self.error(path + (name,), "a required key, got null" + _about(f))
             if name in value:
                 kwargs[name] = self.convert(value[name], th[name], path + (name,), dict(f.metadata))
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise self.error(path, f"missing required key {name!r}"
-                                       + (f" ({f.metadata['doc']})" if "doc" in f.metadata else ""))
+            elif required:
+                raise self.error(path, f"missing required key {name!r}" + _about(f))
         obj = cls(**kwargs)
         check = getattr(obj, "validate", None)
         if check is not None:
@@ -215,6 +227,10 @@ class Validator:
             except FieldProblem as p:
                 raise self.error(path + tuple(p.subpath), p.message) from None
         return obj
+
+
+def _about(f: dataclasses.Field) -> str:
+    return f" ({f.metadata['doc']})" if f.metadata.get("doc") else ""
 
 
 class FieldProblem(Exception):

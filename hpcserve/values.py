@@ -42,3 +42,8 @@ def check_secrets(values: dict, where: str, *, args: bool) -> None:
             raise FieldProblem((where, k), f"{k} looks like a secret: a value written here would "
                                            "be copied into the job directory; write "
                                            "{from_env: NAME} and export NAME before submitting")
+
+
+def looks_secret(name: str) -> bool:
+    """Whether a key names a secret (an environment variable's or a flag's name)."""
+    return bool(_SECRET_ENV.search(name) or _SECRET_ARG.search(name))

@@ -42,3 +42,17 @@ def show(word: Word, values: dict[str, str] | None = None) -> str:
         return word
     vals = values or {}
     return "".join(vals.get(p.name, f"${p.name}") if isinstance(p, Var) else p for p in word)
+
+
+def argv_lines(cmd: list[Word], argv: tuple[Word, ...]) -> list[str]:
+    """One line per option with its values, so a person reads the command as in the docs."""
+    lines = [" ".join(quote(w) for w in cmd)]
+    cur: list[str] = []
+    for w in argv:
+        if isinstance(w, str) and w.startswith("--") and cur:
+            lines.append(" ".join(cur))
+            cur = []
+        cur.append(quote(w))
+    if cur:
+        lines.append(" ".join(cur))
+    return lines

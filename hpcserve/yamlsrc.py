@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
+from .errors import ConfigError, echo, escape, shorten
 
 try:  # the C composer is several times faster on large files
     from yaml import CSafeLoader as _Loader
@@ -59,16 +59,16 @@ def format_path(path: tuple) -> str:
         if isinstance(p, int):
             out += f"[{p}]"
         else:
-            out += ("." if out else "") + str(p)
+            out += ("." if out else "") + shorten(escape(str(p)))
     return out or "<document>"
 
 
-def check_string(value: str, path: tuple, origin: Origin | None) -> None:
+def check_string(value: str, path: tuple, origin: Origin | None, what: str = "string") -> None:
     m = CONTROL_CHARS.search(value)
     if m:
         raise ConfigError(
-            f"control character {m.group()!r} is not allowed in a config string "
-            "(it could end an #SBATCH line or a shell word)",
+            f"control character {m.group()!r} is not allowed in a config {what}, got "
+            f"{echo(value)} (it could end an #SBATCH line or a shell word)",
             file=origin.file if origin else None, line=origin.line if origin else None,
             field=format_path(path))
 
@@ -107,9 +107,9 @@ def _construct(node: yaml.Node, path: tuple, pos: Positions, fname: str,
                                   file=fname, line=knode.start_mark.line + 1,
                                   field=format_path(path))
             if key in out:
-                raise ConfigError(f"duplicate key {key!r}", file=fname,
+                raise ConfigError(f"duplicate key {echo(key)}", file=fname,
                                   line=knode.start_mark.line + 1, field=format_path(path + (key,)))
-            check_string(key, path + (key,), Origin(fname, knode.start_mark.line + 1))
+            check_string(key, path + (key,), Origin(fname, knode.start_mark.line + 1), "key")
             out[key] = _construct(vnode, path + (key,), pos, fname, knode.start_mark.line + 1,
                                   budget)
         return out
@@ -126,12 +126,28 @@ def _construct(node: yaml.Node, path: tuple, pos: Positions, fname: str,
     return value
 
 
+def _reader_error(e: yaml.reader.ReaderError, text: str, fname: str) -> ConfigError:
+    """A character YAML refuses, at its line and column (PyYAML gives an offset: in bytes of
+    the UTF-8 text from libyaml, in characters from the pure-Python reader)."""
+    before = text.encode("utf-8")[:e.position].decode("utf-8", "replace") \
+        if _Loader is not yaml.SafeLoader else text[:e.position]
+    line = before.count("\n") + 1
+    column = len(before) - (before.rfind("\n") + 1) + 1
+    char = chr(e.character) if isinstance(e.character, int) else e.character
+    return ConfigError(f"not valid YAML: character {char!r} at column {column}: {e.reason}",
+                       file=fname, line=line)
+
+
 def load_text(text: str, fname: str) -> tuple[Any, Positions]:
     pos = Positions()
     try:
         node = yaml.compose(text, Loader=_Loader)
     except RecursionError:
         raise ConfigError(f"nested deeper than {MAX_DEPTH} levels", file=fname) from None
+    except UnicodeEncodeError as e:  # a lone surrogate: only from a command line's bytes
+        raise ConfigError(f"not UTF-8 text ({e.reason})", file=fname) from None
+    except yaml.reader.ReaderError as e:
+        raise _reader_error(e, text, fname) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or str(e)

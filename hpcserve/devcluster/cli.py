@@ -45,17 +45,22 @@ def _state_dir_args(cluster: Any) -> str:
     return f" --state-dir {shlex.quote(str(cluster.state_dir))}"
 
 
-@click.group("dev-cluster")
+@click.group("dev-cluster", short_help="A real multi-node Slurm cluster on this machine (no GPUs).")
 def dev_cluster() -> None:
     """A real multi-node Slurm cluster on this machine (needs root and slurm-wlm).
 
     One slurmctld plus one slurmd per node; every node runs in its own network namespace with its
     own address on a private bridge, so multi-node jobs, het jobs and `srun --mpi=pmix` behave as on
     a real cluster. Nothing leaves the machine.
+
+    \b
+    Example:
+      hpcserve dev-cluster up --nodes 4
+      eval "$(hpcserve dev-cluster env)"; hpcserve submit examples/demo.yaml
     """
 
 
-@dev_cluster.command("up")
+@dev_cluster.command("up", short_help="Start the cluster and wait until every node is idle.")
 @click.option("--nodes", type=click.IntRange(1, 200), default=4, show_default=True, help="Number of nodes.")
 @_state_dir_option
 @click.option("--subnet", default=None, help="Private IPv4 subnet for the nodes [default: 10.250.0.0/24].")
@@ -65,7 +70,12 @@ def dev_cluster() -> None:
 @_reports_errors
 def up_cmd(nodes: int, state_dir: str | None, subnet: str | None, prefix: str | None,
            bridge: str | None, timeout: float) -> None:
-    """Start the cluster and wait until every node is idle (idempotent)."""
+    """Start the cluster and wait until every node is idle (idempotent).
+
+    \b
+    Example:
+      hpcserve dev-cluster up --nodes 4
+    """
     from hpcserve.devcluster.cluster import DEFAULT_PREFIX, DEFAULT_SUBNET, DevCluster
 
     cluster = DevCluster(state_dir, nodes=nodes, subnet=subnet or DEFAULT_SUBNET,
@@ -88,11 +98,16 @@ def up_cmd(nodes: int, state_dir: str | None, subnet: str | None, prefix: str | 
     click.echo(f"Stop it with: hpcserve dev-cluster down{_state_dir_args(cluster)}")
 
 
-@dev_cluster.command("down")
+@dev_cluster.command("down", short_help="Stop the cluster's processes; remove its namespaces and links.")
 @_state_dir_option
 @_reports_errors
 def down_cmd(state_dir: str | None) -> None:
-    """Stop every process the cluster started and remove its namespaces and links."""
+    """Stop every process the cluster started and remove its namespaces and links.
+
+    \b
+    Example:
+      hpcserve dev-cluster down
+    """
     from hpcserve.devcluster.cluster import DevCluster
 
     result = DevCluster(state_dir).down()
@@ -103,12 +118,17 @@ def down_cmd(state_dir: str | None) -> None:
                f"removed {', '.join(result['removed']) or 'nothing'}")
 
 
-@dev_cluster.command("status")
+@dev_cluster.command("status", short_help="Nodes and their state; exit 1 unless up and healthy.")
 @_state_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_reports_errors
 def status_cmd(state_dir: str | None, as_json: bool) -> None:
-    """Nodes and their state; exit 0 when up and healthy, 1 otherwise."""
+    """Nodes and their state; exit 0 when up and healthy, 1 otherwise.
+
+    \b
+    Example:
+      hpcserve dev-cluster status --json
+    """
     from hpcserve.devcluster.cluster import DevCluster
 
     info = DevCluster(state_dir).status()
@@ -130,11 +150,16 @@ def status_cmd(state_dir: str | None, as_json: bool) -> None:
     sys.exit(0 if info["up"] and info["healthy"] else 1)
 
 
-@dev_cluster.command("env")
+@dev_cluster.command("env", short_help="Print the SLURM_CONF export that points Slurm's commands at it.")
 @_state_dir_option
 @_reports_errors
 def env_cmd(state_dir: str | None) -> None:
-    """Print `export SLURM_CONF=...` for `eval "$(hpcserve dev-cluster env)"`."""
+    """Print `export SLURM_CONF=...` for `eval "$(hpcserve dev-cluster env)"`.
+
+    \b
+    Example:
+      eval "$(hpcserve dev-cluster env)"
+    """
     from hpcserve.devcluster.cluster import DevCluster, DevClusterError
 
     cluster = DevCluster(state_dir)

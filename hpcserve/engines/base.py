@@ -24,6 +24,7 @@ cpus_per_task and srun_args reach the Slurm request.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -50,17 +51,70 @@ def env_field() -> Any:
                                                     key_pattern=ENV_NAME))
 
 
+def gpus_from(ctx: "RoleContext") -> str:
+    """What an instance's GPU count comes from, in the deployment's own terms."""
+    if ctx.shared:
+        return f"gpus: {ctx.gpus}, a share of a node"
+    return f"nodes {ctx.nodes} x {ctx.gpus // ctx.nodes} GPUs per node"
+
+
+def instance_gpus(ctx: "RoleContext") -> str:
+    return f"the instance's {ctx.gpus} GPUs ({gpus_from(ctx)})"
+
+
+def _size(ctx: "RoleContext", name: str, value: int) -> str:
+    """A parallel size as the user knows it: written in the role, set by the model profile, or
+    hpcserve's default."""
+    if ctx.settings.get(name) is None:
+        return f"{name} {value} (default)"
+    return f"{name} {value}" + ("" if name in ctx.own else " (model profile)")
+
+
+def _blame(ctx: "RoleContext", names: tuple[str, ...]) -> tuple:
+    """The first of `names` the role itself set (an error points at its line), else the role."""
+    return next(((n,) for n in names if n in ctx.own), ())
+
+
+def derived_tp(ctx: "RoleContext", factors: tuple[str, ...] = ("pp",),
+               why: str = "") -> tuple[int, dict[str, int]]:
+    """tp and the other parallel sizes (`factors`, each 1 when unset) of an instance, whose
+    product must use its GPUs exactly: tp defaults to GPUs / (the product of the others).
+    A refusal names the sizes the user wrote, which were defaults, and what tp derives from."""
+    st = ctx.settings
+    sizes = {n: st[n] or 1 for n in factors}
+    product = math.prod(sizes.values())
+    if st["tp"]:
+        tp = st["tp"]
+        if tp * product != ctx.gpus:
+            terms = [_size(ctx, n, v) for n, v in [("tp", tp), *sizes.items()]
+                     if n == "tp" or st[n]]
+            total = f" = {tp * product}" if len(terms) > 1 else ""
+            raise FlagError(_blame(ctx, ("tp", *factors)),
+                            f"{' x '.join(terms)}{total} must equal {instance_gpus(ctx)}{why}")
+        return tp, sizes
+    if ctx.gpus % product:
+        set_ = [n for n in factors if st[n]]
+        terms = " x ".join(_size(ctx, n, sizes[n]) for n in set_)
+        raise FlagError(_blame(ctx, factors),
+                        f"{terms}{f' = {product}' if len(set_) > 1 else ''} does not divide "
+                        f"{instance_gpus(ctx)}: tp is derived as GPUs / "
+                        f"({' x '.join(factors)}), so set tp too or choose "
+                        f"{' x '.join(factors)} dividing {ctx.gpus}{why}")
+    return ctx.gpus // product, sizes
+
+
+def tp_words(ctx: "RoleContext", tp: int, factors: tuple[str, ...] = ("pp",)) -> str:
+    """tp in a message: as written, or how hpcserve derived it."""
+    if ctx.settings.get("tp"):
+        return _size(ctx, "tp", tp)
+    sizes = " x ".join(f"{n} {ctx.settings.get(n) or 1}" for n in factors)
+    return f"tp {tp} (derived: {ctx.gpus} GPUs / {sizes if len(factors) == 1 else f'({sizes})'})"
+
+
 def tp_pp(ctx: "RoleContext", why: str = "") -> tuple[int, int]:
     """(tp, pp) of an instance: tp defaults to its GPUs / pp, and tp x pp must use them all."""
-    st = ctx.settings
-    pp = st["pp"] or 1
-    tp = st["tp"] or ctx.gpus // pp
-    if tp * pp != ctx.gpus:
-        raise FlagError(("tp",) if "tp" in ctx.own else (),
-                        f"TP {tp} x PP {pp} must use exactly the {ctx.gpus} GPUs of a "
-                        f"{ctx.role} instance ({ctx.nodes} node(s) x "
-                        f"{ctx.gpus // ctx.nodes} GPUs){why}")
-    return tp, pp
+    tp, sizes = derived_tp(ctx, ("pp",), why)
+    return tp, sizes["pp"]
 
 
 class SettingsBase:
@@ -271,8 +325,8 @@ class EngineAdapter:
     # give each task a TMPDIR of the job's own on its node, removed after the job's steps ended.
     scratch: bool = False
 
-    def release(self, version: str) -> Release:
-        return self.matrix.release(version)
+    def release(self, version: str, check_as: str | None = None) -> Release:
+        return self.matrix.release(version, check_as)
 
     def layout(self, rel: Release, ctx: RoleContext) -> Layout:
         raise NotImplementedError

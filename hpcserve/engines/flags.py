@@ -16,6 +16,7 @@ from functools import lru_cache
 from typing import Any, Callable, Mapping
 
 from .. import package_data
+from ..errors import echo
 from ..words import Var, Word
 
 DATA = package_data.path("engines", "data")
@@ -75,9 +76,6 @@ class Release:
 class FlagMatrix:
     title: str      # "SGLang"
     filename: str   # under engines/data/
-    # A release older than every one in the table is checked against the oldest (with a note)
-    # instead of refused: for a table that could only be extracted from a later release.
-    older_uses_oldest: bool = False
 
     def versions(self) -> dict:
         return _load(self.filename)
@@ -93,21 +91,40 @@ class FlagMatrix:
     def versions_having(self, flag: str) -> list[str]:
         return [v for v in self.known_versions() if flag in self.versions()[v]["flags"]]
 
-    def release(self, version: str) -> Release:
+    def nearest(self, version: str) -> str:
+        """The known releases closest below and above `version`, in words."""
+        known = self.known_versions()
+        below = [v for v in known if vkey(v) < vkey(version)]
+        above = [v for v in known if vkey(v) > vkey(version)]
+        if not above:
+            return f"the newest it knows is {known[-1]}"
+        if not below:
+            return f"the oldest it knows is {known[0]}"
+        return f"the nearest it knows are {below[-1]} and {above[0]}"
+
+    def release(self, version: str, check_as: str | None = None) -> Release:
+        """The release whose flags `version` is spelled with: its own, or for a release the
+        table lacks, the one `check_as` names (engine.check_flags_as); refused without it,
+        since flags that moved between releases would be spelled wrong."""
         m = self.versions()
-        note = None
-        use = version
-        if version not in m:
-            older = [v for v in self.known_versions() if vkey(v) <= vkey(version)]
-            if not older and not self.older_uses_oldest:
-                raise FlagError(("engine", "version"),
-                                f"{self.title} {version} is older than every release hpcserve "
-                                f"knows ({', '.join(self.known_versions())})")
-            use = older[-1] if older else self.known_versions()[0]
-            note = (f"{self.title} {version} is not in hpcserve's flag matrix; flags are checked "
-                    f"against {use}, the closest {'older' if older else 'newer'} release it "
-                    "knows")
-        d = m[use]
+        if version in m:
+            return self._release(version, version)
+        if check_as is None:
+            raise FlagError(("engine", "version"),
+                            f"{self.title} {echo(version)} is not in hpcserve's flag matrix "
+                            f"({self.nearest(version)}): set engine.check_flags_as: newest "
+                            "(or a known release) to check its flags against that one")
+        use = self.known_versions()[-1] if check_as == "newest" else check_as
+        if use not in m:
+            raise FlagError(("engine", "check_flags_as"),
+                            f"{self.title} {echo(use)} is not in hpcserve's flag matrix "
+                            f"({self.nearest(use)}): name a release it knows, or newest")
+        return self._release(version, use, f"{self.title} {version} is not in hpcserve's flag "
+                                            f"matrix: its flags are checked against {use} "
+                                            f"(engine.check_flags_as: {check_as})")
+
+    def _release(self, version: str, use: str, note: str | None = None) -> Release:
+        d = self.versions()[use]
         return Release(self.title, version, use, frozenset(d["flags"]),
                        frozenset(d.get("deprecated", [])), d.get("choices", {}), note)
 

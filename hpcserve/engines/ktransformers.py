@@ -106,8 +106,10 @@ class KTransformers(SGLang):
                 raise FlagError(("kt_cpuinfer",), "set kt_cpuinfer, or site.node.cpu_cores "
                                                   "(physical cores per node) to derive it")
             if cores <= ctx.gpus:
-                raise FlagError(("kt_cpuinfer",), f"the node's {cores} physical cores leave "
-                                                  f"none for the experts beside {ctx.gpus} GPUs")
+                raise FlagError(("kt_cpuinfer",), "kt_cpuinfer is derived as the node's "
+                                                  f"physical cores - its GPUs, and its {cores} "
+                                                  "cores (site.node.cpu_cores) leave none beside "
+                                                  f"{ctx.gpus} GPUs: set kt_cpuinfer")
             st["kt_cpuinfer"] = cores - ctx.gpus  # one core per GPU stays for its process
         elif cores and st["kt_cpuinfer"] > cores:
             raise FlagError(("kt_cpuinfer",), f"kt_cpuinfer {st['kt_cpuinfer']} is more than "
@@ -214,8 +216,8 @@ class KTransformersLegacy(EngineAdapter):
     # of /v1/models means ready.
     health_path = "/v1/models"
 
-    def release(self, version: str) -> Release:
-        rel = self.matrix.release(version)
+    def release(self, version: str, check_as: str | None = None) -> Release:
+        rel = self.matrix.release(version, check_as)
         data = self.matrix.data(rel)
         if not data.get("legacy_server"):
             raise FlagError(("engine", "version"),

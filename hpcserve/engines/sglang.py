@@ -17,7 +17,7 @@ from ..values import ArgValue, EnvValue
 from ..words import Var, Word
 from .base import (EngineAdapter, Launch, Layout, MemoryBudget, Metrics, PortRequest, RoleContext,
                    RouterAdapter, RouterReadiness, SettingsBase, args_field, env_field,
-                   kv_dtype_bytes, tp_pp)
+                   kv_dtype_bytes, tp_pp, tp_words)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 
 ENGINE_PORT = 30000
@@ -199,12 +199,13 @@ class SGLang(EngineAdapter):
         if attn_dp is None and st["dp_attention"]:
             attn_dp = tp
         if attn_dp is not None and tp % attn_dp:
-            raise FlagError(("attn_dp",), f"attn_dp {attn_dp} must divide tp {tp}")
+            raise FlagError(("attn_dp",), f"attn_dp {attn_dp} must divide {tp_words(ctx, tp)}")
         ep = st["ep"]
         deepep = st["moe_a2a_backend"] not in (None, "none")
         if deepep and ep is not None and ep != tp:
             raise FlagError(("ep",), f"with moe_a2a_backend {st['moe_a2a_backend']} SGLang "
-                                     f"forces ep to tp ({tp}); ep {ep} cannot be honoured")
+                                     f"forces ep to {tp_words(ctx, tp)}; ep {ep} cannot be "
+                                     "honoured")
         ep_eff = tp if deepep else ep
         spelled = {**st, "tp": tp if tp > 1 or st["tp"] else None, "attn_dp": attn_dp}
         spelled.pop("dp_attention")

@@ -35,7 +35,7 @@ from ..values import ArgValue, EnvValue
 from ..words import Var, Word
 from .base import (EngineAdapter, Launch, Layout, MemoryBudget, NoRouter, PortRequest,
                    RoleContext, RouterAdapter, RouterReadiness, SettingsBase, args_field,
-                   env_field, kv_dtype_bytes, tp_pp)
+                   env_field, kv_dtype_bytes, tp_pp, tp_words)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 
 HTTP_PORT = 8200          # not trtllm-serve's 8000, which the router in front usually takes
@@ -172,8 +172,8 @@ class TRTLLM(EngineAdapter):
     # Extracted from the source of 1.3.0rc3, the release after the 1.2 branch: the NVIDIA
     # repository was too large to mirror where the table was made. The options hpcserve writes
     # are in trtllm-serve since 1.0 (TensorRT-LLM docs, "trtllm-serve" command reference); a
-    # 1.2.x deployment is checked against 1.3.0rc3, with a note saying so.
-    matrix = FlagMatrix("TensorRT-LLM", "trtllm_flags.json", older_uses_oldest=True)
+    # 1.2.x deployment says engine.check_flags_as: newest to be checked against 1.3.0rc3.
+    matrix = FlagMatrix("TensorRT-LLM", "trtllm_flags.json")
     vocabulary = Vocabulary(SPELLINGS, OWNED, {})
     router = DisaggServer()
     sim_file = "trtllm.py"
@@ -198,8 +198,9 @@ class TRTLLM(EngineAdapter):
         tp, pp = tp_pp(ctx, ": TensorRT-LLM runs one MPI rank per GPU and needs tp x pp ranks")
         ep = st["ep"]
         if ep is not None and tp % ep:
-            raise FlagError(("ep",), f"ep {ep} must divide tp {tp} (TensorRT-LLM splits the TP "
-                                     "group into expert-parallel and MoE tensor-parallel parts)")
+            raise FlagError(("ep",), f"ep {ep} must divide {tp_words(ctx, tp)} (TensorRT-LLM "
+                                     "splits the TP group into expert-parallel and MoE "
+                                     "tensor-parallel parts)")
         if (st["cache_transceiver"] or st["cache_max_tokens_in_buffer"]) and not ctx.pd:
             key = "cache_transceiver" if st["cache_transceiver"] else "cache_max_tokens_in_buffer"
             raise FlagError((key,), f"{key} is for disaggregated serving (roles prefill and "

@@ -29,9 +29,11 @@ from ..schema import doc
 from ..values import ArgValue, EnvValue
 from ..words import Var, Word
 from .base import (EngineAdapter, Launch, Layout, MemoryBudget, Metrics, PortRequest, RoleContext,
-                   RouterAdapter, RouterReadiness, SettingsBase, args_field, env_field,
-                   kv_dtype_bytes)
+                   RouterAdapter, RouterReadiness, SettingsBase, args_field, derived_tp,
+                   env_field, kv_dtype_bytes, tp_words)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
+
+PARALLEL = ("pp", "dp")   # tp is the instance's GPUs / (pp x dp) unless set
 
 HTTP_PORT = 8100          # not vLLM's 8000, which the router in front usually takes
 MASTER_PORT = 29501       # vLLM's default --master-port
@@ -214,13 +216,8 @@ class VLLM(EngineAdapter):
 
     def layout(self, rel: Release, ctx: RoleContext) -> Layout:
         st = ctx.settings
-        pp, dp = st["pp"] or 1, st["dp"] or 1
-        tp = st["tp"] or ctx.gpus // (pp * dp)
-        if tp * pp * dp != ctx.gpus:
-            raise FlagError(("tp",) if "tp" in ctx.own else ("dp",) if "dp" in ctx.own else (),
-                            f"TP {tp} x PP {pp} x DP {dp} must use exactly the {ctx.gpus} GPUs "
-                            f"of a {ctx.role} instance ({ctx.nodes} node(s) x "
-                            f"{ctx.gpus // ctx.nodes} GPUs)")
+        tp, sizes = derived_tp(ctx, PARALLEL)
+        pp, dp = sizes["pp"], sizes["dp"]
         if dp > 1 and ctx.nodes > 1 and dp % ctx.nodes:
             raise FlagError(("dp",), f"dp {dp} does not divide over the instance's {ctx.nodes} "
                                      "nodes: each node runs the same number of DP ranks")
@@ -229,7 +226,8 @@ class VLLM(EngineAdapter):
                             f"vLLM {rel.version} has no --nnodes: TP/PP across nodes without "
                             "Ray needs vLLM 0.11.1 or later (or dp across the nodes)")
         if st["dcp"] and tp % st["dcp"]:
-            raise FlagError(("dcp",), f"tp {tp} must be divisible by dcp {st['dcp']}")
+            raise FlagError(("dcp",), f"{tp_words(ctx, tp, PARALLEL)} must be divisible by "
+                                      f"dcp {st['dcp']}")
         if st["redundant_experts"] and not (st["eplb"] and st["expert_parallel"]):
             raise FlagError(("redundant_experts",), "redundant experts need eplb: true and "
                                                     "expert_parallel: true")

@@ -10,7 +10,8 @@ container.import (pyxis: the image imported once per job before any step); 4 add
 checks every node runs in the discovery step); 5 adds benchmark (the serving benchmark's points,
 where its results are and what its gate asks); 6 adds recovery (each instance's restart policy,
 the role's spare nodes, the engine's metrics and instance smoke request, the router's worker API)
-and state.json's per-instance record.
+and state.json's per-instance record; 7 adds in_allocation (the job runs as steps of an
+allocation the user already holds: `hpcserve submit --in-allocation`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 import os
 
 SPEC = "hpcserve-job"
-SPEC_VERSION = 6
+SPEC_VERSION = 7
 
 # The job's phases, in the order a deployment goes through them.
 # degraded: serving with an instance out (being replaced); recovering: a role has fewer serving

@@ -135,7 +135,8 @@ class Discovery:
                     open(os.path.join(job.dir, "logs", f"discover-{i}.log"), "ab") as err:
                 self.procs[i] = subprocess.Popen(
                     ["bash", os.path.join(job.dir, "steps", f"discover-{i}.sh")],
-                    stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+                    stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                    env={**os.environ, **job.allocation.env(i)})
         try:
             self._wait(comps, t_start)
         finally:

@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 
+from .allocation import InAllocation
 from .bench_step import BenchStep
 from .contract import SpecError, load_spec
 from .discovery import Discovery, cmd_discover
@@ -48,6 +49,7 @@ class Job:
         self.supervisor = Supervisor(self)
         self.slurm = Slurm(self.job_id, pause=self.supervisor.pause)
         self.steps = Steps(job_dir)
+        self.allocation = InAllocation(self)
         self.instances = Instances(self.plan, job_dir)
         self.discovery = Discovery(self)
         self.readiness = Readiness(self)
@@ -94,6 +96,7 @@ class Job:
         """Discovery, engines, router, smoke request, serving; returns only by raising Stop."""
         plan = self.plan
         self._clear_port_verdicts()
+        self.allocation.place(now())
         importing = self.discovery.start_image_import()
         found = self.discovery.discover()
         self.discovery.wait_image_import(importing)

@@ -15,7 +15,8 @@ class Requeue:
     def after(self, reason: str, restarts: int) -> bool:
         """Whether the failed job was requeued (by Slurm itself, or now)."""
         allowed = int(self.job.plan.get("requeue") or 0)
-        if not self.job.job_id:
+        if not self.job.job_id or self.job.allocation.active:
+            # in an allocation the user holds: the allocation is theirs, never requeued here
             return False
         if self.job.supervisor.requeued_by_slurm:
             # Slurm requeues a --requeue job itself when a node fails; past `requeue: N` that

@@ -150,7 +150,7 @@ class Teardown:
         procs = []
         with open(os.path.join(self.job.dir, "logs", f"{what}-cleanup.log"), "ab") as out:
             for c in comps:
-                cmd = ["srun", *([f"--het-group={c['index']}"] if len(comps) > 1 else []),
+                cmd = ["srun", *self.job.allocation.srun_args(c),
                        f"--nodes={c['nodes']}", f"--ntasks={c['nodes']}", "--ntasks-per-node=1",
                        "--overlap", f"--job-name={what}-cleanup", "--kill-on-bad-exit=0", *argv]
                 try:

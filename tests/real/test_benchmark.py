@@ -263,10 +263,10 @@ def test_hpcserve_bench_over_ssh_runs_as_a_step_of_the_allocation(passed_job, de
                                     "AllowTcpForwarding no")
     try:
         env = {k: v for k, v in hs.env.items() if k != "SLURM_CONF"}  # only the login node knows
-        p = subprocess.run([hs.env["PATH"].split(":")[0] + "/hpcserve", "bench", job,
-                            "--in-allocation", "-c", "2", "--prompts", "4",
+        p = subprocess.run([hs.env["PATH"].split(":")[0] + "/hpcserve",
                             "--remote", s.target, "-i", str(s.user_key),
-                            "--known-hosts", str(s.known_hosts)],
+                            "--known-hosts", str(s.known_hosts),
+                            "bench", job, "--in-allocation", "-c", "2", "--prompts", "4"],
                            env=env, capture_output=True, text=True, timeout=300)
     finally:
         stop(s.proc)

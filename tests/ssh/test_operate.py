@@ -43,9 +43,9 @@ def hs(request, dev_cluster, tmp_path):
         remote = ["--remote", s.target, "-i", str(s.user_key), "--known-hosts", str(s.known_hosts)]
 
     def run(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-        cmd = [HPCSERVE, *args]
-        if args[0] in ("submit", "status", "logs", "cancel", "list"):
-            cmd += remote
+        # the SSH options are the group's: before the command
+        cmd = [HPCSERVE, *(remote if args[0] in ("submit", "status", "logs", "cancel", "list")
+                           else []), *args]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         if check and p.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
@@ -154,8 +154,8 @@ def test_unknown_host_key_is_refused_and_nothing_reaches_the_cluster(login_sshd,
                             capture_output=True, text=True).stdout
     for kh, key in ((login_sshd.empty_known_hosts, login_sshd.user_key),
                     (login_sshd.known_hosts, login_sshd.other_key)):
-        p = subprocess.run([HPCSERVE, "submit", str(f), "--remote", login_sshd.target,
-                            "-i", str(key), "--known-hosts", str(kh)], env=env,
+        p = subprocess.run([HPCSERVE, "--remote", login_sshd.target, "-i", str(key),
+                            "--known-hosts", str(kh), "submit", str(f)], env=env,
                            capture_output=True, text=True)
         assert p.returncode == 2, p.stderr
         assert p.stderr.startswith("hpcserve: error: ssh: ") and "Traceback" not in p.stderr

@@ -458,8 +458,8 @@ def test_cli_reports_a_refusal_in_one_line_with_exit_code_2(sshd: Sshd, tmp_path
     env = {**os.environ, "HOME": str(tmp_path)}
     env.pop("SSH_AUTH_SOCK", None)
     cli = str(Path(sys.executable).parent / "hpcserve")
-    p = subprocess.run([cli, "status", "--remote", sshd.target, "-i", str(sshd.user_key),
-                        "--known-hosts", str(sshd.empty_known_hosts), "123"],
+    p = subprocess.run([cli, "--remote", sshd.target, "-i", str(sshd.user_key),
+                        "--known-hosts", str(sshd.empty_known_hosts), "status", "123"],
                        capture_output=True, text=True, env=env, timeout=60)
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr

@@ -92,8 +92,8 @@ benchmark: {}  #<
     nodes: 1
   decode:
     nodez: 2  #<
-""", "roles.decode.nodez", ["unknown key 'nodez'", "did you mean 'nodes'?", "valid keys here:",
-                            "instances", "nodes", "gpus"]),
+""", "roles.decode.nodez", ["unknown key 'nodez'", "did you mean 'nodes'?",
+                            "; 30 keys are valid here: see `hpcserve schema deployment`"]),
     Case("unknown_top_level_key", BASE_HEAD + "nmae: x  #<\n" + PD, "nmae",
          ["unknown key 'nmae'", "did you mean 'name'?"]),
     Case("unknown_key_in_inline_site", """name: broken
@@ -123,7 +123,7 @@ model:
   decode:
     nodes: 2
     tp: 12  #<
-""", "roles.decode.tp", ["TP 12 x PP 1 must use exactly the 16 GPUs"]),
+""", "roles.decode.tp", ["tp 12 must equal the instance's 16 GPUs (nodes 2 x 8 GPUs per node)"]),
     Case("attn_dp_not_dividing_tp", BASE_HEAD + """roles:
   prefill:
     nodes: 1
@@ -228,15 +228,16 @@ site:
     mounts:
       - /a,/b:/c  #<
 """ + BASE_HEAD[len("name: broken\nsite: local\n"):] + PD, "site.container.mounts[0]",
-         ["a mount is SRC:DST"]),
+         ["expected a mount SRC:DST", "got '/a,/b:/c'"]),
     Case("bad_set_syntax", BASE_HEAD + PD, None, ["expected KEY.PATH=VALUE",
                                                   "'roles.decode.nodes'"],
-         sets=["roles.decode.tp=16", "roles.decode.nodes"], where="--set:2"),
+         sets=["roles.decode.tp=16", "roles.decode.nodes"], where="--set roles.decode.nodes"),
     Case("bad_set_value", BASE_HEAD + PD, "roles.decode.nodes", ["must be at least 1, got 0"],
-         sets=["roles.decode.nodes=0"], where="--set:1"),
+         sets=["roles.decode.nodes=0"], where="--set roles.decode.nodes=0"),
     Case("bad_set_on_named_site", BASE_HEAD + PD, "site.slurm.max_nodes",
          ["expected an integer or null, got the string 'zero'"],
-         sets=["site.slurm.partition=gpu", "site.slurm.max_nodes=zero"], where="--set:2"),
+         sets=["site.slurm.partition=gpu", "site.slurm.max_nodes=zero"],
+         where="--set site.slurm.max_nodes=zero"),
     Case("owned_extra_directive", """name: broken
 site:
   base: local
@@ -294,7 +295,8 @@ model:
       cuda-graph-bs-prefill: []  #<
 """, "roles.worker.args.cuda-graph-bs-prefill", ["an empty list gives --cuda-graph-bs-prefill no value"]),
     Case("slurm_filename_pattern_in_jobs_dir", BASE_HEAD + PD + "jobs_dir: /scratch/%x/jobs  #<\n",
-         "jobs_dir", ["cannot hold % or \\", "filename patterns in --output"]),
+         "jobs_dir", ["without % or \\", "filename patterns in --output",
+                      "got '/scratch/%x/jobs'"]),
     Case("option_like_interface", """name: broken
 site:
   base: local
@@ -315,6 +317,56 @@ model:
     Case("huge_value_is_not_echoed_whole", BASE_HEAD + "roles:\n  prefill:\n    nodes: '"
          + "9" * 5000 + "'  #<\n  decode:\n    nodes: 2\n", "roles.prefill.nodes",
          ["expected an integer", "... (5,002 characters)"]),
+    # Issue 24: errors in the user's terms, echoing what they wrote, one line whatever it holds.
+    Case("release_outside_the_flag_matrix", BASE_HEAD + 'engine: {version: "0.99.1"}  #<\n' + PD,
+         "engine.version", ["SGLang '0.99.1' is not in hpcserve's flag matrix (the newest it "
+                            "knows is 0.5.23)", "set engine.check_flags_as: newest"]),
+    Case("release_between_known_ones", BASE_HEAD + "engine:\n  version: 0.5.10  #<\n" + PD,
+         "engine.version", ["SGLang '0.5.10' is not in hpcserve's flag matrix (the nearest it "
+                            "knows are 0.5.9 and 0.5.12.post1)"]),
+    Case("check_flags_as_unknown", BASE_HEAD + "engine:\n  version: 0.5.10\n"
+         "  check_flags_as: 0.5.11  #<\n" + PD, "engine.check_flags_as",
+         ["SGLang '0.5.11' is not in hpcserve's flag matrix", "name a release it knows"]),
+    Case("derived_tp_from_dp", BASE_HEAD + """engine: {name: vllm}
+roles:
+  worker:
+    nodes: 2
+    dp: 5  #<
+""", "roles.worker.dp", ["dp 5 does not divide the instance's 16 GPUs (nodes 2 x 8 GPUs per "
+                         "node): tp is derived as GPUs / (pp x dp)"]),
+    Case("derived_tp_in_another_rule", BASE_HEAD + """engine: {name: vllm}
+roles:
+  worker:
+    dp: 2
+    dcp: 3  #<
+""", "roles.worker.dcp", ["tp 4 (derived: 8 GPUs / (pp 1 x dp 2)) must be divisible by dcp 3"]),
+    Case("bad_time_is_echoed", BASE_HEAD + PD + "time_limit: 30m  #<\n", "time_limit",
+         ["expected a time such as 04:00:00 or 1-00:00:00, got '30m'"]),
+    Case("long_bad_time_is_echoed_bounded", BASE_HEAD + PD + "time_limit: '" + "1" * 300
+         + "'  #<\n", "time_limit", ["got '" + "1" * 59 + "... (302 characters)"]),
+    Case("bad_version_is_echoed", BASE_HEAD + "engine: {version: latest}  #<\n" + PD,
+         "engine.version", ["got 'latest'"]),
+    Case("newline_in_a_key", BASE_HEAD + PD + '"ro\\nuter": {}  #<\n', "ro\\nuter",
+         ["control character '\\n' is not allowed in a config key, got 'ro\\nuter'"]),
+    Case("escape_in_a_nested_key", BASE_HEAD + PD + 'env:\n  "A\\e[2J": x  #<\n', "env.A\\x1b[2J",
+         ["control character '\\x1b' is not allowed in a config key"]),
+    Case("nul_character_in_the_file", BASE_HEAD + PD + "jobs_dir: /a\0b  #<\n", None,
+         ["not valid YAML: character '\\x00' at column 13: control characters are not allowed"]),
+    Case("control_character_after_unicode", BASE_HEAD.replace(
+        "  path: /models/dsv3\n", "  path: /models/dsv3\n  served_name: ünï\x07  #<\n") + PD,
+         None, ["character '\\x07' at column 19"]),
+    Case("null_required_key_at_its_line", BASE_HEAD.replace("  path: /models/dsv3\n",
+                                                            "  path: null  #<\n") + PD,
+         "model.path", ["a required key, got null"]),
+    Case("null_name_at_its_line", BASE_HEAD[len("name: broken\n"):] + "name:  #<\n" + PD, "name",
+         ["a required key, got null"]),
+    Case("null_site_at_its_line", BASE_HEAD.replace("site: local\n", "") + "site: null  #<\n" + PD,
+         "site", ["a required key, got null"]),
+    Case("bad_set_path_names_the_set", BASE_HEAD + PD, "roles.nope", ["unknown role"],
+         sets=["roles.nope.nodes=2"], where="--set roles.nope.nodes=2"),
+    Case("empty_set_path_part_names_the_set", BASE_HEAD + PD, None, ["bad key path 'roles..x'"],
+         sets=["roles..x=1"], where="--set roles..x=1"),
+    # Issue 24: an instance that cannot stay inside one NVLink domain; --segment's release.
     Case("instance_larger_than_an_nvlink_domain", """name: broken
 site:
   base: gb200-nvl72

@@ -200,6 +200,10 @@ VARIANT: dict[tuple, tuple[Any, list, dict]] = {
     ("roles", "decode", "sim_fault", "delay"): (
         9.5, [(F_D0, "HPCSERVE_SIM_FAULT=slow:9.5:")],
         {("roles", "decode", "sim_fault", "kind"): "slow"}),
+    # only for a release outside the flag matrix; plan.json keeps the warning that names it
+    ("engine", "check_flags_as"): ("0.5.22", [(F_PLAN, "checked against 0.5.22 "
+                                                       "(engine.check_flags_as: 0.5.22)")],
+                                   {("engine", "version"): "0.5.22.post9"}),
     # gres replaces --gpus-per-node
     ("site", "slurm", "gres"): ("gpu:canary:6", [(F_JOB, "#SBATCH --gres=gpu:canary:6\n")], {}),
     # a share of one node instead of whole nodes

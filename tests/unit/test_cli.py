@@ -64,6 +64,7 @@ def test_schema_validates_bundled_sites_and_profiles(schemas, path):
     (("site", "container", "env"), ["A,B"]),
     (("site", "slurm", "max_nodes"), 0),
     (("engine", "version"), "latest"),
+    (("engine", "check_flags_as"), "latest"),
     (("time_limit",), "forever"),
     (("router", "placement"), "everywhere"),
     (("env",), {"BAD-NAME": 1}),
@@ -95,20 +96,21 @@ def test_schema_subcommand_prints_one_schema():
 
 
 def _plan_rows(output: str) -> list[list[str]]:
+    """The rows of `hpcserve plan --argv`: one per node, with its whole command line."""
     lines = output.splitlines()
     head = next(i for i, ln in enumerate(lines) if ln.split()[:6] == ["comp", "node", "role",
                                                                       "instance", "rank", "ports"])
     rows = []
     for ln in lines[head + 1:]:
-        if ln.startswith(("warning:", "note:")):
+        if ln.startswith(("warning:", "note:", "fit ")):
             break
         rows.append(ln.split(None, 6))
     return rows
 
 
-def test_plan_shows_one_row_per_node_with_ranks():
+def test_plan_argv_shows_one_row_per_node_with_ranks():
     ex = ROOT / "examples" / "kimi-k2-instruct-4p12d.yaml"
-    r = CliRunner().invoke(main, ["plan", str(ex)])
+    r = CliRunner().invoke(main, ["plan", "--argv", str(ex)])
     assert r.exit_code == 0, r.output
     assert "16 nodes" in r.output.splitlines()[0]
     rows = _plan_rows(r.output)
@@ -132,11 +134,19 @@ def test_plan_shows_shared_nodes_and_idle_nodes(tmp_path):
     doc = small_pd()
     doc["model"] = {"profile": "kimi-k2-thinking", "path": "/m"}
     doc["roles"] = {"prefill": {"instances": 3, "gpus": 4}, "decode": {"nodes": 1}}
-    r = CliRunner().invoke(main, ["plan", str(write_yaml(tmp_path / "d.yaml", doc))])
+    f = str(write_yaml(tmp_path / "d.yaml", doc))
+    r = CliRunner().invoke(main, ["plan", "--argv", f])
     assert r.exit_code == 0, r.output
     rows = _plan_rows(r.output)
     prefill = [(row[1], row[3]) for row in rows if row[2] == "prefill"]
     assert prefill == [("0", "0"), ("0", "1"), ("1", "2")]
+    assert "note: prefill: 4 GPU(s)" in r.output
+    # the summary: one row per instance, the two sharing node 0, four GPUs each
+    r = CliRunner().invoke(main, ["plan", f])
+    assert r.exit_code == 0, r.output
+    rows = [ln.split() for ln in r.output.splitlines() if ln.split()[2:3] == ["prefill"]]
+    assert [(row[1], row[3], row[5]) for row in rows] == [("0", "0", "4"), ("0", "1", "4"),
+                                                          ("1", "2", "4")]
     assert "note: prefill: 4 GPU(s)" in r.output
 
 
@@ -154,6 +164,28 @@ def test_the_demo_renders_without_a_warning(tmp_path):
     p = subprocess.run([_cli(), "render", str(ROOT / "examples" / "demo.yaml"), "--out",
                         str(tmp_path / "job")], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stderr == "", p.stderr
+
+
+@pytest.mark.parametrize("command", ["plan", "render"])
+def test_a_release_checked_against_another_warns_before_anything_else(tmp_path, command):
+    """engine.check_flags_as lets a release outside the flag matrix through; the warning that
+    says so is the first thing printed (on stderr), before the table or the path."""
+    doc = small_pd()
+    doc["engine"].update(version="0.99.1", check_flags_as="newest")
+    f = write_yaml(tmp_path / "d.yaml", doc)
+    out = ["--out", str(tmp_path / "job")] if command == "render" else []
+    p = subprocess.run([_cli(), command, str(f), *out], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout
+    first, rest = p.stdout.split("\n", 1)
+    assert first == ("hpcserve: warning: SGLang 0.99.1 is not in hpcserve's flag matrix: its "
+                     "flags are checked against 0.5.23 (engine.check_flags_as: newest)")
+    assert "flag matrix" not in rest  # said once, first
+    doc["engine"].pop("check_flags_as")
+    p = subprocess.run([_cli(), command, str(write_yaml(tmp_path / "e.yaml", doc)), *out],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stdout == "" and p.stderr.count("\n") == 1, p.stderr
+    assert "engine.version: SGLang '0.99.1' is not in hpcserve's flag matrix" in p.stderr
 
 
 def test_render_writes_the_job_directory_and_prints_it(tmp_path):

@@ -81,13 +81,16 @@ def test_load_errors_have_lines(text, line):
 def _site_error(value: dict) -> ConfigError:
     _, pos = load_text("name: s\n", "site.yaml")
     with pytest.raises(ConfigError) as e:
-        Validator(pos).build(config.Site, {"name": "s", **value}, ())
+        Validator(pos, "site").build(config.Site, {"name": "s", **value}, ())
     return e.value
 
 
 @pytest.mark.parametrize("value,field,message", [
     ({"slurm": {"partiton": "x"}}, "slurm.partiton",
-     "unknown key 'partiton' (did you mean 'partition'?); valid keys here: partition, account"),
+     "unknown key 'partiton' (did you mean 'partition'?); 12 keys are valid here: see "
+     "`hpcserve schema site`"),
+    ({"network": {"ifname": "x"}}, "network.ifname",
+     "unknown key 'ifname'; valid keys here: interface, ib_devices, env, gid_index"),
     ({"slurm": {"max_nodes": 0}}, "slurm.max_nodes", "must be at least 1, got 0"),
     ({"slurm": {"max_nodes": "many"}}, "slurm.max_nodes",
      "expected an integer or null, got the string 'many'"),
@@ -96,19 +99,19 @@ def _site_error(value: dict) -> ConfigError:
     ({"container": {"runtime": "docker"}}, "container.runtime",
      "expected one of pyxis, enroot, apptainer, none; got the string 'docker'"),
     ({"container": {"mounts": ["/a:/a", "/b,/c:/d"]}}, "container.mounts[1]",
-     "a mount is SRC:DST or SRC:DST:ro"),
-    ({"container": {"mounts": ["/a"]}}, "container.mounts[0]", "a mount is SRC:DST"),
+     "expected a mount SRC:DST or SRC:DST:ro of absolute paths"),
+    ({"container": {"mounts": ["/a"]}}, "container.mounts[0]", "a mount SRC:DST"),
     ({"container": {"mounts": ["/a b:/c"]}}, "container.mounts[0]", "without commas, colons or "
                                                                     "whitespace"),
     ({"container": {"mounts": ["rel:/c"]}}, "container.mounts[0]", "absolute paths"),
-    ({"container": {"mounts": ["/a:/b:rx"]}}, "container.mounts[0]", "a mount is SRC:DST"),
+    ({"container": {"mounts": ["/a:/b:rx"]}}, "container.mounts[0]", "got '/a:/b:rx'"),
     ({"container": {"env": ["NCCL_IB_HCA", "A,B"]}}, "container.env[1]",
      "an environment variable name"),
     ({"network": {"ib_devices": "all"}}, "network.ib_devices",
      "expected one of auto; got the string 'all'"),
     ({"network": {"ib_devices": [1]}}, "network.ib_devices[0]", "expected a string"),
     ({"network": {"env": {"1BAD": 1}}}, "network.env.1BAD", "does not match"),
-    ({"name": "bad name"}, "name", "does not match the pattern"),
+    ({"name": "bad name"}, "name", "'bad name' does not match the pattern"),
     ({"node": {"gpus": True}}, "node.gpus", "expected an integer, got a boolean"),
 ])
 def test_schema_messages(value, field, message):
@@ -133,8 +136,10 @@ def test_set_overrides_a_deployment_value_and_records_its_origin(tmp_path):
     assert cfg.deployment.roles["decode"].nodes == 3
     assert cfg.deployment.roles["decode"].args == {"foo": [1, 2]}
     assert cfg.deployment.engine.simulate is True
-    assert cfg.positions.lookup(("roles", "decode", "nodes")) == Origin("--set", 1)
-    assert cfg.positions.lookup(("roles", "decode", "args", "foo")) == Origin("--set", 2)
+    assert cfg.positions.lookup(("roles", "decode", "nodes")) == \
+        Origin("--set roles.decode.nodes=3")
+    assert cfg.positions.lookup(("roles", "decode", "args", "foo")) == \
+        Origin("--set roles.decode.args.foo=[1, 2]")
     assert cfg.positions.lookup(("roles", "prefill", "nodes")).file == str(f)
 
 
@@ -151,7 +156,8 @@ def test_set_on_a_named_site_keeps_the_rest_of_the_site(tmp_path):
     assert cfg.site_file == plain.site_file == str(ROOT / "site_configs" / "local.yaml")
     assert cfg.site.slurm.max_nodes == plain.site.slurm.max_nodes == 4
     assert cfg.site.network == plain.site.network
-    assert cfg.positions.lookup(("site", "slurm", "partition")) == Origin("--set", 1)
+    assert cfg.positions.lookup(("site", "slurm", "partition")) == \
+        Origin("--set site.slurm.partition=x")
 
 
 def test_set_replaces_a_whole_site(tmp_path):
@@ -160,25 +166,42 @@ def test_set_replaces_a_whole_site(tmp_path):
     assert cfg.site.name == "local"
 
 
-@pytest.mark.parametrize("sets,line,field,message", [
-    (["roles.decode.nodes=2", "roles.decode.nodes"], 2, None, "expected KEY.PATH=VALUE"),
-    (["roles..nodes=2"], 1, None, "bad key path"),
-    (["roles.decode.nodes=2", "roles.decode.tp=-1"], 2, "roles.decode.tp", "at least 1"),
-    (["name=bad name"], 1, "name", "does not match"),
-    (["site.slurm.max_nodes=zero"], 1, "site.slurm.max_nodes", "expected an integer or null"),
-    (["name=ok", 'model.path="a\\nb"'], 2, "model.path", "control character"),
-    (["roles.decode.args.x=[1,", "name=ok"], 1, "roles.decode.args.x", "not valid YAML"),
-    (["model.path.x=1"], 1, "model.path.x", "model.path is not a mapping"),
+@pytest.mark.parametrize("sets,source,field,message", [
+    (["roles.decode.nodes=2", "roles.decode.nodes"], 1, None, "expected KEY.PATH=VALUE"),
+    (["roles..nodes=2"], 0, None, "bad key path"),
+    (["roles.decode.nodes=2", "roles.decode.tp=-1"], 1, "roles.decode.tp", "at least 1"),
+    (["name=bad name"], 0, "name", "does not match"),
+    (["site.slurm.max_nodes=zero"], 0, "site.slurm.max_nodes", "expected an integer or null"),
+    (["name=ok", 'model.path="a\\nb"'], 1, "model.path", "control character"),
+    (["roles.decode.args.x=[1,", "name=ok"], 0, "roles.decode.args.x", "not valid YAML"),
+    (["model.path.x=1"], 0, "model.path.x", "model.path is not a mapping"),
+    # a path the file lacks: the --set named it, not the file's `roles:` line
+    (["roles.nope.nodes=2"], 0, "roles.nope", "unknown role"),
+    (["roles.decode.nodez=2"], 0, "roles.decode.nodez", "did you mean 'nodes'?"),
 ])
-def test_set_errors_point_at_the_set(tmp_path, sets, line, field, message):
+def test_set_errors_point_at_the_set(tmp_path, sets, source, field, message):
     f = write_yaml(tmp_path / "d.yaml", small_pd())
     with pytest.raises(ConfigError) as e:
         config.load(f, sets)
-    assert (e.value.file, e.value.line) == ("--set", line), str(e.value)
+    assert (e.value.file, e.value.line) == ("--set " + sets[source], None), str(e.value)
     if field:
         assert e.value.field == field
     assert message in e.value.message
-    assert str(e.value).startswith(f"--set:{line}: ")
+    assert str(e.value).startswith(f"--set {sets[source]}: "), str(e.value)
+
+
+def test_a_set_is_named_bounded_escaped_and_without_a_secret(tmp_path):
+    f = write_yaml(tmp_path / "d.yaml", small_pd())
+    with pytest.raises(ConfigError) as e:
+        config.load(f, ["roles.decode.args.api-key=hunter2"])
+    assert "hunter2" not in str(e.value)
+    assert str(e.value).startswith("--set roles.decode.args.api-key=...: "), str(e.value)
+    with pytest.raises(ConfigError) as e:
+        config.load(f, ["name=" + "x" * 500, "roles.decode.nodes=0"])
+    assert str(e.value).startswith("--set name=" + "x" * 55 + "... (505 characters): name: ")
+    with pytest.raises(ConfigError) as e:
+        config.load(f, ["roles.decode\x1b[2J.nodes=0"])
+    assert "\x1b" not in str(e.value) and "\\x1b[2J" in str(e.value)
 
 
 def test_site_search_path_env(tmp_path, monkeypatch):

@@ -184,7 +184,9 @@ def test_before_0_2_4_the_backend_is_spelled_type(tmp_path):
 
 @pytest.mark.parametrize("version, text", [
     ("0.4.2", "KTransformers 0.4.2 has no legacy server"),
-    ("0.7.2", "KTransformers 0.7.2 has no legacy server"),
+    ("0.7.0", "KTransformers 0.7.0 has no legacy server"),
+    ("0.7.2", "KTransformers '0.7.2' is not in hpcserve's flag matrix (the newest it knows is "
+              "0.7.0)"),
     ("0.1.4", "predates --cache_lens"),
 ])
 def test_releases_without_the_server_are_refused(tmp_path, version, text):

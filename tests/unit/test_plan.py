@@ -135,12 +135,14 @@ def test_idle_gpus_are_noted(tmp_path):
 
 
 @pytest.mark.parametrize("change,field,message", [
-    ({"roles": {"prefill": {"gpus": 3}}}, "roles.prefill.gpus", "do not divide"),
+    ({"roles": {"prefill": {"gpus": 3}}}, "roles.prefill.gpus",
+     "gpus 3 (per instance) does not divide the 8 GPUs of a node (site.node.gpus)"),
     ({"roles": {"prefill": {"gpus": 4, "nodes": 2}}}, "roles.prefill.gpus", "cannot be combined"),
     ({"roles": {"prefill": {"gpus": 2}}}, "roles.prefill.gpus", "do not fit"),
     ({"roles": {"decode": {"nodes": 2, "ep": 8}}}, "roles.decode.ep", "forces ep to tp"),
     ({"roles": {"decode": {"nodes": 2, "redundant_experts": 3}}},
-     "roles.decode.redundant_experts", "do not divide over EP 16"),
+     "roles.decode.redundant_experts",
+     "= 259 do not divide over the 16 expert-parallel ranks of decode's layout (tp 16, "),
     ({"site": {"container": {"runtime": "pyxis"}}}, "engine.image", "needs an image"),
 ])
 def test_topology_errors(tmp_path, change, field, message):
@@ -221,16 +223,44 @@ def test_disable_cuda_graph_uses_the_fresh_spelling(tmp_path):
     assert "--disable-cuda-graph" in _argv(plan_of(tmp_path, doc, "d2.yaml"), "decode")
 
 
-def test_unknown_version_uses_the_closest_older_release(tmp_path, flag_matrix):
+@pytest.mark.parametrize("version,nearest", [
+    ("0.5.22.post9", "the nearest it knows are 0.5.22 and 0.5.23"),
+    ("0.99.1", "the newest it knows is 0.5.23"),
+    ("0.0.1", "the oldest it knows is 0.4.6.post5"),
+])
+def test_a_release_outside_the_matrix_is_refused_naming_the_nearest(tmp_path, flag_matrix,
+                                                                     version, nearest):
     doc = small_pd()
-    doc["engine"]["version"] = "0.5.22.post9"
-    assert "0.5.22.post9" not in flag_matrix and "0.5.22" in flag_matrix
-    plan = plan_of(tmp_path, doc)
-    assert any("checked against 0.5.22" in w for w in plan.warnings)
-    doc["engine"]["version"] = "0.0.1"
+    doc["engine"]["version"] = version
+    assert version not in flag_matrix
     with pytest.raises(ConfigError) as e:
-        plan_of(tmp_path, doc, "d2.yaml")
-    assert e.value.field == "engine.version" and "older than every release" in e.value.message
+        plan_of(tmp_path, doc)
+    assert e.value.field == "engine.version" and e.value.line is not None
+    assert f"SGLang '{version}' is not in hpcserve's flag matrix ({nearest})" in e.value.message
+    assert "engine.check_flags_as: newest" in e.value.message
+
+
+@pytest.mark.parametrize("check_as,used", [("newest", "0.5.23"), ("0.5.22", "0.5.22")])
+def test_check_flags_as_accepts_a_release_outside_the_matrix(tmp_path, check_as, used):
+    doc = small_pd()
+    doc["engine"].update(version="0.5.22.post9", check_flags_as=check_as)
+    plan = plan_of(tmp_path, doc)
+    assert plan.version == "0.5.22.post9"
+    assert plan.warnings[0] == (f"SGLang 0.5.22.post9 is not in hpcserve's flag matrix: its "
+                                f"flags are checked against {used} (engine.check_flags_as: "
+                                f"{check_as})")
+    # a release the matrix has needs no such setting and gets no warning
+    doc["engine"]["version"] = "0.5.22"
+    assert not any("flag matrix" in w for w in plan_of(tmp_path, doc, "known.yaml").warnings)
+
+
+def test_check_flags_as_must_name_a_known_release(tmp_path):
+    doc = small_pd()
+    doc["engine"].update(version="0.5.22.post9", check_flags_as="0.5.19")
+    with pytest.raises(ConfigError) as e:
+        plan_of(tmp_path, doc)
+    assert e.value.field == "engine.check_flags_as"
+    assert "(the nearest it knows are 0.5.16 and 0.5.20)" in e.value.message
 
 
 def test_leader_and_rank_are_task_variables(tmp_path):

@@ -130,7 +130,8 @@ def test_simulated_router_is_the_stand_in_of_the_front_server(tmp_path):
 
 
 @pytest.mark.parametrize("roles, key, text", [
-    ({"worker": {"nodes": 2, "tp": 8}}, "roles.worker.tp", "must use exactly the 16 GPUs"),
+    ({"worker": {"nodes": 2, "tp": 8}}, "roles.worker.tp",
+     "tp 8 must equal the instance's 16 GPUs (nodes 2 x 8 GPUs per node)"),
     ({"worker": {"ep": 3}}, "roles.worker.ep", "ep 3 must divide tp 8"),
     ({"worker": {"cache_transceiver": "UCX"}}, "roles.worker.cache_transceiver",
      "disaggregated serving"),
@@ -158,9 +159,14 @@ def test_plain_deployment_cannot_have_the_front_server(tmp_path):
     assert "needs context and generation servers" in e.value.message
 
 
-def test_an_older_release_is_checked_against_the_table_with_a_note(tmp_path):
-    p = plan_of(tmp_path, trt_doc({"worker": {}}, engine={"name": "trtllm", "version": "1.2.1"}))
-    assert any("checked against 1.3.0rc3, the closest newer release" in w for w in p.warnings)
+def test_an_older_release_is_refused_or_checked_against_the_table_on_request(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        plan_of(tmp_path, trt_doc({"worker": {}}, engine={"name": "trtllm", "version": "1.2.1"}))
+    assert e.value.field == "engine.version"
+    assert "(the oldest it knows is 1.3.0rc3)" in e.value.message
+    p = plan_of(tmp_path, trt_doc({"worker": {}}, engine={
+        "name": "trtllm", "version": "1.2.1", "check_flags_as": "newest"}), "newest.yaml")
+    assert p.warnings[0].endswith("checked against 1.3.0rc3 (engine.check_flags_as: newest)")
 
 
 def test_sim_tables_equal_the_extracted_ones():

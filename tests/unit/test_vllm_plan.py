@@ -7,7 +7,9 @@ import json
 
 import pytest
 
+from hpcserve.config import role_type
 from hpcserve.errors import ConfigError
+from hpcserve.schema import fields_of
 from hpcserve.words import show
 from unitkit import (ROOT, plan_of, read_stub_log, run_bash, small_site, stub_env, write_nodes)
 
@@ -140,11 +142,19 @@ def test_side_channel_reserves_one_port_per_dp_rank(tmp_path):
 
 
 @pytest.mark.parametrize("roles,field,says", [
-    ({"worker": {"nodes": 2, "tp": 8}}, "roles.worker.tp", "TP 8 x PP 1 x DP 1 must use exactly"),
-    ({"worker": {"nodes": 3, "dp": 6, "tp": 2}}, "roles.worker.tp", "must use exactly the 24"),
+    ({"worker": {"nodes": 2, "tp": 8}}, "roles.worker.tp",
+     "tp 8 must equal the instance's 16 GPUs (nodes 2 x 8 GPUs per node)"),
+    ({"worker": {"nodes": 3, "dp": 6, "tp": 2}}, "roles.worker.tp",
+     "tp 2 x dp 6 = 12 must equal the instance's 24 GPUs (nodes 3 x 8 GPUs per node)"),
+    # tp derived from dp: the message says so, not "TP 3 x DP 5"
+    ({"worker": {"nodes": 2, "dp": 5}}, "roles.worker.dp",
+     "dp 5 does not divide the instance's 16 GPUs (nodes 2 x 8 GPUs per node): tp is derived "
+     "as GPUs / (pp x dp)"),
     ({"worker": {"nodes": 4, "dp": 2, "tp": 16}}, "roles.worker.dp",
      "dp 2 does not divide over the instance's 4 nodes"),
     ({"worker": {"nodes": 1, "tp": 8, "dcp": 3}}, "roles.worker.dcp", "divisible by dcp 3"),
+    ({"worker": {"nodes": 1, "dp": 2, "dcp": 3}}, "roles.worker.dcp",
+     "tp 4 (derived: 8 GPUs / (pp 1 x dp 2)) must be divisible by dcp 3"),
     ({"worker": {"nodes": 1, "redundant_experts": 8}}, "roles.worker.redundant_experts",
      "need eplb: true and expert_parallel: true"),
     ({"worker": {"nodes": 1, "kv_connector": "nixl"}}, "roles.worker.kv_connector",
@@ -155,7 +165,8 @@ def test_side_channel_reserves_one_port_per_dp_rank(tmp_path):
      "set by hpcserve"),
     ({"worker": {"nodes": 1, "deepep_mode": "normal"}}, "roles.worker.deepep_mode",
      "unknown key 'deepep_mode'"),
-], ids=["tp-mismatch", "dp-tp-mismatch", "dp-not-dividing", "dcp", "redundant-no-eplb",
+], ids=["tp-mismatch", "dp-tp-mismatch", "derived-tp", "dp-not-dividing", "dcp", "dcp-derived-tp",
+        "redundant-no-eplb",
         "connector-no-pd", "planted-num-redundant-experts", "owned-headless", "sglang-key"])
 def test_layouts_vllm_refuses(tmp_path, roles, field, says):
     with pytest.raises(ConfigError) as e:
@@ -168,8 +179,12 @@ def test_an_unknown_key_lists_vllms_own_vocabulary(tmp_path):
     with pytest.raises(ConfigError) as e:
         plan_of(tmp_path, vllm_doc({"worker": {"attn_dp": 8}}))
     msg = e.value.message
-    assert "valid keys here:" in msg and "expert_parallel" in msg and "dcp" in msg
-    assert "deepep_mode" not in msg and "attn_dp" not in msg.split("valid keys here:")[1]
+    n = len(fields_of(role_type("vllm")))
+    assert n != len(fields_of(role_type("sglang")))  # so the count tells them apart
+    assert f"; {n} keys are valid here: see `hpcserve schema deployment`" in msg, msg
+    with pytest.raises(ConfigError) as e:
+        plan_of(tmp_path, vllm_doc({"worker": {"expert_paralel": True}}), "near.yaml")
+    assert "(did you mean 'expert_parallel'?)" in e.value.message
 
 
 def test_redundant_experts_are_spelled_as_eplb_config_on_0_33(tmp_path):

@@ -67,7 +67,8 @@ def test_submit_says_what_to_install_when_the_router_python_lacks_it(installed, 
 
 
 def test_the_installed_wheel_draws_a_benchmark_report(installed, tmp_path, monkeypatch):
-    """matplotlib comes with the wheel: `hpcserve report` writes the PNGs and the page."""
+    """matplotlib comes with the wheel's [dev] extra (and [report]): `hpcserve report` writes
+    the PNGs and the page."""
     import json
     from test_bench_gate import listed, spec, vllm_result, write
     from hpcserve.runtime import bench

@@ -1,0 +1,182 @@
+"""`hpcserve submit --in-allocation`: a deployment run as steps of an allocation the user already
+holds (an `salloc` shell, or the user's own batch script), for sites where users keep one for days.
+
+The job directory is rendered for it (plan.json "in_allocation": every step names its nodes
+within the allocation instead of a het group), checked to fit what Slurm says the allocation
+holds before anything starts, and its job.sbatch is started here as a background process, in a
+session of its own (the shell it came from stays free and may close). That process, the driver,
+is recorded in the job directory (run/driver.json: PID, its start time against PID reuse, host)
+so that `status` can tell it is gone and `cancel` can ask it to stop (SIGUSR1: the runtime's
+orderly teardown). Cancel ends the deployment's own steps, never the allocation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import socket
+import subprocess
+import time
+from typing import Callable
+
+from .errors import HpcserveError
+from .runtime import allocation
+from .runtime import slurm_parsers as parsers
+from .runtime.contract import TERMINAL_PHASES
+
+DRIVER = posixpath.join("run", "driver.json")
+
+
+def allocation_here(environ=os.environ) -> str:
+    """The job id of the allocation this shell is in; refused where there is none."""
+    job_id, nodes = environ.get("SLURM_JOB_ID"), environ.get("SLURM_JOB_NODELIST")
+    if not job_id or not nodes:
+        raise HpcserveError("--in-allocation runs inside an allocation (an salloc shell, or your "
+                            "batch script): SLURM_JOB_ID and SLURM_JOB_NODELIST are not set here")
+    if environ.get("SLURM_HET_SIZE"):
+        raise HpcserveError(f"allocation {job_id} is a heterogeneous job: --in-allocation needs "
+                            "an allocation of one component")
+    return job_id
+
+
+def check_fits(spec: dict, job_id: str, runner) -> allocation.Held:
+    """What the allocation holds, refused (one line, the numbers) where the deployment does not
+    fit: nodes per role, GPUs per node."""
+    try:
+        held = allocation.held(job_id, lambda argv: runner.run(argv).out)
+    except ValueError as e:
+        raise HpcserveError(str(e)) from None
+    if held.state != "RUNNING":
+        raise HpcserveError(f"allocation {job_id} is {held.state}, not RUNNING")
+    why = allocation.misfit(spec, held)
+    if why:
+        raise HpcserveError(f"does not fit: {why}")
+    return held
+
+
+def fits_words(spec: dict, held: allocation.Held) -> str:
+    """Where each component would run (`submit --in-allocation --check`)."""
+    nodes = allocation.node_map(spec, held.nodes)
+    return f"fits in allocation {held.job_id}: " + "; ".join(
+        f"{c['name']} on {','.join(nodes[c['index']])}" for c in spec["components"])
+
+
+def refuse_second(job_id: str, runner, entries) -> None:
+    """One deployment at a time in an allocation: each takes the allocation's first nodes."""
+    for e in entries:
+        if e.allocation == job_id and driver_state(runner, e.job_dir) == "running":
+            raise HpcserveError(f"allocation {job_id} already runs deployment {e.handle} on its "
+                                f"first nodes: cancel it first (hpcserve cancel {e.handle})")
+
+
+def start_driver(job_dir: str, job_id: str) -> dict:
+    """job.sbatch as a background process in a session of its own (no terminal: a closed
+    salloc shell sends it no SIGHUP), output to logs/batch-<allocation>.out; recorded in
+    run/driver.json."""
+    os.makedirs(os.path.join(job_dir, "run"), exist_ok=True)
+    with open(os.path.join(job_dir, "logs", f"batch-{job_id}.out"), "ab") as out:
+        p = subprocess.Popen(["bash", os.path.join(job_dir, "job.sbatch")], cwd=job_dir,
+                             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    rec = {"pid": p.pid, "start": _start_time(_read(f"/proc/{p.pid}/stat")),
+           "host": socket.gethostname(), "allocation": job_id}
+    tmp = os.path.join(job_dir, DRIVER + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(rec, f)
+    os.replace(tmp, os.path.join(job_dir, DRIVER))
+    p.returncode = 0  # not waited for here: it outlives this command (no ResourceWarning)
+    return rec
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _start_time(stat: str | None) -> str | None:
+    """/proc/PID/stat's starttime (field 22, after the command in parentheses)."""
+    try:
+        return stat.rsplit(")", 1)[1].split()[19] if stat else None
+    except IndexError:
+        return None
+
+
+def driver(runner, job_dir: str) -> dict | None:
+    text = runner.read_text(posixpath.join(job_dir, DRIVER))
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+def driver_state(runner, job_dir: str, rec: dict | None = None) -> str | None:
+    """"running", "gone", or "elsewhere" (it runs on another host: cannot be asked from here);
+    None where no driver was recorded."""
+    rec = rec or driver(runner, job_dir)
+    if not rec:
+        return None
+    if runner.run(["hostname"], check=False).out.strip() != rec.get("host"):
+        return "elsewhere"
+    stat = runner.read_text(f"/proc/{int(rec['pid'])}/stat")
+    return "running" if stat and _start_time(stat) == rec.get("start") else "gone"
+
+
+# --------------------------------------------------------------------------------------- cancel
+
+def step_names(spec: dict) -> set[str]:
+    """The names of every step the deployment runs (attempts add .attemptN to an instance's)."""
+    return ({i["name"] for i in spec.get("instances", [])} | {"router", "bench"} |
+            {f"discover-{c['name']}" for c in spec.get("components", [])} |
+            {"container-cleanup", "scratch-cleanup"})
+
+
+def end_steps(runner, job_id: str, spec: dict, echo: Callable[[str], None]) -> None:
+    """scancel JOBID.STEPID for each of the deployment's steps still running in the allocation,
+    never the allocation itself."""
+    names = step_names(spec)
+    res = runner.run(parsers.steps_argv([job_id]))
+    ids = [s.step_id for s in parsers.parse_steps(res.out)
+           if s.name.split(".attempt")[0] in names and "." in s.step_id]
+    if ids:
+        runner.run(["scancel", *ids])
+    echo(f"ended the deployment's steps in allocation {job_id}: "
+         f"{' '.join(ids) if ids else 'none was running'}; the allocation goes on")
+
+
+def cancel(entry, runner, *, wait: bool, echo: Callable[[str], None]) -> int:
+    """SIGUSR1 to the driver (the runtime's orderly teardown: router first, then engines); its
+    steps ended through Slurm where the driver is gone or does not finish in time."""
+    jd, alloc = entry.job_dir, entry.allocation
+    state = json.loads(runner.read_text(posixpath.join(jd, "state.json")) or "{}")
+    spec = json.loads(runner.read_text(posixpath.join(jd, "plan.json")) or "{}")
+    rec = driver(runner, jd)
+    how = driver_state(runner, jd, rec)
+    if state.get("phase") in TERMINAL_PHASES and how != "running":
+        echo(f"deployment {entry.handle} had already ended: {state['phase']}; nothing to cancel")
+        return 0
+    if how == "elsewhere":
+        raise HpcserveError(f"the deployment's driver runs on {rec['host']} (pid {rec['pid']}): "
+                            "run hpcserve cancel there")
+    if how != "running":
+        end_steps(runner, alloc, spec, echo)
+        return 0
+    runner.run(["kill", "-USR1", str(int(rec["pid"]))])
+    echo(f"cancelling deployment {entry.handle} in allocation {alloc}: orderly teardown "
+         "requested; the allocation goes on")
+    if not wait:
+        return 0
+    end = time.time() + float(spec.get("signal_grace", 120)) + 30
+    while time.time() < end:
+        if driver_state(runner, jd, rec) != "running":
+            text = runner.read_text(posixpath.join(jd, "state.json")) or "{}"
+            echo(json.loads(text).get("phase") or "ended")
+            return 0
+        time.sleep(0.3)
+    end_steps(runner, alloc, spec, echo)
+    runner.run(["kill", "-KILL", str(int(rec["pid"]))], check=False)
+    echo(f"deployment {entry.handle} did not finish its teardown in time: its steps ended")
+    return 2

@@ -1,0 +1,150 @@
+"""A deployment inside an allocation the user already holds (`hpcserve submit --in-allocation`
+from an `salloc` shell or the user's own batch script): what the allocation holds, whether the
+deployment fits in it, and which of its nodes each het component of the plan gets.
+
+Rendered for an allocation (plan.json "in_allocation"), the job runs as steps of that job, not
+as a heterogeneous job of its own: component k gets the next `nodes` of the allocation's nodes,
+in plan order and in the order Slurm lists them (`scontrol show hostnames`), and every step
+names its nodes (`--nodelist`) instead of its het group. Spares of a role are nodes of its
+component, so recovery takes them from the allocation's nodes too.
+
+Shared by the operator side (checked before anything starts) and the runtime (checked again
+before the first step, for a job directory started by hand): stdlib only.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .failures import Stop
+from .slurm_parsers import parse_scontrol_fields
+
+
+class Held(NamedTuple):
+    """What Slurm says the allocation holds."""
+    job_id: str
+    state: str
+    nodes: list            # host names, in Slurm's order
+    gpus_per_node: int | None  # None: the allocation holds no GPU that Slurm counts
+
+
+def gpus_asked(component: dict) -> int:
+    """GPUs per node that the component's #SBATCH directives ask Slurm for (0: none)."""
+    for key, value in component.get("directives", []):
+        if key == "gpus-per-node" and value:
+            return int(str(value).rsplit(":", 1)[-1])
+        if key == "gres" and value:
+            for g in str(value).split(","):
+                parts = g.split(":")
+                if parts[0] == "gpu" and parts[-1].isdigit():
+                    return int(parts[-1])
+    return 0
+
+
+def needs(plan: dict) -> list[tuple[str, int]]:
+    """(component name, nodes) in plan order: what the deployment takes of the allocation
+    (a role's spare nodes are nodes of its component)."""
+    return [(c["name"], int(c["nodes"])) for c in plan["components"]]
+
+
+def misfit(plan: dict, held: Held) -> str | None:
+    """Why the deployment does not fit in the allocation, with the numbers; None when it fits."""
+    want = needs(plan)
+    total = sum(n for _, n in want)
+    per_role = ", ".join(f"{name} {n}" for name, n in want)
+    if total > len(held.nodes):
+        return (f"the deployment needs {total} node(s) ({per_role}) and allocation "
+                f"{held.job_id} holds {len(held.nodes)} ({','.join(held.nodes)})")
+    gpus = max((gpus_asked(c) for c in plan["components"]), default=0)
+    if gpus and (held.gpus_per_node or 0) < gpus:
+        asked = ", ".join(f"{c['name']} {gpus_asked(c)}" for c in plan["components"]
+                          if gpus_asked(c))
+        return (f"the deployment needs {gpus} GPU(s) per node ({asked}) and allocation "
+                f"{held.job_id} holds {held.gpus_per_node or 0} per node")
+    return None
+
+
+def node_map(plan: dict, hosts: list) -> dict[int, list]:
+    """component index -> its nodes: consecutive runs of the allocation's nodes, in plan order.
+    The nodes past the deployment's stay unused."""
+    out, at = {}, 0
+    for c in plan["components"]:
+        out[c["index"]] = list(hosts[at:at + int(c["nodes"])])
+        at += int(c["nodes"])
+    if at > len(hosts):
+        raise ValueError(f"{at} node(s) needed, {len(hosts)} held")
+    return out
+
+
+# --------------------------------------------------------------------- what Slurm says it holds
+
+def gpus_per_node(rec: dict) -> int | None:
+    """GPUs per node from the record's TRES (gres/gpu=N over NumNodes); None without GPUs."""
+    tres = dict(kv.split("=", 1) for kv in (rec.get("TRES") or rec.get("AllocTRES") or
+                                            "").split(",") if "=" in kv)
+    total = tres.get("gres/gpu")
+    nodes = int(rec.get("NumNodes", "0").split("-")[0] or 0)
+    if not total or not total.isdigit() or not nodes:
+        return None
+    return int(total) // nodes
+
+
+def held(job_id: str, ask) -> Held:
+    """What Slurm says allocation `job_id` holds: its state, nodes (`scontrol show hostnames`,
+    in Slurm's order) and GPUs per node. `ask(argv)` runs a Slurm command and returns its
+    output (it raises with Slurm's words where the command fails)."""
+    recs = parse_scontrol_fields(ask(["scontrol", "-o", "show", "job", job_id]))
+    if len(recs) != 1:
+        raise ValueError(f"job {job_id} is a heterogeneous job ({len(recs)} components): a "
+                         "deployment runs inside an allocation of one component")
+    rec = recs[0]
+    hosts = ask(["scontrol", "show", "hostnames", rec.get("NodeList", "")]).split()
+    return Held(job_id, rec.get("JobState", "?"), hosts, gpus_per_node(rec))
+
+
+# ------------------------------------------------------------------------------ in the job
+
+class InAllocation:
+    """The job's side: its components' nodes in the allocation, and the allocation's end (no
+    --signal=B:TERM@grace reaches a process the user started: the job stops itself in time)."""
+
+    def __init__(self, job):
+        self.job = job
+        self.active = bool(job.plan.get("in_allocation"))
+        self.nodes: dict[int, list] = {}   # component index -> its nodes
+        self.end: float | None = None       # when the allocation's time limit ends it
+
+    def place(self, now: float) -> None:
+        """Each component's share of the allocation's nodes, checked to fit first (again: a
+        job directory may be started by hand)."""
+        if not self.active:
+            return
+        job = self.job
+        try:
+            have = held(job.job_id, job.slurm.run)
+            left = job.slurm.time_left()
+        except Exception as e:  # noqa: BLE001 - Slurm's words, whatever failed
+            raise Stop("failed", f"allocation {job.job_id or '(none)'}: {e}") from None
+        why = misfit(job.plan, have)
+        if why:
+            raise Stop("failed", why)
+        self.nodes = node_map(job.plan, have.nodes)
+        self.end = now + left if left is not None else None
+        job.log(f"in allocation {job.job_id}: " + "; ".join(
+            f"{c['name']} on {','.join(self.nodes[c['index']])}" for c in job.plan["components"]))
+
+    def env(self, component: int) -> dict:
+        """The environment a step script of `component` needs (its nodes), {} in a het job."""
+        return {"NODELIST": ",".join(self.nodes[component])} if self.active else {}
+
+    def srun_args(self, component: dict) -> list:
+        """How a step the runtime spells itself finds its component's nodes."""
+        if self.active:
+            return [f"--jobid={self.job.job_id}",
+                    f"--nodelist={','.join(self.nodes[component['index']])}"]
+        return [f"--het-group={component['index']}"] if len(self.job.plan["components"]) > 1 \
+            else []
+
+    def time_is_up(self, now: float) -> bool:
+        """Whether the allocation ends within the plan's signal_grace: time to stop."""
+        return self.end is not None and now >= self.end - float(self.job.plan["signal_grace"])
