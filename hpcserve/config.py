@@ -143,6 +143,42 @@ class Paths:
         "the python that has the routers (default: the engine's)"))
 
 
+# Slurm's placement directives for NVLink domains: --switches (topology/tree) in every release
+# the project supports; --segment (topology/block) from Slurm 24.05 (NEWS: "Add --segment to job
+# allocation to be used in topology/block"; topology/block itself came in 23.11).
+SEGMENT_SINCE = (24, 5)
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """The nodes' NVLink domains (GB200/GB300 NVL72: 18 nodes of 4 GPUs per rack) and how Slurm
+    knows them: each instance is asked to stay inside one domain, an instance larger than a
+    domain is refused, and the preflight checks that an instance's nodes share one fabric."""
+
+    nvlink_domain_nodes: int = field(metadata=doc(
+        "nodes per NVLink domain (GB200 NVL72: 18)", ge=1, le=100_000))
+    topology: Literal["block", "tree", "none"] = field(metadata=doc(
+        "the site's Slurm TopologyPlugin: block (each NVLink domain a BlockName; hpcserve asks "
+        "--segment=<nodes per instance>, Slurm 24.05+), tree (each domain a leaf SwitchName; "
+        "--switches=1 for a role whose nodes fit one domain), none (no directive: only the "
+        "checks)"))
+    slurm_version: str | None = field(default=None, metadata=doc(
+        "the site's Slurm release, e.g. 24.11 (topology block needs 24.05 or later)",
+        pattern=r"\d{2}\.\d{2}(\.\d+)?", pattern_help="a Slurm release such as 24.11 or 22.05.8"))
+    check: bool = field(default=True, metadata=doc(
+        "the preflight checks that every node of an instance reports one NVLink fabric "
+        "(nvidia-smi -q: Fabric State Completed, Status Success, one ClusterUUID and CliqueId)"))
+
+    def validate(self) -> None:
+        if self.topology == "block" and self.slurm_version:
+            got = tuple(int(x) for x in self.slurm_version.split(".")[:2])
+            if got < SEGMENT_SINCE:
+                raise FieldProblem(
+                    "slurm_version", "topology block places instances with sbatch --segment, which Slurm 24.05 "
+                    f"added; this site runs {self.slurm_version} (use topology: tree, with "
+                    "each NVLink domain a leaf switch in topology.conf)")
+
+
 @dataclass(frozen=True)
 class SiteMetrics:
     """How the site's Prometheus finds a deployment's metrics while it serves."""
@@ -167,6 +203,8 @@ class Site:
     network: Network = field(default_factory=Network)
     paths: Paths = field(default_factory=Paths)
     metrics: SiteMetrics = field(default_factory=SiteMetrics)
+    fabric: Fabric | None = field(default=None, metadata=doc(
+        "the NVLink domains instances must stay inside (multi-node NVLink racks); unset: none"))
 
 
 # ----------------------------------------------------------------------------------- deployment
@@ -335,16 +373,17 @@ class Workload:
 
 # The preflight's checks that a deployment may waive (a node that cannot run the job's own
 # Python cannot report the others, so that one stands).
-WAIVABLE_CHECKS = ("tools", "image", "model", "gpus", "ib", "peer_memory", "shm", "memlock",
-                   "ports", "clock")
+WAIVABLE_CHECKS = ("tools", "image", "model", "gpus", "fabric", "ib", "peer_memory", "shm",
+                   "memlock", "ports", "clock")
 
 
 @dataclass(frozen=True)
 class Preflight:
     """Checks run on every node at once, in the job's first step, before any engine starts: the
     job's Python and tools, the image, the model's files (the same on every node), GPUs and
-    their free memory, IB ports and GIDs, peer memory for RDMA, /dev/shm, the memlock limit,
-    the ports the plan binds, the clocks. A failed check ends the job there, naming node and
+    their free memory, the NVLink fabric (one per instance, where site.fabric says), IB ports
+    and GIDs, peer memory for RDMA, /dev/shm, the memlock limit, the ports the plan binds, the
+    clocks. A failed check ends the job there, naming node and
     check; a waived one is reported and the job goes on."""
 
     enabled: bool = field(default=True, metadata=doc("run the checks"))

@@ -439,6 +439,40 @@ def _engine_directives(cfg: Resolved, layout: Layout) -> tuple:
     return tuple(d)
 
 
+def _fabric_directives(d: _Draft, role: str, inst_nodes: int, total: int) -> tuple:
+    """Keep each instance of the role (its expert-parallel group) inside one NVLink domain.
+    topology/block: --segment=<nodes per instance>, each segment inside one block (sbatch(1),
+    Slurm 24.05+). topology/tree: --switches=1 asks for one leaf switch for the whole component,
+    so it is given only where the role's nodes fit one domain. A one-node instance needs
+    neither."""
+    fab, rp = d.cfg.site.fabric, ("roles", role)
+    if fab is None:
+        return ()
+    if inst_nodes > fab.nvlink_domain_nodes:
+        raise _err(d.cfg, rp + ("nodes",), f"an instance of {inst_nodes} nodes does not fit one "
+                                           f"NVLink domain of {fab.nvlink_domain_nodes} nodes "
+                                           "(site.fabric.nvlink_domain_nodes)")
+    if inst_nodes == 1 or fab.topology == "none":
+        return ()
+    if fab.topology == "block":
+        if total % inst_nodes:
+            # sbatch(1) --segment: the node count must be a multiple of the segment size
+            raise _err(d.cfg, rp + ("spares",), f"Slurm allocates {role}'s nodes in segments of "
+                                                f"{inst_nodes} (--segment, site.fabric.topology "
+                                                f"block): its {total} nodes must be a multiple "
+                                                f"of {inst_nodes}; give spares in multiples of "
+                                                f"{inst_nodes}")
+        return (("segment", str(inst_nodes)),)
+    if total <= fab.nvlink_domain_nodes:
+        return (("switches", "1"),)
+    d.notes.append(f"{role}: its {total} nodes span more than one NVLink domain of "
+                   f"{fab.nvlink_domain_nodes}; topology/tree has no per-instance placement "
+                   "(--switches counts the whole component's leaf switches), so Slurm may split "
+                   "an instance over two domains" + (": the preflight's fabric check refuses that"
+                                                     if fab.check else ""))
+    return ()
+
+
 def _check_recovery(d: _Draft, role: str, ci: int, comp_nodes: int) -> None:
     """The role's recovery policy for plan.json: its restarts, its minimum, its spare nodes
     (the component's nodes from `first_spare` on)."""
@@ -470,7 +504,8 @@ def _plan_role(d: _Draft, ci: int, role: str) -> None:
     _check_recovery(d, role, ci, comp_nodes)
     # Spare nodes follow the instances' nodes in the component: discovered with them, idle.
     d.components.append(Component(ci, role, comp_nodes + r.spares,
-                                  _engine_directives(cfg, layout)))
+                                  _engine_directives(cfg, layout) +
+                                  _fabric_directives(d, role, ctx.nodes, comp_nodes + r.spares)))
     for i in range(r.instances):
         off = i // per_node if r.gpus else i * ctx.nodes
         span = range(off, off + ctx.nodes)
@@ -728,6 +763,8 @@ def _preflight(d: _Draft, router: RouterPlan | None) -> dict:
             "min_shm_bytes": int(pf.min_shm_gb * 1024 ** 3),
             "min_gpu_free_fraction": pf.min_gpu_free_fraction,
             "gid_index": site.network.gid_index, "gpus": {"why": gpus_why},
+            **({"fabric": {"domain_nodes": site.fabric.nvlink_domain_nodes}}
+               if site.fabric and site.fabric.check else {}),
             "model_optional": "the simulated engine reads no weights" if simulate else None,
             "tools": tools}
 

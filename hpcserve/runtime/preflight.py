@@ -3,12 +3,12 @@
 Stdlib only (mpi4py where the discovery step runs under `srun --mpi=pmix` and has it). Two halves:
 
 - node_report(), on every node at once, in the discovery step and before any engine starts: what
-  this node has (its Python, the tools the job runs, the image, the model's files, GPUs, IB ports
-  and GIDs, peer memory, /dev/shm, the memlock limit, the ports the plan binds here, its clock),
+  this node has (its Python, the tools the job runs, the image, the model's files, GPUs, its
+  NVLink fabric where the site declares one, IB ports and GIDs, peer memory, /dev/shm, the memlock limit, the ports the plan binds here, its clock),
   written to the job directory as run/preflight/c<component>-n<node>.json.
 - evaluate(), on the batch host over every node's report: each check's verdict per node, with
-  what only a comparison shows (a model file list that differs from the other nodes', a clock
-  off the batch host's), and the checks the deployment waives.
+  what only a comparison shows (a model file list that differs from the other nodes', a node
+  in another NVLink fabric than its instance's leader, a clock off the batch host's), and the checks the deployment waives.
 
 A check is "ok", "fail", "n/a" (it does not apply here, with the reason) or "waived" (it failed,
 and the deployment said to go on anyway).
@@ -28,7 +28,7 @@ from collections import Counter
 
 from . import ownport
 
-CHECKS = ("python", "tools", "image", "model", "gpus", "ib", "peer_memory", "shm", "memlock",
+CHECKS = ("python", "tools", "image", "model", "gpus", "fabric", "ib", "peer_memory", "shm", "memlock",
           "ports", "clock")
 OK, FAIL, NA, WAIVED = "ok", "fail", "n/a", "waived"
 MAX_FILES = 20000  # a weights directory holds tens to hundreds; more is not a model directory
@@ -45,6 +45,7 @@ def node_report(plan: dict, component: int, nodeid: int, node: str) -> dict:
     rdma = bool(ib)
     gpus_why = pf["gpus"].get("why")
     files: list = []
+    fabric: dict = {}
     checks = {
         "python": [OK, f"Python {sys.version.split()[0]} ({sys.executable})"],
         "tools": check_tools(pf["tools"]),
@@ -53,6 +54,7 @@ def node_report(plan: dict, component: int, nodeid: int, node: str) -> dict:
         "gpus": (check_gpus(sum(i["gpus_per_node"] for i in insts), pf["min_gpu_free_fraction"])
                  if not gpus_why else [NA, gpus_why]),
         "ib": check_ib(ib, pf.get("gid_index")),
+        **({"fabric": check_fabric(fabric)} if pf.get("fabric") else {}),
         "peer_memory": (check_peer_memory() if rdma and not gpus_why else
                         [NA, "no RDMA transfers between GPUs here (" +
                          ("no IB devices configured)" if not rdma else gpus_why + ")")]),
@@ -62,7 +64,7 @@ def node_report(plan: dict, component: int, nodeid: int, node: str) -> dict:
     }
     report = {"node": node, "component": component, "nodeid": nodeid,
               "instances": [i["name"] for i in insts], "checks": checks, "model_files": files,
-              "mode": "srun"}
+              "mode": "srun", **({"fabric": fabric} if fabric else {})}
     _mpi_clock(report)
     report["time"] = time.time()
     return report
@@ -159,6 +161,61 @@ def check_gpus(need: int, min_free: float) -> list:
             return [FAIL, f"GPU {idx}: {float(free):,.0f} of {float(total):,.0f} MiB free (under "
                           f"{min_free:.0%}: another process holds it)"]
     return [OK, f"{len(rows)} GPUs, each at least {min_free:.0%} free"]
+
+
+NO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+def check_fabric(found: dict) -> list:
+    """This node's NVLink fabric, from `nvidia-smi -q`'s Fabric section of every GPU: each
+    registered (State Completed, Status Success) in one fabric, whose ClusterUUID and CliqueId
+    go into `found` for the comparison between an instance's nodes."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-q"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [FAIL, f"nvidia-smi -q did not run: {e}"]
+    gpus = fabric_sections(out.stdout)
+    if out.returncode != 0 or not gpus:
+        return [FAIL, f"nvidia-smi -q: {(out.stderr or out.stdout).strip()[:200] or 'no GPU'}"]
+    ids = set()
+    for bus, f in gpus:
+        if not f:
+            return [FAIL, f"GPU {bus} reports no NVLink fabric (no Fabric section)"]
+        if f.get("State") != "Completed" or f.get("Status") != "Success":
+            return [FAIL, f"GPU {bus}: fabric State {f.get('State')}, Status {f.get('Status')} "
+                          "(not registered with the NVLink fabric: see the fabric manager)"]
+        if f.get("ClusterUUID", NO_UUID) in (NO_UUID, "N/A"):
+            return [FAIL, f"GPU {bus}: no fabric ClusterUUID ({f.get('ClusterUUID')})"]
+        ids.add((f["ClusterUUID"], f.get("CliqueId")))
+    if len(ids) > 1:
+        return [FAIL, "this node's GPUs are in " + " and ".join(
+            f"ClusterUUID {u} CliqueId {c}" for u, c in sorted(ids))]
+    uuid, clique = ids.pop()
+    found.update(cluster_uuid=uuid, clique_id=clique)
+    return [OK, f"{len(gpus)} GPUs in ClusterUUID {uuid} CliqueId {clique}"]
+
+
+def fabric_sections(text: str) -> list:
+    """[(GPU bus id, {State, Status, CliqueId, ClusterUUID} or {})] from `nvidia-smi -q`: a GPU
+    starts at a "GPU <bus id>" line, its Fabric section is the "Fabric" line and the deeper
+    indented "key : value" lines after it (its Health subsection included, not kept)."""
+    gpus: list = []
+    depth = None  # the Fabric line's indentation while inside it
+    for line in text.splitlines():
+        indent = len(line) - len(line.lstrip(" "))
+        words = line.strip()
+        if indent == 0 and words.startswith("GPU "):
+            gpus.append((words[4:], {}))
+            depth = None
+        elif gpus and words == "Fabric":
+            depth = indent
+        elif depth is not None and words and indent > depth:
+            key, sep, value = words.partition(":")
+            if sep and key.strip() in ("State", "Status", "CliqueId", "ClusterUUID"):
+                gpus[-1][1].setdefault(key.strip(), value.strip())
+        elif words:
+            depth = None
+    return gpus
 
 
 def check_ib(devices, gid_index: int | None, root: str = "/sys/class/infiniband") -> list:
@@ -318,6 +375,7 @@ def evaluate(reports: list, window: tuple, pf: dict, batch_host: str) -> dict:
     reports = sorted(reports, key=lambda r: (r["component"], r["nodeid"]))  # srun's order varies
     nodes = {r["node"]: {c: list(v) for c, v in r["checks"].items()} for r in reports}
     _compare_models(reports, nodes)
+    _compare_fabrics(reports, nodes)
     for r in reports:
         if "time" in r:
             nodes[r["node"]]["clock"] = _clock(r, window, pf["max_clock_skew_s"], batch_host)
@@ -327,7 +385,8 @@ def evaluate(reports: list, window: tuple, pf: dict, batch_host: str) -> dict:
                 v[0] = WAIVED
     failed = [[r["node"], c, nodes[r["node"]][c][1]] for r in reports for c in CHECKS
               if nodes[r["node"]].get(c, [OK])[0] == FAIL]
-    return {"passed": not failed, "checks": list(CHECKS), "waived": list(pf["waive"]),
+    shown = [c for c in CHECKS if c != "fabric" or any("fabric" in v for v in nodes.values())]
+    return {"passed": not failed, "checks": shown, "waived": list(pf["waive"]),
             "mode": "mpi" if any(r.get("mode") == "mpi" for r in reports) else "srun",
             "nodes": nodes, "failed": failed}
 
@@ -357,6 +416,26 @@ def _compare_models(reports: list, nodes: dict) -> None:
         more = len(missing) + len(extra) + len(sized) - 1
         nodes[node]["model"] = [FAIL, f"{what}{f' (and {more} more differences)' if more else ''}"
                                       f" from the file list {ref_n} other node(s) see"]
+
+
+def _compare_fabrics(reports: list, nodes: dict) -> None:
+    """Every node of an instance in its leader's NVLink fabric (node rank 0: the first node of
+    the instance in the component's order); a node in another fails naming both."""
+    members: dict = {}
+    for r in reports:  # sorted by component and node: an instance's leader comes first
+        if r.get("fabric"):
+            for name in r.get("instances", []):
+                members.setdefault(name, []).append(r)
+    for name, rs in members.items():
+        lead = rs[0]
+        want = (lead["fabric"]["cluster_uuid"], lead["fabric"]["clique_id"])
+        for r in rs[1:]:
+            got = (r["fabric"]["cluster_uuid"], r["fabric"]["clique_id"])
+            if got != want:
+                nodes[r["node"]]["fabric"] = [
+                    FAIL, f"{name} spans two NVLink domains: {r['node']} is in ClusterUUID "
+                          f"{got[0]} CliqueId {got[1]}, its leader {lead['node']} in ClusterUUID "
+                          f"{want[0]} CliqueId {want[1]}"]
 
 
 def _clock(r: dict, window: tuple, max_skew: float, batch_host: str) -> list:

@@ -37,7 +37,8 @@ def submit(dev_cluster: Any, tmp_path: Path) -> Callable[..., Job]:
     # the runtime runs with a python3 that has no hpcserve, as on a site's nodes
     nodes_python = python_without_hpcserve(Path(dev_cluster.state_dir).parent, sys.executable)
 
-    def _submit(dep: dict, edit: Callable[[Path], None] | None = None) -> Job:
+    def _submit(dep: dict, edit: Callable[[Path], None] | None = None,
+                extra_env: dict[str, str] | None = None) -> Job:
         dep = _without_hpcserve(dep, nodes_python)
         f = tmp_path / f"{dep['name']}.yaml"
         f.write_text(yaml.safe_dump(dep))
@@ -47,7 +48,7 @@ def submit(dev_cluster: Any, tmp_path: Path) -> Callable[..., Job]:
         if edit:
             edit(job_dir)
         # the environment of this moment: sbatch exports it to the job (secrets given by name)
-        job_env = {**dev_cluster.client_env(), "PATH": env["PATH"]}
+        job_env = {**dev_cluster.client_env(), "PATH": env["PATH"], **(extra_env or {})}
         out = subprocess.run(["sbatch", "--parsable", str(job_dir / "job.sbatch")], env=job_env,
                              capture_output=True, text=True, check=True).stdout.strip()
         job = Job(dev_cluster, job_dir, out.split(";")[0], env)

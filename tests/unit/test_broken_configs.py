@@ -366,6 +366,33 @@ roles:
          sets=["roles.nope.nodes=2"], where="--set roles.nope.nodes=2"),
     Case("empty_set_path_part_names_the_set", BASE_HEAD + PD, None, ["bad key path 'roles..x'"],
          sets=["roles..x=1"], where="--set roles..x=1"),
+    # Issue 24: an instance that cannot stay inside one NVLink domain; --segment's release.
+    Case("instance_larger_than_an_nvlink_domain", """name: broken
+site:
+  base: gb200-nvl72
+  fabric:
+    nvlink_domain_nodes: 18
+model:
+  profile: kimi-k2-instruct
+  path: /models/k2
+roles:
+  prefill:
+    nodes: 4
+  decode:
+    nodes: 24  #<
+""", "roles.decode.nodes", ["an instance of 24 nodes does not fit one NVLink domain of 18 "
+                            "nodes (site.fabric.nvlink_domain_nodes)"]),
+    Case("segment_on_a_slurm_without_it", """name: broken
+site:
+  base: gb200-nvl72
+  fabric:
+    nvlink_domain_nodes: 18
+    slurm_version: "23.11"  #<
+model:
+  profile: kimi-k2-instruct
+  path: /models/k2
+""" + PD, "site.fabric.slurm_version", ["--segment, which Slurm 24.05 added; this site runs "
+                                        "23.11"]),
     Case("huge_profile_name_is_not_echoed_whole", "name: broken\nsite: local\nmodel:\n"
          "  profile: '" + "x" * 5000 + "'  #<\n  path: /m\n" + PD, "model.profile",
          ["no model profile named 'xxxx", "... (5,002 characters)"]),

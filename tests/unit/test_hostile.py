@@ -119,6 +119,10 @@ class Run:
         self.leaves = _leaves()
         self.doc = small_pd(runtime)
         self.doc["router"] = {"enabled": True}
+        # site.fabric's string (slurm_version) needs its required sibling; with no directive and
+        # no check, the fabric changes nothing else of the job
+        self.doc["site"]["fabric"] = {"nvlink_domain_nodes": 4, "topology": "none",
+                                      "check": False}
         self.values: dict[tuple, tuple] = {}
         for k, leaf in enumerate(self.leaves):
             if leaf.path in (SHADOW.values() if site_side else SHADOW):
