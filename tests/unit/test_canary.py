@@ -222,6 +222,9 @@ VARIANT: dict[tuple, tuple[Any, list, dict]] = {
                                    ("roles", "decode", "mem_fraction_static"): 0.95}),
 }
 
+_FABRIC = {("site", "fabric", "nvlink_domain_nodes"): 6, ("site", "fabric", "topology"): "block",
+           ("roles", "prefill", "spares"): 2, ("roles", "decode", "spares"): 3}
+
 # Booleans and choices: rendering with `a` and with `b` (after `mods`) must differ.
 # path -> (a, b, {path: value or None})
 DIFFERENTIAL: dict[tuple, tuple[Any, Any, dict]] = {
@@ -252,6 +255,12 @@ DIFFERENTIAL: dict[tuple, tuple[Any, Any, dict]] = {
     ("preflight", "mpi"): ("auto", "pmix", {}),
     # a site whose nodes have no GPU: the preflight's GPU check does not apply (real engine)
     ("site", "node", "gpu_type"): ("H200", "simulated", {("engine", "simulate"): False}),
+    # --segment per instance (block) or --switches=1 per role that fits one domain (tree)
+    # (spares in whole segments: prefill 2 x 2 + 2, decode 2 x 3 + 3)
+    ("site", "fabric", "topology"): ("block", "tree",
+                                     {k: v for k, v in _FABRIC.items() if k[-1] != "topology"}),
+    # the preflight's ClusterUUID check, in plan.json's preflight block
+    ("site", "fabric", "check"): (True, False, _FABRIC),
 }
 
 # Fields that legitimately leave no trace in the job directory.
@@ -271,6 +280,10 @@ ALLOW = {
     ("site", "node", "numa_nodes"): "KTransformers' --kt-threadpool-count "
                                     "(tests/unit/test_kt_plan.py)",
     ("site", "node", "memory_gb"): "KTransformers' host memory check (tests/unit/test_kt_plan.py)",
+    ("site", "fabric", "nvlink_domain_nodes"): "the planner's one-domain check and the tree "
+                                               "directive's condition (tests/unit/test_fabric.py)",
+    ("site", "fabric", "slurm_version"): "only refuses topology block before Slurm 24.05 "
+                                         "(tests/unit/test_fabric.py)",
 }
 # Prefixes whose values are mapping entries checked by key and value (auto canaries below).
 AUTO_MAPS = {("env",), ("router", "env"), ("site", "network", "env"), ("roles", "prefill", "env"),
