@@ -763,8 +763,8 @@ def _preflight(d: _Draft, router: RouterPlan | None) -> dict:
             "min_shm_bytes": int(pf.min_shm_gb * 1024 ** 3),
             "min_gpu_free_fraction": pf.min_gpu_free_fraction,
             "gid_index": site.network.gid_index, "gpus": {"why": gpus_why},
-            **({"fabric": {"domain_nodes": site.fabric.nvlink_domain_nodes}}
-               if site.fabric and site.fabric.check else {}),
+            "fabric": ({"domain_nodes": site.fabric.nvlink_domain_nodes}
+                       if site.fabric and site.fabric.check else None),
             "model_optional": "the simulated engine reads no weights" if simulate else None,
             "tools": tools}
 

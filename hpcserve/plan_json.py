@@ -195,6 +195,7 @@ SCHEMA = {
             "min_gpu_free_fraction": {"type": "number"},
             "gid_index": {"type": ["integer", "null"]},
             "gpus": _obj({"why": _OPT_STR}), "model_optional": _OPT_STR,
+            "fabric": {"anyOf": [{"type": "null"}, _obj({"domain_nodes": _INT})]},
             "tools": {"type": "array", "items": _STR},
             "image": {"anyOf": [{"type": "null"}, _obj({"path": _STR}), _obj({"note": _STR})]}}),
         "benchmark": {"anyOf": [{"type": "null"}, _obj({

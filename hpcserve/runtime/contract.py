@@ -12,8 +12,8 @@ where its results are and what its gate asks); 6 adds recovery (each instance's 
 the role's spare nodes, the engine's metrics and instance smoke request, the router's worker API)
 and state.json's per-instance record; 7 adds in_allocation (the job runs as steps of an
 allocation the user already holds: `hpcserve submit --in-allocation`), file_sd_dir (the site's
-Prometheus file-SD directory) and router.metrics_path (where the router serves Prometheus text,
-or null).
+Prometheus file-SD directory), router.metrics_path (where the router serves Prometheus text,
+or null) and preflight.fabric (the NVLink domain size whose fabric the preflight checks, or null).
 """
 
 from __future__ import annotations

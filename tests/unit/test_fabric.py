@@ -66,14 +66,14 @@ def test_topology_none_and_one_node_instances_get_no_directive(tmp_path):
 def test_no_fabric_declared_no_placement_directive_and_no_fabric_check(example):
     p = plan.build(config.load(example))
     assert not any(k in ("segment", "switches") for c in p.components for k, _ in c.directives)
-    assert "fabric" not in p.preflight
+    assert p.preflight["fabric"] is None
 
 
 def test_the_plan_hands_the_preflight_its_domain_size_unless_the_check_is_off(tmp_path):
     p = plan.build(config.load(write_yaml(tmp_path / "d.yaml", gb200(PD))))
     assert p.preflight["fabric"] == {"domain_nodes": 18}
     p = plan.build(config.load(write_yaml(tmp_path / "d.yaml", gb200(PD, check=False))))
-    assert "fabric" not in p.preflight
+    assert p.preflight["fabric"] is None
 
 
 def _refusal(tmp_path, doc: dict) -> ConfigError:

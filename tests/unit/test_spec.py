@@ -26,6 +26,26 @@ def test_every_rendered_plan_json_is_a_valid_spec(example):
     assert (plan["spec"], plan["spec_version"]) == (contract.SPEC, contract.SPEC_VERSION)
 
 
+@pytest.mark.parametrize("variant", ["fabric", "in_allocation"])
+def test_plan_json_of_a_fabric_site_and_of_an_allocation_is_a_valid_spec(variant):
+    """The optional parts no example reaches: a site with NVLink domains (its preflight block
+    names the domain) and a job run inside an allocation the user holds."""
+    from hpcserve import config, plan as planner
+    from hpcserve.render import render_files
+    # GB200: 4 GPUs a node, so half the tensor-parallel size of the 8-GPU example
+    sets = ("site=gb200-nvl72", "roles.prefill.tp=16", "roles.prefill.attn_dp=16",
+            "roles.decode.tp=48", "roles.decode.attn_dp=48") if variant == "fabric" else ()
+    p = planner.build(config.load(ROOT / "examples" / "kimi-k2-instruct-4p12d.yaml", sets))
+    if variant == "in_allocation":
+        p = planner.in_allocation(p)
+    plan = json.loads(render_files(p, "/jobs/x")["plan.json"][0])
+    jsonschema.Draft202012Validator(plan_json.SCHEMA).validate(plan)
+    if variant == "fabric":
+        assert plan["preflight"]["fabric"] == {"domain_nodes": 18}
+    else:
+        assert plan["in_allocation"] is True and plan["requeue"] == 0
+
+
 def test_the_runtime_understands_the_spec_the_renderer_writes():
     # The job directory carries its own copy of the contract (the nodes have no hpcserve):
     # what it declares is what the renderer wrote into plan.json.
