@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -622,9 +623,11 @@ class Resolved:
 
 def set_source(expr: str) -> str:
     """How errors name a --set: as written (bounded, a secret-looking value left out), so the
-    user sees which of several it is and that the command line, not the file, holds it."""
+    user sees which of several it is and that the command line, not the file, holds it. A
+    value is secret-looking by its key or by a key inside it (`env={HF_TOKEN: ...}`)."""
     key, eq, raw = expr.partition("=")
-    if eq and looks_secret(key.strip().split(".")[-1]):
+    inner_keys = re.findall(r"[\w.-]+(?=\s*:)", raw)
+    if eq and any(looks_secret(k) for k in [key.strip().split(".")[-1], *inner_keys]):
         raw = "..."
     return "--set " + shorten(escape(key + eq + raw))
 

@@ -196,6 +196,10 @@ def test_a_set_is_named_bounded_escaped_and_without_a_secret(tmp_path):
         config.load(f, ["roles.decode.args.api-key=hunter2"])
     assert "hunter2" not in str(e.value)
     assert str(e.value).startswith("--set roles.decode.args.api-key=...: "), str(e.value)
+    with pytest.raises(ConfigError) as e:  # the secret is a key inside the value
+        config.load(f, ["roles.decode.env={HF_TOKEN: hf_secret123, X: [}"])
+    assert "hf_secret123" not in str(e.value)
+    assert str(e.value).startswith("--set roles.decode.env=...: "), str(e.value)
     with pytest.raises(ConfigError) as e:
         config.load(f, ["name=" + "x" * 500, "roles.decode.nodes=0"])
     assert str(e.value).startswith("--set name=" + "x" * 55 + "... (505 characters): name: ")
