@@ -23,12 +23,23 @@ SECTIONS = (
 )
 
 
+_SSH_OPTIONS = ("--remote", "--jump", "-i", "--identity", "--known-hosts")
+
+
 class _Group(click.Group):
     """Turns hpcserve's own errors into one line on stderr and exit code 2, never a traceback."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.NoSuchOption as e:
+            if e.option_name not in _SSH_OPTIONS:
+                raise
+            # The SSH options moved before the command: say where, not "did you mean --probe".
+            e.message = (f"{e.option_name} is an option of hpcserve itself: put it before the "
+                         f"command (hpcserve {e.option_name} ... {ctx.invoked_subcommand} ...)")
+            e.possibilities = []
+            raise
         except BrokenPipeError:
             # `hpcserve status | head`: the reader is gone; leave quietly, as other tools do
             # (and keep Python from complaining when it flushes stdout at exit).

@@ -150,9 +150,14 @@ def test_the_group_options_reach_the_runner_and_beat_the_environment(runner_args
                               "known_hosts": "kh"}
 
 
-def test_an_ssh_option_after_the_command_is_refused():
+def test_an_ssh_option_after_the_command_is_refused_saying_where_it_goes():
     r = CliRunner().invoke(main, ["status", "--remote", "u@h"])
-    assert r.exit_code == 2 and "No such option '--remote'" in r.output
+    assert r.exit_code == 2
+    assert ("--remote is an option of hpcserve itself: put it before the command "
+            "(hpcserve --remote ... status ...)") in r.output
+    assert "Did you mean" not in r.output
+    r = CliRunner().invoke(main, ["status", "--bogus"])  # other unknown options: click's words
+    assert r.exit_code == 2 and "No such option '--bogus'" in r.output
 
 
 def test_without_a_remote_the_runner_is_local(runner_args, tmp_path, monkeypatch):
