@@ -60,6 +60,15 @@ def type_name(tp: Any) -> str:
         tp, getattr(tp, "__name__", str(tp)))
 
 
+def _got(tp: Any, value: Any) -> str:
+    """"got ..." after "expected <tp>": a number where a string belongs is YAML reading an
+    unquoted 24.10 as the number 24.1, so say to quote it."""
+    got = f"got {_kind(value)}"
+    if tp in (str, str | None) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        got += " (YAML reads it unquoted as a number: quote it)"
+    return got
+
+
 def _kind(value: Any) -> str:
     if value is None:
         return "null"
@@ -123,7 +132,7 @@ class Validator:
                     last = e
             if last is not None:
                 raise last
-            raise self.error(path, f"expected {type_name(tp)}, got {_kind(value)}")
+            raise self.error(path, f"expected {type_name(tp)}, {_got(tp, value)}")
         origin = typing.get_origin(tp)
         if origin is Literal:
             choices = typing.get_args(tp)
@@ -185,7 +194,7 @@ class Validator:
     def _scalar(self, value: Any, tp: Any, path: tuple, meta: dict) -> Any:
         ok = self._shape_matches(value, tp)
         if not ok:
-            raise self.error(path, f"expected {type_name(tp)}, got {_kind(value)}")
+            raise self.error(path, f"expected {type_name(tp)}, {_got(tp, value)}")
         if tp is float:
             value = float(value)
             if not math.isfinite(value):
@@ -229,8 +238,17 @@ class Validator:
         return obj
 
 
+# A required key's doc, shown after "missing required key": cut here (the whole doc is in
+# `hpcserve schema`), so that the error stays one readable line.
+ABOUT_CHARS = 80
+
+
 def _about(f: dataclasses.Field) -> str:
-    return f" ({f.metadata['doc']})" if f.metadata.get("doc") else ""
+    doc = f.metadata.get("doc")
+    if not doc:
+        return ""
+    short = re.split(r" \(|; |: ", doc, maxsplit=1)[0]
+    return f" ({short if len(short) <= ABOUT_CHARS else short[:ABOUT_CHARS - 3] + '...'})"
 
 
 class FieldProblem(Exception):

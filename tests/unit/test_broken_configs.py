@@ -393,6 +393,27 @@ model:
   path: /models/k2
 """ + PD, "site.fabric.slurm_version", ["--segment, which Slurm 24.05 added; this site runs "
                                         "23.11"]),
+    # The field's doc is cut short after "missing required key" (the whole is in the schema).
+    Case("missing_fabric_topology_stays_short", """name: broken
+site:
+  base: dgx-h200-pyxis
+  fabric: {nvlink_domain_nodes: 18}  #<
+model:
+  profile: kimi-k2-instruct
+  path: /models/k2
+""" + PD, "site.fabric", ["missing required key 'topology' (the site's Slurm TopologyPlugin)"]),
+    # YAML reads an unquoted 24.10 as the number 24.1: say to quote it.
+    Case("unquoted_release_number", """name: broken
+site:
+  base: gb200-nvl72
+  fabric:
+    nvlink_domain_nodes: 18
+    slurm_version: 24.10  #<
+model:
+  profile: kimi-k2-instruct
+  path: /models/k2
+""" + PD, "site.fabric.slurm_version", ["got the number 24.1 (YAML reads it unquoted as a "
+                                        "number: quote it)"]),
     Case("huge_profile_name_is_not_echoed_whole", "name: broken\nsite: local\nmodel:\n"
          "  profile: '" + "x" * 5000 + "'  #<\n  path: /m\n" + PD, "model.profile",
          ["no model profile named 'xxxx", "... (5,002 characters)"]),
