@@ -8,6 +8,7 @@ node's full command line, one row per node, with the per-node values filled in.
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 from .plan import Plan
@@ -80,13 +81,18 @@ def topology(p: Plan) -> list[str]:
     return _columns(rows)
 
 
+_SHELL_WORD = re.compile(r"""(?:'[^']*'|"(?:[^"\\]|\\.)*"|[^\s'"])+""")
+
+
 def _fold(line: str, indent: str, last: bool) -> list[str]:
     """One option line of a command block, with its ` \\` continuation; an option whose values
     pass WIDTH continues on lines of its own (a single word longer than that stays whole)."""
     tail = "" if last else " \\"
     if len(indent) + len(line) + len(tail) <= WIDTH:
         return [indent + line + tail]
-    words = line.split(" ")
+    # Break only between shell words: a space inside a quoted value ('{"a": 1}') is not a place
+    # to put a ` \`, or the command shown could not be copied and run.
+    words = _SHELL_WORD.findall(line)
     out, cur = [], indent + words[0]
     for w in words[1:]:
         if len(cur) + 1 + len(w) + 2 > WIDTH:

@@ -95,3 +95,16 @@ def test_plan_argv_has_every_nodes_whole_command(example):
                                                          str(i.index), str(rank)]]
             assert len(mine) == 1, f"{i.name} node rank {rank}: {len(mine)} rows"
             assert mine[0].endswith(" ".join(words)), f"{i.name} node rank {rank}"
+
+
+def test_a_long_option_folds_between_shell_words_never_inside_a_quoted_value():
+    import shlex
+    from hpcserve.table import _fold
+    value = shlex.quote('{"max_loras": 4, "lora_modules": ["' + "a" * 40 + '", "' + "b" * 40
+                        + '"], "x": 1}')
+    line = f"--json-arg {value} --other 'two words' plain"
+    folded = _fold(line, "    ", last=True)
+    assert len(folded) > 1
+    # the continuations joined back give the same shell words
+    joined = " ".join(ln.strip().removesuffix(" \\") for ln in folded)
+    assert shlex.split(joined) == shlex.split(line)
