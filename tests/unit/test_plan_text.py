@@ -105,6 +105,8 @@ def test_a_long_option_folds_between_shell_words_never_inside_a_quoted_value():
     line = f"--json-arg {value} --other 'two words' plain"
     folded = _fold(line, "    ", last=True)
     assert len(folded) > 1
+    for ln in folded:  # every line closes its own quotes: no ` \` inside a quoted value
+        shlex.split(ln.removesuffix(" \\"))
     # the continuations joined back give the same shell words
     joined = " ".join(ln.strip().removesuffix(" \\") for ln in folded)
     assert shlex.split(joined) == shlex.split(line)
