@@ -807,6 +807,20 @@ RETRY_DELAYS_S = (2.0, 4.0, 8.0, 12.0)
 RETRY_WINDOW_S = 30.0
 
 
+# What Slurm's commands print where they have no cluster to ask: no slurm.conf (SLURM_CONF,
+# /etc/slurm) and no configless DNS SRV record (Slurm 22.05's src/common/fetch_config.c). Asking
+# again cannot help: this is a machine outside the cluster, not a controller that is busy.
+NOT_CONFIGURED = (
+    "Could not establish a configuration source",
+    "_establish_config_source: failed to fetch config",
+)
+
+
+def not_configured(text: str | None) -> bool:
+    """True when a Slurm command says it has no configuration: no cluster is known here."""
+    return bool(text) and any(words in text for words in NOT_CONFIGURED)
+
+
 def controller_unreachable(text: str | None) -> bool:
     """True when a Slurm command's output says slurmctld did not answer (busy, restarting,
     stopped, or a backup in standby); False for every answer the controller gave, refusals

@@ -60,6 +60,18 @@ class SlurmUnreachable(HpcserveError):
                          f"({tries} {'try' if tries == 1 else 'tries'} in {seconds:.0f} s){note}")
 
 
+class SlurmNotConfigured(HpcserveError):
+    """Slurm's commands are installed here but know no cluster: one line saying so, the
+    command, its last words, and where hpcserve must run instead."""
+
+    def __init__(self, res: Result, where: str = ""):
+        words = (res.err.strip() or res.out.strip()).splitlines()[-1:]
+        super().__init__(f"Slurm's commands here know no cluster: {short_command(res.argv)}{where}"
+                         f" says {' '.join(words)!r} (no slurm.conf, no configless DNS record): "
+                         "run hpcserve on a login node, set SLURM_CONF, or give --remote "
+                         "USER@LOGIN before the command")
+
+
 def short_command(argv) -> str:
     """The command as a person would name it: an output format's value is left out ('...')."""
     # -o is the format in squeue, sinfo and sacct (scontrol's -o is a flag: one line per record)
@@ -101,6 +113,8 @@ class Runner:
             res = self.run_once(argv, check=False, timeout=timeout, env=env)
             tries += 1
             said = res.err + "\n" + res.out
+            if res.rc != 0 and parsers.not_configured(said):
+                raise SlurmNotConfigured(res, self._where)
             if res.rc == 0 or not parsers.controller_unreachable(said):
                 break
             elapsed = self.clock() - t0

@@ -208,3 +208,30 @@ def test_status_after_two_refusals_shows_the_deployment_serving(one_deployment, 
     assert r.exit_code == 0, r.output
     assert "serving at http://10.0.0.1:8000" in r.stdout
     assert slept == list(parsers.RETRY_DELAYS_S[:2])
+
+
+# What Debian's Slurm 22.05.8 client prints on a machine with no slurm.conf and no configless
+# DNS record (this project's development machines before the test cluster is up).
+NO_CONFIG = ("squeue: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
+             "squeue: error: fetch_config: DNS SRV lookup failed\n"
+             "squeue: error: _establish_config_source: failed to fetch config\n"
+             "squeue: fatal: Could not establish a configuration source\n")
+
+
+def test_a_client_that_knows_no_cluster_is_one_line_at_once_not_an_unknown_job(one_deployment):
+    bindir, slept = one_deployment
+    for tool in ("squeue", "scontrol"):
+        _stub(bindir, tool, f"printf '%s' '{NO_CONFIG.replace('squeue', tool)}' >&2; exit 1\n")
+    for argv, cmd in ((["status"], "squeue --me -h -t all -o ..."),
+                      (["status", "12345"], "scontrol show job -o 12345")):
+        r = CliRunner().invoke(main, argv)
+        assert r.exit_code == 2, r.output
+        tool = cmd.split()[0]
+        assert r.stderr == (
+            f"hpcserve: error: Slurm's commands here know no cluster: {cmd} says '{tool}: fatal: "
+            "Could not establish a configuration source' (no slurm.conf, no configless DNS "
+            "record): run hpcserve on a login node, set SLURM_CONF, or give --remote USER@LOGIN "
+            "before the command\n")
+        assert "does not know" not in r.output and "%i|" not in r.output
+    assert slept == []  # asking again cannot help: no retries
+    assert not parsers.controller_unreachable(NO_CONFIG) and parsers.not_configured(NO_CONFIG)
