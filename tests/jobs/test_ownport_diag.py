@@ -1,6 +1,6 @@
 """ownport's listening sockets through sock_diag (netlink) against /proc/net/tcp{,6}, the same
-kernel's other answer: the same inodes, listeners only, IPv4 and IPv6, and the fallback when
-netlink is refused."""
+kernel's other answer: the same inodes, listeners only, IPv4 and IPv6, and /proc/net when netlink
+is refused or lists no listener where /proc/net shows some."""
 
 from __future__ import annotations
 
@@ -51,5 +51,24 @@ def test_listening_inodes_falls_back_to_proc_net_when_netlink_is_refused(monkeyp
         monkeypatch.setattr(ownport.socket, "socket", refused)
         assert ownport.diag_listening_inodes(port) is None
         assert ownport.listening_inodes(port) == ownport.proc_listening_inodes(port) != set()
+    finally:
+        v4.close()
+
+
+def test_listening_inodes_uses_proc_net_when_sock_diag_lists_no_listener(monkeypatch):
+    # a kernel whose sock_diag answers without its TCP part: an empty list, never an error
+    v4 = _listener(socket.AF_INET, "127.0.0.1")
+    port = v4.getsockname()[1]
+    try:
+        monkeypatch.setattr(ownport, "_diag_works", None)
+        monkeypatch.setattr(ownport, "diag_listening_inodes", lambda port: set())
+        assert ownport.listening_inodes(port) == ownport.proc_listening_inodes(port) != set()
+        assert ownport._diag_works is False
+        # and a working one is trusted: every listener it lists includes ours
+        monkeypatch.undo()
+        monkeypatch.setattr(ownport, "_diag_works", None)
+        assert ownport.listening_inodes(port) == ownport.proc_listening_inodes(port)
+        assert ownport._diag_works is True
+        assert ownport.proc_listening_inodes(port) <= ownport.diag_listening_inodes(None)
     finally:
         v4.close()
