@@ -29,22 +29,26 @@ from bench_job import DEPLOY, job_pids, state, wait  # noqa: E402
 from hpcserve.devcluster.cluster import DevCluster  # noqa: E402
 
 CLI = "import sys; from hpcserve.cli import main; sys.argv[0] = 'hpcserve'; main()"
-# (label, how to find its time in seconds after the batch script's first line)
-PHASES = (("runtime started", lambda st, log: _phase(st, "starting")),
-          ("nodes found, engines started", lambda st, log: _logged(log, "started ")),
-          ("engines ready", lambda st, log: _phase(st, "engines_ready")),
-          ("router's script started (its log made)", lambda st, log: _born(st, "logs/router.log")),
-          ("router listens (its port verdict)", lambda st, log: _born(st, "run/ports/router")),
-          ("router ready", lambda st, log: _phase(st, "router_ready")),
-          ("serving", lambda st, log: st["serving_after_s"]))
+# (label, how to find its time in seconds after the batch script's first line from state.json,
+# the job's log and its directory)
+PHASES = (("runtime started", lambda st, log, d: _phase(st, "starting")),
+          ("nodes found, engines started", lambda st, log, d: _logged(log, "started ")),
+          ("engines ready", lambda st, log, d: _phase(st, "engines_ready")),
+          ("router's script started (its log made)",
+           lambda st, log, d: _born(st, d / "logs" / "router.log")),
+          ("router listens (its port verdict)",
+           lambda st, log, d: _born(st, d / "run" / "ports" / "router")),
+          ("router ready", lambda st, log, d: _phase(st, "router_ready")),
+          ("serving", lambda st, log, d: st["serving_after_s"]))
 
 
 def _phase(st: dict, name: str) -> float:
     return next(h["at"] for h in st["history"] if h["phase"] == name) - st["started_at"]
 
 
-def _born(st: dict, rel: str) -> float:
-    out = subprocess.run(["stat", "-c", "%.3W", os.path.join(st["_dir"], rel)],
+def _born(st: dict, path: Path) -> float:
+    """When the file was made (its birth time), seconds after the first line."""
+    out = subprocess.run(["stat", "-c", "%.3W", str(path)],
                          capture_output=True, text=True, check=True).stdout
     return float(out) - st["started_at"]
 
@@ -63,12 +67,11 @@ def run_once(root: Path, cluster: DevCluster, env: dict, d: Path) -> dict:
                          capture_output=True, text=True).stdout.strip()
     st = wait(lambda: state(d) if state(d).get("phase") == "serving" else None, 60)
     log = (d / "logs" / "hpcserve-job.log").read_text()
-    st["_dir"] = str(d)
     subprocess.run(["scancel", jid], env=env, check=True)
     wait(lambda: not job_pids(cluster), 30)
     wait(lambda: not subprocess.run(["squeue", "-h", "-j", jid], env=env, capture_output=True,
                                     text=True).stdout.strip(), 30)
-    return {label: at(st, log) for label, at in PHASES}
+    return {label: at(st, log, d) for label, at in PHASES}
 
 
 def main() -> None:
