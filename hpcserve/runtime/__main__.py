@@ -2,6 +2,12 @@
 
 import sys
 
-from .job import main
+if sys.argv[1:2] == ["discover"]:
+    # Every node's discovery step: its own module, not the orchestrator's whole package.
+    from .discovery import main
+
+    sys.exit(main(sys.argv[2:]))
+
+from .job import main  # noqa: E402
 
 sys.exit(main())

@@ -8,6 +8,7 @@ Batch side: Discovery runs those steps and reads the lines back by node rank.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -80,6 +81,23 @@ def active_ib_devices(root: str = "/sys/class/infiniband") -> list[str]:
         except OSError:
             continue
     return out
+
+
+def discover_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--iface", default="auto")
+    ap.add_argument("--ib", default="none")
+    ap.add_argument("--component", type=int, default=0, help="this step's het-job component")
+    ap.add_argument("--preflight", metavar="JOB_DIR",
+                    help="also run the preflight checks of JOB_DIR/plan.json on this node")
+
+
+def main(argv: list[str]) -> int:
+    """`python3 -m hpcserve_runtime discover ...` without the orchestrator's modules: every
+    node's discovery step runs it, on the way to `serving`, and imports (compiles, when the
+    job directory holds no bytecode yet) only what it needs."""
+    ap = argparse.ArgumentParser(prog="python3 -m hpcserve_runtime discover")
+    discover_args(ap)
+    return cmd_discover(ap.parse_args(argv))
 
 
 def cmd_discover(args) -> int:
@@ -160,7 +178,7 @@ class Discovery:
                                      f"{', '.join(map(str, running))} timed out after "
                                      f"{self.TIMEOUT:g} s")
             self.job.check()
-            time.sleep(0.05)
+            time.sleep(0.02)  # a poll() per component: cheap, and the engines wait on it
 
     def _rows(self, c: dict, out: str) -> list[list[str]]:
         rows = [ln.split()[1:] for ln in read_from(out).splitlines()

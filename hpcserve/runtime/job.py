@@ -18,7 +18,7 @@ import time
 from .allocation import InAllocation
 from .bench_step import BenchStep
 from .contract import SpecError, load_spec
-from .discovery import Discovery, cmd_discover
+from .discovery import Discovery, cmd_discover, discover_args
 from .failures import Stop
 from .file_sd import FileSD
 from .health import Liveness, Readiness
@@ -253,12 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="orchestrate the deployment (called by job.sbatch)")
     r.add_argument("job_dir")
-    d = sub.add_parser("discover", help="print this node's address line")
-    d.add_argument("--iface", default="auto")
-    d.add_argument("--ib", default="none")
-    d.add_argument("--component", type=int, default=0, help="this step's het-job component")
-    d.add_argument("--preflight", metavar="JOB_DIR",
-                   help="also run the preflight checks of JOB_DIR/plan.json on this node")
+    discover_args(sub.add_parser("discover", help="print this node's address line"))
     a = ap.parse_args(argv)
     if a.cmd == "discover":
         return cmd_discover(a)
