@@ -76,6 +76,43 @@ def node_map(plan: dict, hosts: list) -> dict[int, list]:
     return out
 
 
+def step_prefix(plan: dict) -> str:
+    """The prefix of the deployment's step names in Slurm: in an allocation the user holds,
+    "hpcserve-<name>-", so that cancel never takes the user's own steps called router or
+    prefill-0 for the deployment's; none in the deployment's own job."""
+    return f"hpcserve-{plan['name']}-" if plan.get("in_allocation") else ""
+
+
+def own_steps(plan: dict, ids: dict) -> dict:
+    """Slurm's step ids by step name (`squeue --steps`), keeping only the deployment's steps,
+    under the names the runtime gives them (without step_prefix)."""
+    pre = step_prefix(plan)
+    return {k[len(pre):]: v for k, v in ids.items() if k.startswith(pre)} if pre else ids
+
+
+# The variables srun reads as options (srun(1), INPUT ENVIRONMENT VARIABLES) that an salloc or
+# sbatch of the user's sets from its own options (salloc(1)/sbatch(1), OUTPUT ENVIRONMENT
+# VARIABLES): a step would take the user's allocation shape (its CPUs, memory, GPUs and tasks)
+# for the deployment's. The job.sbatch of an in-allocation job unsets them, as the het job never
+# has them: each step spells its shape itself.
+SHAPE_VARS = (
+    "SLURM_CPUS_PER_TASK", "SLURM_CPUS_PER_GPU", "SLURM_TRES_PER_TASK", "SLURM_MEM_PER_CPU",
+    "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_GPU", "SLURM_GPUS", "SLURM_GPUS_PER_NODE",
+    "SLURM_GPUS_PER_TASK", "SLURM_GPUS_PER_SOCKET", "SLURM_NTASKS", "SLURM_NPROCS",
+    "SLURM_NTASKS_PER_NODE", "SLURM_NTASKS_PER_CORE", "SLURM_NTASKS_PER_SOCKET",
+    "SLURM_NTASKS_PER_GPU", "SLURM_DISTRIBUTION", "SLURM_CPU_BIND", "SLURM_MEM_BIND",
+    "SLURM_GPU_BIND", "SLURM_HINT", "SLURM_THREADS_PER_CORE", "SLURM_EXACT",
+    "SLURM_OVERCOMMIT", "SLURM_CONSTRAINT", "SLURM_GRES",
+)
+
+# `hpcserve preflight --in-allocation`: as long as a preflight job of its own (plan.py
+# PREFLIGHT_TIME), not the allocation's time limit.
+PREFLIGHT_SECONDS = 600
+# How often the supervisor asks the allocation's time limit again: allocations held for days are
+# often extended (`scontrol update JobId=... TimeLimit=...`) while the deployment serves.
+REREAD_SECONDS = 300
+
+
 # --------------------------------------------------------------------- what Slurm says it holds
 
 def gpus_per_node(rec: dict) -> int | None:
@@ -113,6 +150,8 @@ class InAllocation:
         self.active = bool(job.plan.get("in_allocation"))
         self.nodes: dict[int, list] = {}   # component index -> its nodes
         self.end: float | None = None       # when the allocation's time limit ends it
+        self.cap: float | None = None       # a preflight's own end (PREFLIGHT_SECONDS)
+        self.asked = 0.0                    # when the time limit was last asked
 
     def place(self, now: float) -> None:
         """Each component's share of the allocation's nodes, checked to fit first (again: a
@@ -129,7 +168,9 @@ class InAllocation:
         if why:
             raise Stop("failed", why)
         self.nodes = node_map(job.plan, have.nodes)
-        self.end = now + left if left is not None else None
+        if (job.plan.get("preflight") or {}).get("only"):
+            self.cap = now + PREFLIGHT_SECONDS
+        self._set_end(now, left)
         job.log(f"in allocation {job.job_id}: " + "; ".join(
             f"{c['name']} on {','.join(self.nodes[c['index']])}" for c in job.plan["components"]))
 
@@ -145,6 +186,22 @@ class InAllocation:
         return [f"--het-group={component['index']}"] if len(self.job.plan["components"]) > 1 \
             else []
 
+    def _set_end(self, now: float, left: int | None) -> None:
+        self.asked = now
+        end = now + left if left is not None else None
+        self.end = min(e for e in (end, self.cap) if e is not None) \
+            if end is not None or self.cap is not None else None
+
     def time_is_up(self, now: float) -> bool:
-        """Whether the allocation ends within the plan's signal_grace: time to stop."""
+        """Whether the allocation (or a preflight's ten minutes) ends within the plan's
+        signal_grace: time to stop. The time limit is asked again every REREAD_SECONDS (an
+        extension moves the end; a failed ask keeps the last answer)."""
+        if not self.active:
+            return False
+        if now - self.asked >= REREAD_SECONDS:
+            try:
+                self._set_end(now, self.job.slurm.time_left())
+            except Exception as e:  # noqa: BLE001 - Slurm's words; the last end holds
+                self.asked = now
+                self.job.log(f"asking allocation {self.job.job_id}'s time limit failed: {e}")
         return self.end is not None and now >= self.end - float(self.job.plan["signal_grace"])
