@@ -80,6 +80,16 @@ def _end_salloc(salloc: subprocess.Popen, shell: Path, env: dict, alloc: str | N
         salloc.wait(30)
 
 
+def _alive(drv: dict) -> bool:
+    """Whether the recorded driver still runs: its PID with its start time, and not a zombie
+    (ended, not yet reaped by the process that inherited it)."""
+    try:
+        fields = Path(f"/proc/{drv['pid']}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[19] == drv["start"] and fields[0] not in ("Z", "X")
+
+
 def test_serves_in_an_salloc_and_cancel_leaves_it(dev_cluster, env, deploy_file, tmp_path):
     held = _nodes(env)[-2:]  # not the first nodes: a het job of its own would start there
     job_dir = tmp_path / "jobs" / "t-inalloc"
@@ -106,7 +116,8 @@ def test_serves_in_an_salloc_and_cancel_leaves_it(dev_cluster, env, deploy_file,
         assert on == {"prefill-0": [held[0]], "decode-0": [held[1]]}, on
         assert st["router_node"] == held[0]
         steps = _steps(env, alloc)
-        assert {"prefill-0", "decode-0", "router"} <= set(steps), steps
+        assert {"hpcserve-t-inalloc-prefill-0", "hpcserve-t-inalloc-decode-0",
+                "hpcserve-t-inalloc-router"} <= set(steps), steps  # apart from the user's own
         assert all(sid.startswith(f"{alloc}.") for sid in steps.values()), steps
         drv = json.loads((job_dir / "run" / "driver.json").read_text())
         assert drv["allocation"] == alloc
@@ -121,11 +132,9 @@ def test_serves_in_an_salloc_and_cancel_leaves_it(dev_cluster, env, deploy_file,
         assert r.returncode == 0 and "the allocation goes on" in r.stdout, r.stdout + r.stderr
         assert job.state()["phase"] == "cancelled"
         until("the deployment's steps gone from the allocation",
-              lambda: not {"prefill-0", "decode-0", "router"} & set(_steps(env, alloc)), 30,
+              lambda: not [n for n in _steps(env, alloc) if n.startswith("hpcserve-")], 30,
               why=lambda: str(_steps(env, alloc)))
-        assert not Path(f"/proc/{drv['pid']}").exists() or \
-            Path(f"/proc/{drv['pid']}/stat").read_text().rsplit(")", 1)[1].split()[19] \
-            != drv["start"], "the driver outlived its cancel"
+        assert not _alive(drv), "the driver outlived its cancel"
         # the allocation is the user's: still running, and a new step runs in it
         assert _job_state(env, alloc) == "RUNNING"
         step = subprocess.run(["srun", f"--jobid={alloc}", "--overlap", "-N1", "-w", held[1],
@@ -158,6 +167,7 @@ def test_preflight_in_an_salloc_checks_its_nodes(dev_cluster, env, deploy_file, 
     salloc = _salloc(env, held, inner, tmp_path)
     out, err = salloc.communicate(timeout=120)
     assert salloc.returncode == 0, out + err
+    assert f"started preflight in allocation {(tmp_path / 'jobid').read_text().strip()}" in err
     rows = {ln.split()[0]: ln.split()[1:] for ln in out.splitlines()[1:] if ln.split()}
     assert set(rows) == set(held), out  # the checks ran on the allocation's nodes
     assert all(r[0] == "ok" for r in rows.values()), out
