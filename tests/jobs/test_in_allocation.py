@@ -145,6 +145,35 @@ def test_serves_in_an_salloc_and_cancel_leaves_it(dev_cluster, env, deploy_file,
         _end_salloc(salloc, tmp_path / "shell", env, alloc)
 
 
+def test_foreground_ends_with_the_deployment(dev_cluster, env, deploy_file, tmp_path):
+    """A batch script's last line: `submit --in-allocation --foreground` runs until the
+    deployment ends and exits with its end (0: cancelled); the allocation goes on."""
+    held = _nodes(env)[-2:]
+    job_dir = tmp_path / "jobs" / "t-fg"
+    done = tmp_path / "submitted"
+    inner = (f"{shlex.quote(HPCSERVE)} submit --in-allocation --foreground "
+             f"{shlex.quote(str(deploy_file))} --out {shlex.quote(str(job_dir))} --wait "
+             f"> {shlex.quote(str(done))} 2>&1; echo rc=$? >> {shlex.quote(str(done))}; "
+             f"echo $$ > {shlex.quote(str(tmp_path / 'shell'))}; exec sleep 600")
+    salloc = _salloc(env, held, inner, tmp_path)
+    alloc = None
+    try:
+        until("serving, said by submit --wait", lambda: done.exists() and
+              "serving at" in done.read_text(), 120, 0.1, why=lambda: done.read_text())
+        alloc = (tmp_path / "jobid").read_text().strip()
+        assert "rc=" not in done.read_text()  # still in the foreground while it serves
+        r = subprocess.run([HPCSERVE, "cancel", alloc], env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        text = until("submit --foreground's end", lambda: "rc=" in done.read_text() and
+                     done.read_text(), 120, 0.1, why=lambda: done.read_text())
+        assert text.rstrip().endswith("rc=0"), text
+        assert json.loads((job_dir / "state.json").read_text())["phase"] == "cancelled"
+        assert _job_state(env, alloc) == "RUNNING"
+    finally:
+        _end_salloc(salloc, tmp_path / "shell", env, alloc)
+
+
 def test_too_small_an_allocation_is_refused(dev_cluster, env, deploy_file, tmp_path):
     held = _nodes(env)[-1:]
     job_dir = tmp_path / "jobs" / "t-small"
