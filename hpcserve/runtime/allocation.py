@@ -1,6 +1,6 @@
 """A deployment inside an allocation the user already holds (`hpcserve submit --in-allocation`
 from an `salloc` shell or the user's own batch script): what the allocation holds, whether the
-deployment fits in it, and which of its nodes each het component of the plan gets.
+deployment fits in it (nodes per role, GPUs and CPUs per node), and which of its nodes each het component of the plan gets.
 
 Rendered for an allocation (plan.json "in_allocation"), the job runs as steps of that job, not
 as a heterogeneous job of its own: component k gets the next `nodes` of the allocation's nodes,
@@ -26,6 +26,7 @@ class Held(NamedTuple):
     state: str
     nodes: list            # host names, in Slurm's order
     gpus_per_node: int | None  # None: the allocation holds no GPU that Slurm counts
+    cpus_per_node: int | None = None  # None: Slurm's record does not say
 
 
 def gpus_asked(component: dict) -> int:
@@ -39,6 +40,14 @@ def gpus_asked(component: dict) -> int:
                 if parts[0] == "gpu" and parts[-1].isdigit():
                     return int(parts[-1])
     return 0
+
+
+def cpus_asked(component: dict) -> int:
+    """CPUs per node that the component's engine asks for (its #SBATCH cpus-per-task times
+    ntasks-per-node; 0: none asked): each of its steps asks srun for as many."""
+    d = {k: v for k, v in component.get("directives", [])}
+    per_task = int(d.get("cpus-per-task") or 0)
+    return per_task * int(d.get("ntasks-per-node") or 1)
 
 
 def needs(plan: dict) -> list[tuple[str, int]]:
@@ -61,6 +70,12 @@ def misfit(plan: dict, held: Held) -> str | None:
                           if gpus_asked(c))
         return (f"the deployment needs {gpus} GPU(s) per node ({asked}) and allocation "
                 f"{held.job_id} holds {held.gpus_per_node or 0} per node")
+    cpus = max((cpus_asked(c) for c in plan["components"]), default=0)
+    if cpus and held.cpus_per_node is not None and held.cpus_per_node < cpus:
+        asked = ", ".join(f"{c['name']} {cpus_asked(c)}" for c in plan["components"]
+                          if cpus_asked(c))
+        return (f"the deployment needs {cpus} CPU(s) per node ({asked}) and allocation "
+                f"{held.job_id} holds {held.cpus_per_node} per node")
     return None
 
 
@@ -117,9 +132,19 @@ REREAD_SECONDS = 300
 
 def gpus_per_node(rec: dict) -> int | None:
     """GPUs per node from the record's TRES (gres/gpu=N over NumNodes); None without GPUs."""
+    return _per_node(rec, "gres/gpu")
+
+
+def cpus_per_node(rec: dict) -> int | None:
+    """CPUs per node from the record's TRES (cpu=N over NumNodes; the record gives only the
+    total: where the nodes got different counts, their mean)."""
+    return _per_node(rec, "cpu")
+
+
+def _per_node(rec: dict, key: str) -> int | None:
     tres = dict(kv.split("=", 1) for kv in (rec.get("TRES") or rec.get("AllocTRES") or
                                             "").split(",") if "=" in kv)
-    total = tres.get("gres/gpu")
+    total = tres.get(key)
     nodes = int(rec.get("NumNodes", "0").split("-")[0] or 0)
     if not total or not total.isdigit() or not nodes:
         return None
@@ -136,7 +161,7 @@ def held(job_id: str, ask) -> Held:
                          "deployment runs inside an allocation of one component")
     rec = recs[0]
     hosts = ask(["scontrol", "show", "hostnames", rec.get("NodeList", "")]).split()
-    return Held(job_id, rec.get("JobState", "?"), hosts, gpus_per_node(rec))
+    return Held(job_id, rec.get("JobState", "?"), hosts, gpus_per_node(rec), cpus_per_node(rec))
 
 
 # ------------------------------------------------------------------------------ in the job

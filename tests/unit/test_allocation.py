@@ -63,6 +63,21 @@ def test_too_few_gpus_per_node_named():
     assert misfit(spec, Held("9", "RUNNING", ["a", "b", "c"], 8)) is None
 
 
+def test_too_few_cpus_per_node_named():
+    """An engine that computes on CPUs (cpus-per-task, a task per GPU) in an salloc that holds
+    fewer on each node: srun would refuse its step."""
+    spec = {"components": [
+        {"index": 0, "name": "prefill", "nodes": 1,
+         "directives": [["cpus-per-task", "8"], ["ntasks-per-node", "4"]]},
+        {"index": 1, "name": "decode", "nodes": 1, "directives": [["cpus-per-task", "16"]]}]}
+    assert misfit(spec, Held("9", "RUNNING", ["a", "b"], None, 16)) == \
+        "the deployment needs 32 CPU(s) per node (prefill 32, decode 16) and allocation 9 " \
+        "holds 16 per node"
+    assert misfit(spec, Held("9", "RUNNING", ["a", "b"], None, 32)) is None
+    assert misfit(spec, Held("9", "RUNNING", ["a", "b"], None, None)) is None  # not said
+    assert misfit(_spec({"prefill": 1}), Held("9", "RUNNING", ["a"], None, 1)) is None
+
+
 def test_gpus_asked_from_the_directives():
     assert gpus_asked({"directives": [["gres", "gpu:h100:4"]]}) == 4
     assert gpus_asked({"directives": [["gres", "nvme:1,gpu:2"]]}) == 2
@@ -79,7 +94,7 @@ def test_held_reads_nodes_and_gpus_from_slurm():
         asked.append(argv)
         return record if argv[1] == "-o" else "gpu07\ngpu08\n"
 
-    assert held("41", ask) == Held("41", "RUNNING", ["gpu07", "gpu08"], 8)
+    assert held("41", ask) == Held("41", "RUNNING", ["gpu07", "gpu08"], 8, 32)
     assert asked[1] == ["scontrol", "show", "hostnames", "gpu[07-08]"]
 
 
