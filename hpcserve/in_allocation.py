@@ -3,9 +3,11 @@ holds (an `salloc` shell, or the user's own batch script), for sites where users
 
 The job directory is rendered for it (plan.json "in_allocation": every step names its nodes
 within the allocation instead of a het group), checked to fit what Slurm says the allocation
-holds before anything starts, and its job.sbatch is started here as a background process, in a
-session of its own (the shell it came from stays free and may close). That process, the driver,
-is recorded in the job directory (run/driver.json: PID, its start time against PID reuse, host)
+holds before anything starts, and its job.sbatch is started here as a process in a session of
+its own: in the background (the shell it came from is free, but must stay: salloc gives the
+allocation back when its shell exits, a batch script's job ends when the script returns), or
+waited for with --foreground (a batch script's last line). That process, the driver, runs on
+this host (the login node for an salloc shell on most sites) and is recorded in the job directory (run/driver.json: PID, its start time against PID reuse, host)
 so that `status` can tell it is gone and `cancel` can ask it to stop (SIGUSR1: the runtime's
 orderly teardown). Cancel ends the deployment's own steps, never the allocation.
 """

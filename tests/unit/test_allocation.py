@@ -310,3 +310,11 @@ def test_foreground_waits_for_the_driver_and_asks_it_to_stop_on_an_interrupt(tmp
 
     assert ia.run_in_place(p, interrupt) == 3
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
+
+
+def test_foreground_without_in_allocation_is_refused_before_anything_runs():
+    from click.testing import CliRunner
+
+    from hpcserve.cli import main
+    r = CliRunner().invoke(main, ["submit", "--foreground", str(ROOT / "examples" / "demo.yaml")])
+    assert r.exit_code == 2 and "--foreground goes with --in-allocation" in r.output, r.output
