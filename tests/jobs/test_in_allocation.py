@@ -80,6 +80,16 @@ def _end_salloc(salloc: subprocess.Popen, shell: Path, env: dict, alloc: str | N
         salloc.wait(30)
 
 
+def _submit_then_hold(deploy_file: Path, job_dir: Path, done: Path, tmp: Path, *opts) -> str:
+    """The salloc shell's command: `hpcserve submit --in-allocation`, its output and exit code
+    into `done`, then the shell stays (its PID in tmp/shell: _end_salloc ends it)."""
+    argv = [HPCSERVE, "submit", "--in-allocation", *opts, str(deploy_file), "--out",
+            str(job_dir)]
+    return (f"{shlex.join(argv)} > {shlex.quote(str(done))} 2>&1; "
+            f"echo rc=$? >> {shlex.quote(str(done))}; "
+            f"echo $$ > {shlex.quote(str(tmp / 'shell'))}; exec sleep 600")
+
+
 def _alive(drv: dict) -> bool:
     """Whether the recorded driver still runs: its PID with its start time, and not a zombie
     (ended, not yet reaped by the process that inherited it)."""
@@ -94,11 +104,7 @@ def test_serves_in_an_salloc_and_cancel_leaves_it(dev_cluster, env, deploy_file,
     held = _nodes(env)[-2:]  # not the first nodes: a het job of its own would start there
     job_dir = tmp_path / "jobs" / "t-inalloc"
     done = tmp_path / "submitted"
-    inner = (f"{shlex.quote(HPCSERVE)} submit --in-allocation {shlex.quote(str(deploy_file))} "
-             f"--out {shlex.quote(str(job_dir))} > {shlex.quote(str(done))} 2>&1; "
-             f"echo rc=$? >> {shlex.quote(str(done))}; "
-             f"echo $$ > {shlex.quote(str(tmp_path / 'shell'))}; exec sleep 600")
-    salloc = _salloc(env, held, inner, tmp_path)
+    salloc = _salloc(env, held, _submit_then_hold(deploy_file, job_dir, done, tmp_path), tmp_path)
     alloc = None
     try:
         text = until("hpcserve submit's end in the salloc shell",
@@ -151,10 +157,7 @@ def test_foreground_ends_with_the_deployment(dev_cluster, env, deploy_file, tmp_
     held = _nodes(env)[-2:]
     job_dir = tmp_path / "jobs" / "t-fg"
     done = tmp_path / "submitted"
-    inner = (f"{shlex.quote(HPCSERVE)} submit --in-allocation --foreground "
-             f"{shlex.quote(str(deploy_file))} --out {shlex.quote(str(job_dir))} --wait "
-             f"> {shlex.quote(str(done))} 2>&1; echo rc=$? >> {shlex.quote(str(done))}; "
-             f"echo $$ > {shlex.quote(str(tmp_path / 'shell'))}; exec sleep 600")
+    inner = _submit_then_hold(deploy_file, job_dir, done, tmp_path, "--foreground", "--wait")
     salloc = _salloc(env, held, inner, tmp_path)
     alloc = None
     try:
