@@ -20,6 +20,7 @@ from .bench_sweep import spec, sweep
 from .engines.bench_clients import CLIENTS, BenchClient
 from .errors import HpcserveError
 from .render import bench_launch_script
+from .runtime.allocation import SHAPE_VARS, step_prefix
 from .slurm.runner import read_json
 
 
@@ -51,6 +52,7 @@ class Prepared:
     spec: dict
     node: str             # where --in-allocation runs it: the first instance's leader node
     het_group: int | None  # that node's het-job component (None: not a het job)
+    step_name: str        # its step's name in Slurm (with the deployment's prefix in an allocation)
 
 
 def prepare(entry, runner, ask: Sweep, stamp: str) -> Prepared:
@@ -79,9 +81,18 @@ def prepare(entry, runner, ask: Sweep, stamp: str) -> Prepared:
         runner.put_tree(tmp, f"{jd}/{rel}")
     first = plan["instances"][0]
     rows = (runner.read_text(f"{jd}/run/{first['name']}.nodes") or "").split()
-    het = first["component"] if len(plan["components"]) > 1 else None
     return Prepared(jd, f"{jd}/{rel}", f"{jd}/{rel}/launch.sh", s,
-                    rows[1] if len(rows) > 1 else "", het)
+                    rows[1] if len(rows) > 1 else "", het_group(plan, first),
+                    step_prefix(plan) + "bench")
+
+
+def het_group(plan: dict, instance: dict) -> int | None:
+    """The het-job component of `instance` where srun needs one: a deployment of several
+    components in a het job of its own. One started with --in-allocation runs in the user's
+    allocation, which is no het job (srun refuses --het-group there); --nodelist names the node."""
+    if plan.get("in_allocation") or len(plan["components"]) < 2:
+        return None
+    return instance["component"]
 
 
 def _client(name: str) -> BenchClient:
@@ -128,16 +139,23 @@ def _instance_url(state: dict) -> str:
 def in_allocation(prep: Prepared, entry, runner, timeout: float) -> dict:
     """The run as a step of the deployment's own allocation (no spare node needed), on the
     node of its first instance's leader; the gate's verdict on its results."""
-    het = [] if prep.het_group is None else [f"--het-group={prep.het_group}"]
-    res = runner.run(["srun", f"--jobid={entry.job_id.split('+')[0]}", *het, "--overlap",
-                      "--nodes=1", "--ntasks=1", f"--nodelist={prep.node}", "--job-name=bench",
-                      "bash", prep.script], check=False, timeout=timeout)
+    res = runner.run(step_argv(prep, entry.job_id), check=False, timeout=timeout)
     result = verdict(prep, runner)
     f = result["failed"]
     if f and res.rc != 0 and "did not run" in f["reason"]:
         why = " | ".join((res.err or res.out).strip().splitlines()[-2:])
         f["reason"] += f": srun exited with code {res.rc}: {why}"
     return result
+
+
+def step_argv(prep: Prepared, job_id: str) -> list[str]:
+    """srun of the run's step, on its node, in the shape it spells itself: not the one of a
+    shell inside an salloc (env -u: srun reads its options from those variables)."""
+    het = [] if prep.het_group is None else [f"--het-group={prep.het_group}"]
+    unset = [a for v in SHAPE_VARS for a in ("-u", v)]
+    return ["env", *unset, "srun", f"--jobid={job_id.split('+')[0]}", *het, "--overlap",
+            "--nodes=1", "--ntasks=1", f"--nodelist={prep.node}", f"--job-name={prep.step_name}",
+            "bash", prep.script]
 
 
 def verdict(prep: Prepared, runner) -> dict:

@@ -225,22 +225,33 @@ def profiles() -> None:
 @_set_opt
 @click.option("--out", "-o", help="job directory (default: <jobs_dir>/<name>-<timestamp>)")
 @click.option("--dry-run", is_flag=True, help="render only; print the job directory")
-@click.option("--check", is_flag=True, help="ask Slurm whether it would run (sbatch --test-only)")
+@click.option("--check", is_flag=True,
+              help="ask Slurm whether it would run (sbatch --test-only); with --in-allocation: "
+                   "whether it fits the allocation, and where each role would run")
 @click.option("--follow", "-f", is_flag=True, help="show the phases live until serving or failure")
 @click.option("--wait", "-w", is_flag=True, help="wait until serving or failure, print the end")
 @click.option("--in-allocation", is_flag=True,
               help="run as steps of the allocation this shell is in (salloc, your batch script)")
-def submit(file, sets, out, dry_run, check, follow, wait, in_allocation):
+@click.option("--foreground", is_flag=True,
+              help="with --in-allocation: run until the deployment ends, exit with its end "
+                   "(0: cancelled or done); the last line of a batch script")
+def submit(file, sets, out, dry_run, check, follow, wait, in_allocation, foreground):
     """Render FILE and submit it with sbatch; print the job id and the job directory.
-    With --in-allocation, run it as steps of the allocation this shell is in instead.
+    With --in-allocation, run it as steps of the allocation this shell is in instead: in the
+    background, as long as that shell lives (salloc gives the allocation back when its shell
+    exits; keep it open), or with --foreground until the deployment ends.
 
     \b
     Example:
       hpcserve submit examples/demo.yaml --follow
       hpcserve --remote me@login.example.org submit deploy.yaml --check
-      salloc -N 4 --time 2-0   # then, in its shell:  hpcserve submit deploy.yaml --in-allocation
+      salloc -N 4 --no-kill --time 2-0   # in its shell: hpcserve submit deploy.yaml --in-allocation
+      # last line of your batch script:  hpcserve submit --in-allocation --foreground deploy.yaml
     """
     from . import ops
+    if foreground and not in_allocation:
+        raise click.UsageError("--foreground goes with --in-allocation (a job of its own runs "
+                               "in Slurm's queue, not here)")
     ssh = _ssh()
     remote = ssh.remote
     runner = ssh.runner(remote)
@@ -253,6 +264,13 @@ def submit(file, sets, out, dry_run, check, follow, wait, in_allocation):
     click.echo(f"started {res.name} in allocation {res.job_id}" if in_allocation else
                f"submitted job {res.job_id}: {res.name}")
     click.echo(f"job directory: {res.job_dir}")
+    if foreground:
+        from .in_allocation import run_in_place
+        sys.exit(run_in_place(res.driver, lambda: ops.follow(
+            res.entry, runner, echo=click.echo, quiet=wait) if follow or wait else None))
+    if res.driver is not None:
+        from .in_allocation import detach
+        detach(res.driver)
     if not (follow or wait):
         from .deployments import reference
         r = f"--remote {remote} " if remote else ""
@@ -283,7 +301,12 @@ def preflight(file, sets, as_json, in_allocation):
     res = ops.submit(file, sets, runner=runner, remote=remote, out=None, dry_run=False,
                      check=False, preflight_only=True, in_allocation=in_allocation,
                      warn=lambda w: click.echo(f"hpcserve: warning: {w}", err=True))
-    click.echo(f"submitted preflight job {res.job_id}: {res.job_dir}", err=True)
+    if res.driver is not None:
+        from .in_allocation import detach
+        detach(res.driver)
+        click.echo(f"started preflight in allocation {res.job_id}: {res.job_dir}", err=True)
+    else:
+        click.echo(f"submitted preflight job {res.job_id}: {res.job_dir}", err=True)
     rc = ops.follow(res.entry, runner, echo=lambda line: click.echo(line, err=True), quiet=True,
                     until_serving=False)
     result = ops.preflight_result(runner, res.job_dir)

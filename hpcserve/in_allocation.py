@@ -3,9 +3,11 @@ holds (an `salloc` shell, or the user's own batch script), for sites where users
 
 The job directory is rendered for it (plan.json "in_allocation": every step names its nodes
 within the allocation instead of a het group), checked to fit what Slurm says the allocation
-holds before anything starts, and its job.sbatch is started here as a background process, in a
-session of its own (the shell it came from stays free and may close). That process, the driver,
-is recorded in the job directory (run/driver.json: PID, its start time against PID reuse, host)
+holds before anything starts, and its job.sbatch is started here as a process in a session of
+its own: in the background (the shell it came from is free, but must stay: salloc gives the
+allocation back when its shell exits, a batch script's job ends when the script returns), or
+waited for with --foreground (a batch script's last line). That process, the driver, runs on
+this host (the login node for an salloc shell on most sites) and is recorded in the job directory (run/driver.json: PID, its start time against PID reuse, host)
 so that `status` can tell it is gone and `cancel` can ask it to stop (SIGUSR1: the runtime's
 orderly teardown). Cancel ends the deployment's own steps, never the allocation.
 """
@@ -15,13 +17,14 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import signal
 import socket
 import subprocess
 import time
 from typing import Callable
 
 from .errors import HpcserveError
-from .runtime import allocation
+from .runtime import allocation, file_sd
 from .runtime import slurm_parsers as parsers
 from .runtime.contract import TERMINAL_PHASES
 
@@ -70,10 +73,11 @@ def refuse_second(job_id: str, runner, entries) -> None:
                                 f"first nodes: cancel it first (hpcserve cancel {e.handle})")
 
 
-def start_driver(job_dir: str, job_id: str) -> dict:
-    """job.sbatch as a background process in a session of its own (no terminal: a closed
-    salloc shell sends it no SIGHUP), output to logs/batch-<allocation>.out; recorded in
-    run/driver.json."""
+def start_driver(job_dir: str, job_id: str) -> subprocess.Popen:
+    """job.sbatch as a process of its own session (no terminal: no SIGHUP reaches it when the
+    shell's terminal goes), output to logs/batch-<allocation>.out; recorded in
+    run/driver.json. It runs as long as the allocation does: salloc gives the allocation back
+    when its shell exits, and a batch script's job ends when the script returns."""
     os.makedirs(os.path.join(job_dir, "run"), exist_ok=True)
     with open(os.path.join(job_dir, "logs", f"batch-{job_id}.out"), "ab") as out:
         p = subprocess.Popen(["bash", os.path.join(job_dir, "job.sbatch")], cwd=job_dir,
@@ -85,8 +89,31 @@ def start_driver(job_dir: str, job_id: str) -> dict:
     with open(tmp, "w") as f:
         json.dump(rec, f)
     os.replace(tmp, os.path.join(job_dir, DRIVER))
-    p.returncode = 0  # not waited for here: it outlives this command (no ResourceWarning)
-    return rec
+    return p
+
+
+def detach(p: subprocess.Popen) -> None:
+    """The driver outlives this command: not waited for (no ResourceWarning). Until this
+    command exits it stays this process's child (a zombie once it ended: driver_state)."""
+    p.returncode = 0
+
+
+def run_in_place(p: subprocess.Popen, meanwhile: Callable[[], object] = lambda: None) -> int:
+    """--foreground: `meanwhile` (following the phases), then wait for the driver and return
+    its exit code (the deployment's end). An interrupt or SIGTERM to this command asks the
+    driver for its orderly teardown (SIGUSR1), as `hpcserve cancel` does, and waits on."""
+    def forward(_sig, _frame):
+        try:
+            p.send_signal(signal.SIGUSR1)
+        except OSError:
+            pass
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        meanwhile()
+        return p.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def _read(path: str) -> str | None:
@@ -99,8 +126,14 @@ def _read(path: str) -> str | None:
 
 def _start_time(stat: str | None) -> str | None:
     """/proc/PID/stat's starttime (field 22, after the command in parentheses)."""
+    return _stat_field(stat, 19)
+
+
+def _stat_field(stat: str | None, i: int) -> str | None:
+    """Field 3 + i of /proc/PID/stat (0: the state, 19: the start time), counted after the
+    command in parentheses (which may hold spaces and parentheses itself)."""
     try:
-        return stat.rsplit(")", 1)[1].split()[19] if stat else None
+        return stat.rsplit(")", 1)[1].split()[i] if stat else None
     except IndexError:
         return None
 
@@ -122,7 +155,10 @@ def driver_state(runner, job_dir: str, rec: dict | None = None) -> str | None:
     if runner.run(["hostname"], check=False).out.strip() != rec.get("host"):
         return "elsewhere"
     stat = runner.read_text(f"/proc/{int(rec['pid'])}/stat")
-    return "running" if stat and _start_time(stat) == rec.get("start") else "gone"
+    if not stat or _start_time(stat) != rec.get("start"):
+        return "gone"
+    # Z: it ended and its parent (the `submit --follow` that started it) has not reaped it yet
+    return "gone" if _stat_field(stat, 0) in ("Z", "X") else "running"
 
 
 # --------------------------------------------------------------------------------------- cancel
@@ -137,10 +173,10 @@ def step_names(spec: dict) -> set[str]:
 def end_steps(runner, job_id: str, spec: dict, echo: Callable[[str], None]) -> None:
     """scancel JOBID.STEPID for each of the deployment's steps still running in the allocation,
     never the allocation itself."""
-    names = step_names(spec)
+    names, pre = step_names(spec), allocation.step_prefix({**spec, "in_allocation": True})
     res = runner.run(parsers.steps_argv([job_id]))
-    ids = [s.step_id for s in parsers.parse_steps(res.out)
-           if s.name.split(".attempt")[0] in names and "." in s.step_id]
+    ids = [s.step_id for s in parsers.parse_steps(res.out) if s.name.startswith(pre) and
+           s.name[len(pre):].split(".attempt")[0] in names and "." in s.step_id]
     if ids:
         runner.run(["scancel", *ids])
     echo(f"ended the deployment's steps in allocation {job_id}: "
@@ -163,6 +199,7 @@ def cancel(entry, runner, *, wait: bool, echo: Callable[[str], None]) -> int:
                             "run hpcserve cancel there")
     if how != "running":
         end_steps(runner, alloc, spec, echo)
+        remove_file_sd(runner, entry, spec)
         return 0
     runner.run(["kill", "-USR1", str(int(rec["pid"]))])
     echo(f"cancelling deployment {entry.handle} in allocation {alloc}: orderly teardown "
@@ -178,5 +215,19 @@ def cancel(entry, runner, *, wait: bool, echo: Callable[[str], None]) -> int:
         time.sleep(0.3)
     end_steps(runner, alloc, spec, echo)
     runner.run(["kill", "-KILL", str(int(rec["pid"]))], check=False)
+    remove_file_sd(runner, entry, spec)
     echo(f"deployment {entry.handle} did not finish its teardown in time: its steps ended")
     return 2
+
+
+def remove_file_sd(runner, entry, spec: dict) -> None:
+    """The Prometheus file-SD file of a driver that could not remove it itself (gone, or
+    killed): Prometheus stops scraping the ended steps' addresses. Named as the driver names it
+    (runtime/file_sd.py), with or without the cluster's name (SLURM_CLUSTER_NAME where it ran)."""
+    d = spec.get("file_sd_dir")
+    if not d or not spec.get("name"):
+        return
+    d = runner.expand_path(d)
+    paths = {posixpath.join(d, file_sd.file_name(spec["name"], c, entry.allocation))
+             for c in (entry.cluster, None)}
+    runner.run(["rm", "-f", "--", *sorted(paths)], check=False)

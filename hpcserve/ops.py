@@ -45,6 +45,7 @@ class Submitted:
     name: str
     remote: str | None
     entry: deployments.Entry
+    driver: Any = None   # --in-allocation: the driver process started here (in_allocation.py)
 
 
 def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out: str | None,
@@ -59,7 +60,8 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
     if in_allocation:
         p = planner.in_allocation(p)
         if not dry_run:
-            return _submit_in_allocation(p, cfg, runner, remote, out, check, warn, preflight_only)
+            return _submit_in_allocation(p, cfg, runner=runner, remote=remote, out=out,
+                                         check=check, warn=warn, preflight_only=preflight_only)
     if not cfg.site.slurm.exclusive and not dry_run and not check:
         p = clear_of_my_other_deployments(p, cfg, runner, remote, warn)
     job_dir = _job_dir(p, runner, out, preflight_only)
@@ -117,7 +119,8 @@ def _job_dir(p, runner, out: str | None, preflight_only: bool) -> str:
                           f"{p.name}{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def _submit_in_allocation(p, cfg, runner, remote, out, check, warn, preflight_only):
+def _submit_in_allocation(p, cfg, *, runner, remote: str | None, out: str | None, check: bool,
+                          warn: Callable[[str], None], preflight_only: bool):
     """The job started as a background process of the allocation this shell is in, once it is
     known to fit there (in_allocation.py)."""
     from . import in_allocation as ia
@@ -138,10 +141,10 @@ def _submit_in_allocation(p, cfg, runner, remote, out, check, warn, preflight_on
     for w in p.warnings:
         warn(w)
     write_job(files, job_dir)
-    ia.start_driver(job_dir, alloc)
+    driver = ia.start_driver(job_dir, alloc)
     entry = deployments.new_entry(alloc, p.name, job_dir, None, cluster_name(runner), alloc)
     deployments.record(entry)
-    return Submitted(alloc, job_dir, p.name, None, entry)
+    return Submitted(alloc, job_dir, p.name, None, entry, driver)
 
 
 def cluster_name(runner) -> str | None:

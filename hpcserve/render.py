@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import textwrap
 from pathlib import Path
 
 from . import __version__, engines, package_data
@@ -19,6 +20,7 @@ from .errors import HpcserveError
 from .plan import Instance, Plan
 from .plan_json import dumps as spec_dumps
 from .plan_json import job_spec
+from .runtime.allocation import SHAPE_VARS, step_prefix
 from .templates import jinja
 from .words import Var, Word, argv_lines, quote
 
@@ -105,6 +107,8 @@ def _srun(plan: Plan, component: int, nodes: int | None, name: str, *, nodelist:
     # A restarted instance is a new attempt: hpcserve_runtime sets HPCSERVE_ATTEMPT_TAG
     # (".attempt2"; empty for the first start) so that Slurm names its step apart from the
     # attempt before it, which may still be ending on a lost node.
+    # In an allocation the user holds, its steps carry the deployment's prefix (step_prefix).
+    name = step_prefix({"name": plan.name, "in_allocation": plan.in_allocation}) + name
     w.append(("--job-name=", name, Var("HPCSERVE_ATTEMPT_TAG", unset_ok=True)) if inst
              else f"--job-name={name}")
     w.append("--kill-on-bad-exit=1")
@@ -125,7 +129,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
                       "directives": [_directive(k, v) for k, v in ds]})
     files["job.sbatch"] = (env.get_template("job.sbatch.j2").render(
         components=[] if plan.in_allocation else comps, alloc_components=comps, plan=plan, version=__version__, topology=topology(plan),
-        engine_title=_engine_title(plan),
+        engine_title=_engine_title(plan), unset=" \\\n  ".join(textwrap.wrap(" ".join(SHAPE_VARS), 90)),
         job_dir=jd, site_python=plan.site_python), 0o755)
 
     step = env.get_template("step.sh.j2")

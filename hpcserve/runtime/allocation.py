@@ -1,6 +1,6 @@
 """A deployment inside an allocation the user already holds (`hpcserve submit --in-allocation`
 from an `salloc` shell or the user's own batch script): what the allocation holds, whether the
-deployment fits in it, and which of its nodes each het component of the plan gets.
+deployment fits in it (nodes per role, GPUs and CPUs per node), and which of its nodes each het component of the plan gets.
 
 Rendered for an allocation (plan.json "in_allocation"), the job runs as steps of that job, not
 as a heterogeneous job of its own: component k gets the next `nodes` of the allocation's nodes,
@@ -26,6 +26,7 @@ class Held(NamedTuple):
     state: str
     nodes: list            # host names, in Slurm's order
     gpus_per_node: int | None  # None: the allocation holds no GPU that Slurm counts
+    cpus_per_node: int | None = None  # None: Slurm's record does not say
 
 
 def gpus_asked(component: dict) -> int:
@@ -39,6 +40,14 @@ def gpus_asked(component: dict) -> int:
                 if parts[0] == "gpu" and parts[-1].isdigit():
                     return int(parts[-1])
     return 0
+
+
+def cpus_asked(component: dict) -> int:
+    """CPUs per node that the component's engine asks for (its #SBATCH cpus-per-task times
+    ntasks-per-node; 0: none asked): each of its steps asks srun for as many."""
+    d = {k: v for k, v in component.get("directives", [])}
+    per_task = int(d.get("cpus-per-task") or 0)
+    return per_task * int(d.get("ntasks-per-node") or 1)
 
 
 def needs(plan: dict) -> list[tuple[str, int]]:
@@ -61,6 +70,12 @@ def misfit(plan: dict, held: Held) -> str | None:
                           if gpus_asked(c))
         return (f"the deployment needs {gpus} GPU(s) per node ({asked}) and allocation "
                 f"{held.job_id} holds {held.gpus_per_node or 0} per node")
+    cpus = max((cpus_asked(c) for c in plan["components"]), default=0)
+    if cpus and held.cpus_per_node is not None and held.cpus_per_node < cpus:
+        asked = ", ".join(f"{c['name']} {cpus_asked(c)}" for c in plan["components"]
+                          if cpus_asked(c))
+        return (f"the deployment needs {cpus} CPU(s) per node ({asked}) and allocation "
+                f"{held.job_id} holds {held.cpus_per_node} per node")
     return None
 
 
@@ -76,13 +91,60 @@ def node_map(plan: dict, hosts: list) -> dict[int, list]:
     return out
 
 
+def step_prefix(plan: dict) -> str:
+    """The prefix of the deployment's step names in Slurm: in an allocation the user holds,
+    "hpcserve-<name>-", so that cancel never takes the user's own steps called router or
+    prefill-0 for the deployment's; none in the deployment's own job."""
+    return f"hpcserve-{plan['name']}-" if plan.get("in_allocation") else ""
+
+
+def own_steps(plan: dict, ids: dict) -> dict:
+    """Slurm's step ids by step name (`squeue --steps`), keeping only the deployment's steps,
+    under the names the runtime gives them (without step_prefix)."""
+    pre = step_prefix(plan)
+    return {k[len(pre):]: v for k, v in ids.items() if k.startswith(pre)} if pre else ids
+
+
+# The variables srun reads as options (srun(1), INPUT ENVIRONMENT VARIABLES) that an salloc or
+# sbatch of the user's sets from its own options (salloc(1)/sbatch(1), OUTPUT ENVIRONMENT
+# VARIABLES): a step would take the user's allocation shape (its CPUs, memory, GPUs and tasks)
+# for the deployment's. The job.sbatch of an in-allocation job unsets them, as the het job never
+# has them: each step spells its shape itself.
+SHAPE_VARS = (
+    "SLURM_CPUS_PER_TASK", "SLURM_CPUS_PER_GPU", "SLURM_TRES_PER_TASK", "SLURM_MEM_PER_CPU",
+    "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_GPU", "SLURM_GPUS", "SLURM_GPUS_PER_NODE",
+    "SLURM_GPUS_PER_TASK", "SLURM_GPUS_PER_SOCKET", "SLURM_NTASKS", "SLURM_NPROCS",
+    "SLURM_NTASKS_PER_NODE", "SLURM_NTASKS_PER_CORE", "SLURM_NTASKS_PER_SOCKET",
+    "SLURM_NTASKS_PER_GPU", "SLURM_DISTRIBUTION", "SLURM_CPU_BIND", "SLURM_MEM_BIND",
+    "SLURM_GPU_BIND", "SLURM_HINT", "SLURM_THREADS_PER_CORE", "SLURM_EXACT",
+    "SLURM_OVERCOMMIT", "SLURM_CONSTRAINT", "SLURM_GRES",
+)
+
+# `hpcserve preflight --in-allocation`: as long as a preflight job of its own (plan.py
+# PREFLIGHT_TIME), not the allocation's time limit.
+PREFLIGHT_SECONDS = 600
+# How often the supervisor asks the allocation's time limit again: allocations held for days are
+# often extended (`scontrol update JobId=... TimeLimit=...`) while the deployment serves.
+REREAD_SECONDS = 300
+
+
 # --------------------------------------------------------------------- what Slurm says it holds
 
 def gpus_per_node(rec: dict) -> int | None:
     """GPUs per node from the record's TRES (gres/gpu=N over NumNodes); None without GPUs."""
+    return _per_node(rec, "gres/gpu")
+
+
+def cpus_per_node(rec: dict) -> int | None:
+    """CPUs per node from the record's TRES (cpu=N over NumNodes; the record gives only the
+    total: where the nodes got different counts, their mean)."""
+    return _per_node(rec, "cpu")
+
+
+def _per_node(rec: dict, key: str) -> int | None:
     tres = dict(kv.split("=", 1) for kv in (rec.get("TRES") or rec.get("AllocTRES") or
                                             "").split(",") if "=" in kv)
-    total = tres.get("gres/gpu")
+    total = tres.get(key)
     nodes = int(rec.get("NumNodes", "0").split("-")[0] or 0)
     if not total or not total.isdigit() or not nodes:
         return None
@@ -99,7 +161,7 @@ def held(job_id: str, ask) -> Held:
                          "deployment runs inside an allocation of one component")
     rec = recs[0]
     hosts = ask(["scontrol", "show", "hostnames", rec.get("NodeList", "")]).split()
-    return Held(job_id, rec.get("JobState", "?"), hosts, gpus_per_node(rec))
+    return Held(job_id, rec.get("JobState", "?"), hosts, gpus_per_node(rec), cpus_per_node(rec))
 
 
 # ------------------------------------------------------------------------------ in the job
@@ -113,6 +175,8 @@ class InAllocation:
         self.active = bool(job.plan.get("in_allocation"))
         self.nodes: dict[int, list] = {}   # component index -> its nodes
         self.end: float | None = None       # when the allocation's time limit ends it
+        self.cap: float | None = None       # a preflight's own end (PREFLIGHT_SECONDS)
+        self.asked = 0.0                    # when the time limit was last asked
 
     def place(self, now: float) -> None:
         """Each component's share of the allocation's nodes, checked to fit first (again: a
@@ -129,7 +193,9 @@ class InAllocation:
         if why:
             raise Stop("failed", why)
         self.nodes = node_map(job.plan, have.nodes)
-        self.end = now + left if left is not None else None
+        if (job.plan.get("preflight") or {}).get("only"):
+            self.cap = now + PREFLIGHT_SECONDS
+        self._set_end(now, left)
         job.log(f"in allocation {job.job_id}: " + "; ".join(
             f"{c['name']} on {','.join(self.nodes[c['index']])}" for c in job.plan["components"]))
 
@@ -145,6 +211,22 @@ class InAllocation:
         return [f"--het-group={component['index']}"] if len(self.job.plan["components"]) > 1 \
             else []
 
+    def _set_end(self, now: float, left: int | None) -> None:
+        self.asked = now
+        end = now + left if left is not None else None
+        self.end = min(e for e in (end, self.cap) if e is not None) \
+            if end is not None or self.cap is not None else None
+
     def time_is_up(self, now: float) -> bool:
-        """Whether the allocation ends within the plan's signal_grace: time to stop."""
+        """Whether the allocation (or a preflight's ten minutes) ends within the plan's
+        signal_grace: time to stop. The time limit is asked again every REREAD_SECONDS (an
+        extension moves the end; a failed ask keeps the last answer)."""
+        if not self.active:
+            return False
+        if now - self.asked >= REREAD_SECONDS:
+            try:
+                self._set_end(now, self.job.slurm.time_left())
+            except Exception as e:  # noqa: BLE001 - Slurm's words; the last end holds
+                self.asked = now
+                self.job.log(f"asking allocation {self.job.job_id}'s time limit failed: {e}")
         return self.end is not None and now >= self.end - float(self.job.plan["signal_grace"])

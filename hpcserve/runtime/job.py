@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-from .allocation import InAllocation
+from .allocation import InAllocation, own_steps
 from .bench_step import BenchStep
 from .contract import SpecError, load_spec
 from .discovery import Discovery, cmd_discover, discover_args
@@ -77,7 +77,7 @@ class Job:
         running); {} when Slurm does not answer: a step Slurm does not list is signalled through
         its srun client instead."""
         try:
-            return self.slurm.step_ids(retry=False)
+            return own_steps(self.plan, self.slurm.step_ids(retry=False))
         except errors as e:
             self.log(f"listing steps failed: {e}")
             return {}

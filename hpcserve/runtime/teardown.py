@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 
+from .allocation import step_prefix
 from .slurm import Unreachable
 from .state import now
 from .supervise import BENCH_STEP
@@ -153,7 +154,7 @@ class Teardown:
             for c in comps:
                 cmd = ["srun", *self.job.allocation.srun_args(c),
                        f"--nodes={c['nodes']}", f"--ntasks={c['nodes']}", "--ntasks-per-node=1",
-                       "--overlap", f"--job-name={what}-cleanup", "--kill-on-bad-exit=0", *argv]
+                       "--overlap", f"--job-name={step_prefix(self.job.plan)}{what}-cleanup", "--kill-on-bad-exit=0", *argv]
                 try:
                     procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                                   stdin=subprocess.DEVNULL))

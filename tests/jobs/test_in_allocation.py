@@ -80,15 +80,31 @@ def _end_salloc(salloc: subprocess.Popen, shell: Path, env: dict, alloc: str | N
         salloc.wait(30)
 
 
+def _submit_then_hold(deploy_file: Path, job_dir: Path, done: Path, tmp: Path, *opts) -> str:
+    """The salloc shell's command: `hpcserve submit --in-allocation`, its output and exit code
+    into `done`, then the shell stays (its PID in tmp/shell: _end_salloc ends it)."""
+    argv = [HPCSERVE, "submit", "--in-allocation", *opts, str(deploy_file), "--out",
+            str(job_dir)]
+    return (f"{shlex.join(argv)} > {shlex.quote(str(done))} 2>&1; "
+            f"echo rc=$? >> {shlex.quote(str(done))}; "
+            f"echo $$ > {shlex.quote(str(tmp / 'shell'))}; exec sleep 600")
+
+
+def _alive(drv: dict) -> bool:
+    """Whether the recorded driver still runs: its PID with its start time, and not a zombie
+    (ended, not yet reaped by the process that inherited it)."""
+    try:
+        fields = Path(f"/proc/{drv['pid']}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[19] == drv["start"] and fields[0] not in ("Z", "X")
+
+
 def test_serves_in_an_salloc_and_cancel_leaves_it(dev_cluster, env, deploy_file, tmp_path):
     held = _nodes(env)[-2:]  # not the first nodes: a het job of its own would start there
     job_dir = tmp_path / "jobs" / "t-inalloc"
     done = tmp_path / "submitted"
-    inner = (f"{shlex.quote(HPCSERVE)} submit --in-allocation {shlex.quote(str(deploy_file))} "
-             f"--out {shlex.quote(str(job_dir))} > {shlex.quote(str(done))} 2>&1; "
-             f"echo rc=$? >> {shlex.quote(str(done))}; "
-             f"echo $$ > {shlex.quote(str(tmp_path / 'shell'))}; exec sleep 600")
-    salloc = _salloc(env, held, inner, tmp_path)
+    salloc = _salloc(env, held, _submit_then_hold(deploy_file, job_dir, done, tmp_path), tmp_path)
     alloc = None
     try:
         text = until("hpcserve submit's end in the salloc shell",
@@ -106,7 +122,8 @@ def test_serves_in_an_salloc_and_cancel_leaves_it(dev_cluster, env, deploy_file,
         assert on == {"prefill-0": [held[0]], "decode-0": [held[1]]}, on
         assert st["router_node"] == held[0]
         steps = _steps(env, alloc)
-        assert {"prefill-0", "decode-0", "router"} <= set(steps), steps
+        assert {"hpcserve-t-inalloc-prefill-0", "hpcserve-t-inalloc-decode-0",
+                "hpcserve-t-inalloc-router"} <= set(steps), steps  # apart from the user's own
         assert all(sid.startswith(f"{alloc}.") for sid in steps.values()), steps
         drv = json.loads((job_dir / "run" / "driver.json").read_text())
         assert drv["allocation"] == alloc
@@ -121,17 +138,41 @@ def test_serves_in_an_salloc_and_cancel_leaves_it(dev_cluster, env, deploy_file,
         assert r.returncode == 0 and "the allocation goes on" in r.stdout, r.stdout + r.stderr
         assert job.state()["phase"] == "cancelled"
         until("the deployment's steps gone from the allocation",
-              lambda: not {"prefill-0", "decode-0", "router"} & set(_steps(env, alloc)), 30,
+              lambda: not [n for n in _steps(env, alloc) if n.startswith("hpcserve-")], 30,
               why=lambda: str(_steps(env, alloc)))
-        assert not Path(f"/proc/{drv['pid']}").exists() or \
-            Path(f"/proc/{drv['pid']}/stat").read_text().rsplit(")", 1)[1].split()[19] \
-            != drv["start"], "the driver outlived its cancel"
+        assert not _alive(drv), "the driver outlived its cancel"
         # the allocation is the user's: still running, and a new step runs in it
         assert _job_state(env, alloc) == "RUNNING"
         step = subprocess.run(["srun", f"--jobid={alloc}", "--overlap", "-N1", "-w", held[1],
                                "printenv", "SLURMD_NODENAME"], env=env, capture_output=True,
                               text=True, timeout=60)
         assert step.returncode == 0 and step.stdout.strip() == held[1], step.stderr
+    finally:
+        _end_salloc(salloc, tmp_path / "shell", env, alloc)
+
+
+def test_foreground_ends_with_the_deployment(dev_cluster, env, deploy_file, tmp_path):
+    """A batch script's last line: `submit --in-allocation --foreground` runs until the
+    deployment ends and exits with its end (0: cancelled); the allocation goes on."""
+    held = _nodes(env)[-2:]
+    job_dir = tmp_path / "jobs" / "t-fg"
+    done = tmp_path / "submitted"
+    inner = _submit_then_hold(deploy_file, job_dir, done, tmp_path, "--foreground", "--wait")
+    salloc = _salloc(env, held, inner, tmp_path)
+    alloc = None
+    try:
+        until("serving, said by submit --wait", lambda: done.exists() and
+              "serving at" in done.read_text(), 120, 0.1, why=lambda: done.read_text())
+        alloc = (tmp_path / "jobid").read_text().strip()
+        assert "rc=" not in done.read_text()  # still in the foreground while it serves
+        r = subprocess.run([HPCSERVE, "cancel", alloc], env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        text = until("submit --foreground's end", lambda: "rc=" in done.read_text() and
+                     done.read_text(), 120, 0.1, why=lambda: done.read_text())
+        assert text.rstrip().endswith("rc=0"), text
+        assert json.loads((job_dir / "state.json").read_text())["phase"] == "cancelled"
+        assert _job_state(env, alloc) == "RUNNING"
     finally:
         _end_salloc(salloc, tmp_path / "shell", env, alloc)
 
@@ -158,6 +199,7 @@ def test_preflight_in_an_salloc_checks_its_nodes(dev_cluster, env, deploy_file, 
     salloc = _salloc(env, held, inner, tmp_path)
     out, err = salloc.communicate(timeout=120)
     assert salloc.returncode == 0, out + err
+    assert f"started preflight in allocation {(tmp_path / 'jobid').read_text().strip()}" in err
     rows = {ln.split()[0]: ln.split()[1:] for ln in out.splitlines()[1:] if ln.split()}
     assert set(rows) == set(held), out  # the checks ran on the allocation's nodes
     assert all(r[0] == "ok" for r in rows.values()), out
