@@ -1,7 +1,7 @@
 """Placement that follows the NVLink fabric (site.fabric): the directive each het-job component
 gets (--segment under topology/block, --switches under topology/tree), the layouts refused at
 plan time, and what the plan hands the preflight. The preflight's fabric check itself is in
-tests/unit/test_fabric_preflight.py; the directive on the real Slurm in tests/jobs/test_fabric.py.
+tests/unit/test_fabric_preflight.py; the directive on the real Slurm in tests/jobs/test_fabric_placement.py.
 """
 
 from __future__ import annotations
