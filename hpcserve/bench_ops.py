@@ -9,10 +9,8 @@ its own runs it beside the deployment (submitit).
 """
 
 from __future__ import annotations
-
 import json
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import engines
@@ -22,12 +20,13 @@ from .errors import HpcserveError
 from .render import bench_launch_script
 from .runtime.allocation import SHAPE_VARS, step_prefix
 from .slurm.runner import read_json
+from .records import record
 
 
 RUNS_DIR = "bench-runs"   # in the job directory: one folder per `hpcserve bench` run
 
 
-@dataclass(frozen=True)
+@record
 class Sweep:
     """What `hpcserve bench` was asked for; None: the deployment's benchmark:, else defaults."""
 
@@ -42,7 +41,7 @@ class Sweep:
     tokenizer: str | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Prepared:
     """A run's files, written into the job directory: the script and what the gate reads."""
 

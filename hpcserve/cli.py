@@ -1,17 +1,16 @@
 """The `hpcserve` command. Imports stay inside the commands so `hpcserve --help` starts fast."""
 
 from __future__ import annotations
-
 import json
 import os
 import posixpath
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
 from .errors import HpcserveError
+from .records import record
 
 # `hpcserve --help` lists the commands under these headings, in this order; a command missing
 # here is listed under "other" (tests/unit/test_cli_help.py refuses that).
@@ -68,7 +67,7 @@ class _Group(click.Group):
                     formatter.write_dl(rows)
 
 
-@dataclass(frozen=True)
+@record
 class Ssh:
     """The group's SSH options (or their HPCSERVE_* variables), read by every command that
     talks to Slurm: where it runs and how it gets there."""

@@ -6,12 +6,11 @@ The result is an immutable, fully validated `Resolved` that the planner consumes
 """
 
 from __future__ import annotations
-
 import copy
 import dataclasses
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +22,7 @@ from .errors import ConfigError, echo, escape, shorten
 from .schema import FieldProblem, Validator, doc, json_schema, schema_ref
 from .values import ENV_NAME, FLAG_NAME, NAME, ArgValue, EnvValue, check_secrets, looks_secret
 from .yamlsrc import Origin, Positions, check_string, format_path, load_file, load_text
+from .records import record, seal
 
 BUNDLED_SITES = package_data.path("site_configs")
 BUNDLED_PROFILES = package_data.path("models")
@@ -44,7 +44,7 @@ DTYPE_BYTES = {"fp8": 1.0, "int4": 0.5625, "bf16": 2.0, "fp16": 2.0}  # trtllm-s
 
 # ------------------------------------------------------------------------------------------ site
 
-@dataclass(frozen=True)
+@record
 class SlurmOptions:
     """What sbatch is asked for; repeated in every het-job component."""
 
@@ -71,7 +71,7 @@ class SlurmOptions:
         "(--signal=B:TERM@N)", ge=10, le=3600))
 
 
-@dataclass(frozen=True)
+@record
 class NodeFacts:
     gpus: int = field(default=8, metadata=doc("GPUs per node", ge=1, le=64))
     gpu_type: str = field(default="H200", metadata=doc("GPU model, informational"))
@@ -90,7 +90,7 @@ class NodeFacts:
         "host memory per node in GB (checked against what CPU-side experts need)", ge=1))
 
 
-@dataclass(frozen=True)
+@record
 class Container:
     runtime: Literal["pyxis", "enroot", "apptainer", "none"] = field(
         default="none", metadata=doc("how engines are started on the nodes"))
@@ -108,7 +108,7 @@ class Container:
         pattern_help="an environment variable name such as NCCL_IB_HCA"))
 
 
-@dataclass(frozen=True)
+@record
 class Network:
     interface: str = field(default="auto", metadata=doc(
         "the interface whose address engines bind and advertise; auto = default route's",
@@ -128,7 +128,7 @@ class Network:
         check_secrets(self.env, "env", args=False)
 
 
-@dataclass(frozen=True)
+@record
 class Paths:
     jobs_dir: str = field(default="~/hpcserve-jobs", metadata=doc(
         "where job directories are written (must be on a file system the nodes share)",
@@ -150,7 +150,7 @@ class Paths:
 SEGMENT_SINCE = (24, 5)
 
 
-@dataclass(frozen=True)
+@record
 class Fabric:
     """The nodes' NVLink domains (GB200/GB300 NVL72: 18 nodes of 4 GPUs per rack) and how Slurm
     knows them: each instance is asked to stay inside one domain, an instance larger than a
@@ -180,7 +180,7 @@ class Fabric:
                     "each NVLink domain a leaf switch in topology.conf)")
 
 
-@dataclass(frozen=True)
+@record
 class SiteMetrics:
     """How the site's Prometheus finds a deployment's metrics while it serves."""
 
@@ -192,7 +192,7 @@ class SiteMetrics:
         pattern_help="an absolute path (or one starting with ~) without control characters"))
 
 
-@dataclass(frozen=True)
+@record
 class Site:
     """A cluster: Slurm options, node facts, container runtime, network and paths."""
 
@@ -210,7 +210,7 @@ class Site:
 
 # ----------------------------------------------------------------------------------- deployment
 
-@dataclass(frozen=True)
+@record
 class SimFault:
     """A fault the simulated engine injects (simulate: true only)."""
 
@@ -232,7 +232,7 @@ class SimFault:
     ranks: list[int] | None = field(default=None, metadata=doc("node ranks hit (default all)"))
 
 
-@dataclass(frozen=True)
+@record
 class Recovery:
     """What happens when one instance of the role fails while the deployment serves (its step
     exits, it hangs, its node is lost, its port is taken): it is taken out of the router, its
@@ -277,18 +277,18 @@ def role_type(engine: str) -> type:
     ports = [(name, int | None, field(default=None, metadata=doc(text, ge=1024, le=65535)))
              for name, text in a.port_fields.items()]
     sim = [("sim_fault", SimFault | None, field(default=None))]
-    return dataclasses.make_dataclass(f"{a.title}Role", [*ROLE_FIELDS, *ports, *sim],
-                                      bases=(a.settings,), frozen=True)
+    return seal(dataclasses.make_dataclass(f"{a.title}Role", [*ROLE_FIELDS, *ports, *sim],
+                                           bases=(a.settings,)))
 
 
-@dataclass(frozen=True)
+@record
 class ModelRef:
     profile: str = field(metadata=doc("a bundled profile name (hpcserve profiles) or a path"))
     path: str = field(metadata=doc("weights directory as seen on the nodes"))
     served_name: str | None = field(default=None, metadata=doc("the API model name"))
 
 
-@dataclass(frozen=True)
+@record
 class Engine:
     name: EngineName = field(default=engines.DEFAULT, metadata=doc("the inference engine"))
     version: str | None = field(default=None, metadata=doc(
@@ -311,7 +311,7 @@ class Engine:
     sim_decode_s_per_token: float = field(default=0.0, metadata=doc("", ge=0))
 
 
-@dataclass(frozen=True)
+@record
 class Router:
     enabled: bool = True
     placement: Literal["prefill", "own"] = field(default="prefill", metadata=doc(
@@ -331,7 +331,7 @@ class Router:
         check_secrets(self.env, "env", args=False)
 
 
-@dataclass(frozen=True)
+@record
 class Readiness:
     engine_timeout: int = field(default=5400, metadata=doc(
         "seconds for every instance to answer /health (1T-parameter loads take tens of minutes)",
@@ -342,7 +342,7 @@ class Readiness:
         "tokens the smoke request must return (0 disables the smoke request)", ge=0))
 
 
-@dataclass(frozen=True)
+@record
 class Liveness:
     """While serving: every `interval` s all instance leaders and the router are probed at once,
     each probe bounded by `timeout` s, and each engine's progress counters (its Prometheus
@@ -363,7 +363,7 @@ class Liveness:
         "seconds between asking Slurm whether the job's nodes still respond", ge=1, le=3600))
 
 
-@dataclass(frozen=True)
+@record
 class Workload:
     """The requests the deployment is sized for: the fit report counts how many fit at once
     (default: the seed guides' benchmark, 2,000 input and 100 output tokens)."""
@@ -378,7 +378,7 @@ WAIVABLE_CHECKS = ("tools", "image", "model", "gpus", "fabric", "ib", "peer_memo
                    "memlock", "ports", "clock")
 
 
-@dataclass(frozen=True)
+@record
 class Preflight:
     """Checks run on every node at once, in the job's first step, before any engine starts: the
     job's Python and tools, the image, the model's files (the same on every node), GPUs and
@@ -406,7 +406,7 @@ class Preflight:
 BENCH_CLIENTS = tuple(CLIENTS)
 
 
-@dataclass(frozen=True)
+@record
 class Benchmark:
     """Once the deployment serves, the engine's own serving benchmark runs against the router
     from inside the allocation: one run per point of the sweep (each concurrency, at each request
@@ -457,7 +457,7 @@ class Benchmark:
                                                    f"not {vals[bad[0]]}")
 
 
-@dataclass(frozen=True)
+@record
 class Deployment:
     """One deployment: which model, on which site, with which engine and roles."""
 
@@ -508,7 +508,7 @@ class Deployment:
 
 # ---------------------------------------------------------------------------------------- profile
 
-@dataclass(frozen=True)
+@record
 class Architecture:
     family: str = field(metadata=doc("architecture family, e.g. deepseek_v3"))
     parameters_b: float = field(metadata=doc("total parameters, billions", ge=0))
@@ -584,12 +584,12 @@ class Architecture:
 def defaults_type(engine: str) -> type:
     """A profile's section for `engine`: settings for every role, then per role."""
     a = engines.get(engine)
-    return dataclasses.make_dataclass(
+    return seal(dataclasses.make_dataclass(
         f"{a.title}Defaults", [(r, a.settings, field(default_factory=a.settings))
-                               for r in ("common", "prefill", "decode", "worker")], frozen=True)
+                               for r in ("common", "prefill", "decode", "worker")]))
 
 
-@dataclass(frozen=True)
+@record
 class ProfileBase:
     """A model profile: architecture facts and engine defaults ("the model drives the deployment")."""
 
@@ -600,15 +600,15 @@ class ProfileBase:
 
 
 # One section per engine (named like the engine) with its defaults.
-Profile = dataclasses.make_dataclass(
+Profile = seal(dataclasses.make_dataclass(
     "Profile", [(n, defaults_type(n), field(default_factory=defaults_type(n)))
-                for n in engines.names()], bases=(ProfileBase,), frozen=True)
+                for n in engines.names()], bases=(ProfileBase,)))
 Profile.__doc__ = ProfileBase.__doc__
 
 
 # ------------------------------------------------------------------------------------ resolution
 
-@dataclass(frozen=True)
+@record
 class Resolved:
     """Everything the planner needs, validated; `sources` says where each value came from."""
 

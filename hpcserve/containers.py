@@ -37,16 +37,15 @@ ENROOT_RESTRICT_DEV must also set MELLANOX_VISIBLE_DEVICES for enroot's 99-mella
 """
 
 from __future__ import annotations
-
 import os
 import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import package_data
 from .errors import ConfigError
 from .templates import jinja
 from .words import Word
+from .records import record
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -65,7 +64,7 @@ _BAD_MOUNT_CHARS = re.compile(r"[,:\s]")
 _URI_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*://")  # not registry:5000/img
 
 
-@dataclass(frozen=True)
+@record
 class Mount:
     src: str
     dst: str

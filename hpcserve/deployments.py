@@ -14,16 +14,16 @@ lists under that id now.
 """
 
 from __future__ import annotations
-
 import json
 import os
 import posixpath
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Iterable
 
 from .errors import HpcserveError
+from .records import record
 
 
 def index_path() -> Path:
@@ -32,7 +32,7 @@ def index_path() -> Path:
     return Path(base) / "deployments.jsonl"
 
 
-@dataclass(frozen=True)
+@record
 class Entry:
     job_id: str
     name: str

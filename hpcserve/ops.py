@@ -6,7 +6,6 @@ job's own state.json supplies what Slurm cannot know (phase, endpoint, failed no
 """
 
 from __future__ import annotations
-
 import json
 import posixpath
 import re
@@ -21,6 +20,7 @@ from .runtime import slurm_parsers as parsers
 from .runtime.contract import SERVING_PHASES, TERMINAL_PHASES
 from .slurm.client import parse_job_id
 from .slurm.runner import SlurmUnreachable, read_json
+from .records import record
 
 ACTIVE_SLURM = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
                 "RESIZING", "SIGNALING", "STAGE_OUT"}
@@ -536,7 +536,7 @@ _LOG_NAME = re.compile(r"(?P<base>[^.]+)(?:\.attempt(?P<attempt>\d+))?"
                        r"\.(?:srun\.)?log")
 
 
-@dataclass(frozen=True)
+@record
 class LogName:
     base: str                 # decode-0 / router / batch-123 / hpcserve-job / discover-0
     attempt: int = 0          # which start of the instance (0 for the job's own logs)

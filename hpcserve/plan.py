@@ -8,7 +8,6 @@ the engine (its parallel layout, ports, argv, environment, router) comes from it
 """
 
 from __future__ import annotations
-
 import dataclasses
 import re
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from .errors import ConfigError
 from .values import FromEnv
 from .words import Var, Word
 from .yamlsrc import format_path
+from .records import record
 
 # #SBATCH options the plan itself writes: an extra directive repeating one would silently win.
 OWNED_DIRECTIVES = {
@@ -40,7 +40,7 @@ OWNED_DIRECTIVES = {
 }
 
 
-@dataclass(frozen=True)
+@record
 class Component:
     index: int
     name: str
@@ -48,7 +48,7 @@ class Component:
     directives: tuple[tuple[str, str | None], ...]
 
 
-@dataclass(frozen=True)
+@record
 class Instance:
     role: str
     index: int
@@ -85,7 +85,7 @@ class Instance:
         return dict(self.parallel).get(name)
 
 
-@dataclass(frozen=True)
+@record
 class RouterPlan:
     component: int
     node_offset: int
@@ -104,7 +104,7 @@ class RouterPlan:
     metrics_path: str | None = None  # its Prometheus text on prometheus_port; None: none
 
 
-@dataclass(frozen=True)
+@record
 class BenchPlan:
     """benchmark: the client's run per point, where it runs, and what the gate asks."""
 
@@ -119,7 +119,7 @@ class BenchPlan:
     spec: dict             # plan.json's benchmark block
 
 
-@dataclass(frozen=True)
+@record
 class Plan:
     name: str
     engine: str

@@ -5,19 +5,19 @@ imports the engines (to know their vocabularies): neither may import the other's
 """
 
 from __future__ import annotations
-
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Union
 
 from .schema import FieldProblem, doc
+from .records import record
 
 NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}"
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 FLAG_NAME = r"[a-z0-9][a-z0-9-]*"
 
 
-@dataclass(frozen=True)
+@record
 class FromEnv:
     """A value read at run time from the submitting environment (sbatch exports it to the job):
     how secrets are given, by name, so that no file of the job directory ever holds them."""

@@ -7,13 +7,13 @@ interpreted by the shell.
 """
 
 from __future__ import annotations
-
 import shlex
-from dataclasses import dataclass
 from typing import Union
 
+from .records import record
 
-@dataclass(frozen=True)
+
+@record
 class Var:
     name: str
     unset_ok: bool = False  # empty where the variable is not set (under `set -u` too)

@@ -23,9 +23,8 @@ cpus_per_task and srun_args reach the Slurm request.
 """
 
 from __future__ import annotations
-
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -34,6 +33,7 @@ from ..schema import doc
 from ..values import ENV_NAME, FLAG_NAME, check_secrets
 from ..words import Word
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, arg_words, check_not_empty
+from ..records import record
 
 SIM_DIR = package_data.path("sim")
 
@@ -130,7 +130,7 @@ def setting_names(settings_cls: type) -> tuple[str, ...]:
     return tuple(n for n in settings_cls.__dataclass_fields__ if n not in ("args", "env"))
 
 
-@dataclass(frozen=True)
+@record
 class PortRequest:
     """A port an instance needs on each of its nodes, from the plan's one registry.
 
@@ -146,7 +146,7 @@ class PortRequest:
     label: str | None = None
 
 
-@dataclass(frozen=True)
+@record
 class RoleContext:
     """One role of the deployment as the adapter sees it: the planner's topology facts and the
     settings merged from the profile's section and the role."""
@@ -162,7 +162,7 @@ class RoleContext:
     node: Any = None              # the site's node facts (GPUs, CPU cores, NUMA, memory)
 
 
-@dataclass(frozen=True)
+@record
 class Layout:
     """The parallel layout the adapter chose for every instance of a role."""
 
@@ -180,7 +180,7 @@ class Layout:
         return dict(self.parallel).get(name)
 
 
-@dataclass(frozen=True)
+@record
 class MemoryBudget:
     """What the engine leaves for the KV cache on one GPU, and the rule with its numbers."""
 
@@ -194,7 +194,7 @@ def kv_dtype_bytes(value: Any) -> float:
     return 1.0 if value and str(value).lower().startswith("fp8") else 2.0
 
 
-@dataclass(frozen=True)
+@record
 class Net:
     """What the launch needs of the site's network: the IB device word for the engine's own
     flag (a Var when discovered on the node), whether there are HCAs at all."""
@@ -204,7 +204,7 @@ class Net:
     iface: Word | None = None  # the interface engines bind (site.network.interface, resolved)
 
 
-@dataclass(frozen=True)
+@record
 class Launch:
     argv: tuple[Word, ...]                      # the same on every node of the instance
     rank_argv: tuple[tuple[Word, ...], ...] = ()  # per node rank: what that rank adds
@@ -217,7 +217,7 @@ class Launch:
     files: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass(frozen=True)
+@record
 class RouterReadiness:
     """How the orchestrator knows the router routes to every worker: GET `path` answers 200 and
     the JSON numbers at the dotted paths `count` add up to at least the expected workers."""
@@ -226,7 +226,7 @@ class RouterReadiness:
     count: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@record
 class Metrics:
     """The engine's Prometheus metrics, read while serving to tell a hung engine from a busy
     one: `progress` counters move while it works; `pending` gauges count the requests it

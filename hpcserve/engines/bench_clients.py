@@ -10,18 +10,17 @@ SGLang's `sglang.bench_serving` (0.5.x: a shim over sglang.benchmark.serving), v
 """
 
 from __future__ import annotations
-
 import math
-from dataclasses import dataclass
 
 from ..words import Word
+from ..records import record
 
 # What the report shows of each latency, and the client's own name for it.
 STATS = ("mean", "median", "p90", "p99")
 METRICS = ("ttft", "tpot", "itl", "e2e")
 
 
-@dataclass(frozen=True)
+@record
 class BenchPoint:
     """One run of the client: requests in flight at once, the arrival rate, how many."""
 
@@ -35,7 +34,7 @@ class BenchPoint:
         return f"c{self.concurrency}{rate}"
 
 
-@dataclass(frozen=True)
+@record
 class BenchRun:
     """What every client is told: the same workload, whoever's client runs it."""
 

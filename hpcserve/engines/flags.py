@@ -9,15 +9,14 @@ replaces it).
 """
 
 from __future__ import annotations
-
 import json
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Mapping
 
 from .. import package_data
 from ..errors import echo
 from ..words import Var, Word
+from ..records import record
 
 DATA = package_data.path("engines", "data")
 
@@ -52,7 +51,7 @@ def _load(filename: str) -> dict:
         return json.load(f)["versions"]
 
 
-@dataclass(frozen=True)
+@record
 class Release:
     engine: str           # the engine's title, for messages ("SGLang")
     version: str          # as configured
@@ -72,7 +71,7 @@ class Release:
         return vkey(self.data_version) >= vkey(version)
 
 
-@dataclass(frozen=True)
+@record
 class FlagMatrix:
     title: str      # "SGLang"
     filename: str   # under engines/data/
@@ -145,7 +144,7 @@ def flags_of(words: list[Word]) -> list[str]:
 Spelling = Callable[[Any], list]
 
 
-@dataclass(frozen=True)
+@record
 class Vocabulary:
     """How an engine spells its named settings (in argv order) and guards its raw `args`."""
 

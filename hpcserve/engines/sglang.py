@@ -8,8 +8,7 @@ them, with the release range that has them and the named setting that replaces t
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal
 
 from ..schema import doc
@@ -19,6 +18,7 @@ from .base import (EngineAdapter, Launch, Layout, MemoryBudget, Metrics, PortReq
                    RouterAdapter, RouterReadiness, SettingsBase, args_field, env_field,
                    kv_dtype_bytes, tp_pp, tp_words)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
+from ..records import record
 
 ENGINE_PORT = 30000
 BOOTSTRAP_PORT = 8998
@@ -26,7 +26,7 @@ DIST_INIT_PORT = 5757
 NCCL_PORT = 31000
 
 
-@dataclass(frozen=True)
+@record
 class SGLangSettings(SettingsBase):
     """SGLang settings that a model profile defaults and a deployment role overrides.
 

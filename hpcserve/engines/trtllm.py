@@ -23,9 +23,8 @@ How it runs (TensorRT-LLM docs, "trtllm-serve" and "Disaggregated Serving"):
 """
 
 from __future__ import annotations
-
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal
 
 import yaml
@@ -37,13 +36,14 @@ from .base import (EngineAdapter, Launch, Layout, MemoryBudget, NoRouter, PortRe
                    RoleContext, RouterAdapter, RouterReadiness, SettingsBase, args_field,
                    env_field, kv_dtype_bytes, tp_pp, tp_words)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
+from ..records import record
 
 HTTP_PORT = 8200          # not trtllm-serve's 8000, which the router in front usually takes
 TRTLLM_FLAG = r"[a-z0-9][a-z0-9_-]*"   # click options are spelled with underscores
 LLM_API_DIR = "llm-api"   # in the job directory: one options file per role
 
 
-@dataclass(frozen=True)
+@record
 class TRTLLMSettings(SettingsBase):
     """TensorRT-LLM settings that a model profile defaults and a deployment role overrides.
     Named settings become `trtllm-serve` options or keys of the LLM API options file;

@@ -20,9 +20,8 @@ Layouts (vLLM's docs: "Data Parallel Deployment", "Multi-Node Serving", "NixlCon
 """
 
 from __future__ import annotations
-
 import json
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal
 
 from ..schema import doc
@@ -32,6 +31,7 @@ from .base import (EngineAdapter, Launch, Layout, MemoryBudget, Metrics, PortReq
                    RouterAdapter, RouterReadiness, SettingsBase, args_field, derived_tp,
                    env_field, kv_dtype_bytes, tp_words)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
+from ..records import record
 
 PARALLEL = ("pp", "dp")   # tp is the instance's GPUs / (pp x dp) unless set
 
@@ -44,7 +44,7 @@ MOONCAKE_PORT = 8998      # VLLM_MOONCAKE_BOOTSTRAP_PORT's default
 CONNECTORS = {"nixl": "NixlConnector", "mooncake": "MooncakeConnector"}
 
 
-@dataclass(frozen=True)
+@record
 class VLLMSettings(SettingsBase):
     """vLLM settings that a model profile defaults and a deployment role overrides; hpcserve
     spells them for the configured release. `args` pass as they are, once the release is known

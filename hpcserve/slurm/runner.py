@@ -12,7 +12,6 @@ Slurm does not know, a deployment that ended).
 """
 
 from __future__ import annotations
-
 import json
 import os
 import posixpath
@@ -20,18 +19,18 @@ import shlex
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import HpcserveError
 from ..runtime import slurm_parsers as parsers
+from ..records import record
 
 # The commands that ask slurmctld (srun is not among them: it runs a step, which may have started
 # when it fails, and `hpcserve bench` reports its exit itself).
 SLURM_COMMANDS = frozenset({"squeue", "sacct", "scontrol", "sinfo", "scancel", "sbatch"})
 
 
-@dataclass(frozen=True)
+@record
 class Result:
     argv: tuple[str, ...]
     rc: int
