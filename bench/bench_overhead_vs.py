@@ -14,21 +14,19 @@ side's median and where the time goes (medians of the job's own phases), and the
 
 from __future__ import annotations
 
-import os
 import re
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from revision import ROOT, alternate, checkout
+from revision import ROOT, checkout, hpcserve
 
 sys.path.insert(0, str(ROOT))
 
 from bench_job import DEPLOY, job_pids, state, wait  # noqa: E402
 from hpcserve.devcluster.cluster import DevCluster  # noqa: E402
 
-CLI = "import sys; from hpcserve.cli import main; sys.argv[0] = 'hpcserve'; main()"
 # (label, how to find its time in seconds after the batch script's first line from state.json,
 # the job's log and its directory)
 PHASES = (("runtime started", lambda st, log, d: _phase(st, "starting")),
@@ -61,8 +59,7 @@ def run_once(root: Path, cluster: DevCluster, env: dict, d: Path) -> dict:
     """One job rendered by the hpcserve at `root`: its phases, seconds after the first line."""
     f = d.with_suffix(".yaml")
     f.write_text(DEPLOY % 1)
-    subprocess.run([sys.executable, "-c", CLI, "render", str(f), "--out", str(d)], check=True,
-                   env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.DEVNULL)
+    hpcserve(root, "render", str(f), "--out", str(d), stdout=subprocess.DEVNULL)
     jid = subprocess.run(["sbatch", "--parsable", str(d / "job.sbatch")], env=env, check=True,
                          capture_output=True, text=True).stdout.strip()
     st = wait(lambda: state(d) if state(d).get("phase") == "serving" else None, 60)

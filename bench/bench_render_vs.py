@@ -10,25 +10,21 @@ machine's load falls on both alike. Prints each median and their ratio.
 
 from __future__ import annotations
 
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from revision import ROOT, alternate, checkout
+from revision import ROOT, alternate, checkout, hpcserve
 
 EXAMPLE = "examples/kimi-k2-instruct-4p12d.yaml"
-CLI = "import sys; from hpcserve.cli import main; sys.argv[0] = 'hpcserve'; main()"
 
 
 def render_once(root: Path, out: Path) -> float:
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", CLI, "render", str(root / EXAMPLE), "--out", str(out)],
-                   env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, check=True)
+    hpcserve(root, "render", str(root / EXAMPLE), "--out", str(out), capture_output=True)
     return time.perf_counter() - t0
 
 

@@ -19,16 +19,14 @@ import sys
 import time
 from pathlib import Path
 
-from revision import ROOT, alternate, checkout
+from revision import ROOT, alternate, checkout, hpcserve
 
-CLI = "import sys; from hpcserve.cli import main; sys.argv[0] = 'hpcserve'; main()"
 
 
 def render(root: Path, out: Path) -> list[str]:
     """The job directory of examples/demo.yaml rendered by `root`; the runtime's argv there."""
-    subprocess.run([sys.executable, "-c", CLI, "render", str(root / "examples" / "demo.yaml"),
-                    "--out", str(out)], env={**os.environ, "PYTHONPATH": str(root)},
-                   capture_output=True, check=True)
+    hpcserve(root, "render", str(root / "examples" / "demo.yaml"), "--out", str(out),
+             capture_output=True)
     if (out / "hpcserve_job.py").is_file():
         return [sys.executable, str(out / "hpcserve_job.py"), "--help"]
     return [sys.executable, "-m", "hpcserve_runtime", "--help"]
