@@ -4,7 +4,9 @@ machine's load falls on both alike."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,16 +40,36 @@ def compile_package(root: Path) -> None:
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(root / "hpcserve")], check=True)
 
 
-# `python -c` puts its working directory first on sys.path (before PYTHONPATH), and the project
-# venv's editable install finds this checkout: each side runs in its own root, with that root on
-# PYTHONPATH as well, so that the revision's hpcserve is the one imported.
+# Each side imports its own hpcserve: `python -c` puts its working directory first on sys.path,
+# and the project venv's editable install maps this checkout's package and its top-level data
+# folders (pyproject.toml's package-dir) for every side. So each side runs in a folder of its
+# own that holds what `pip install` would lay out: its hpcserve/ with the mapped folders inside.
 CLI = "import sys; from hpcserve.cli import main; sys.argv[0] = 'hpcserve'; main()"
+_LAID_OUT: dict[Path, Path] = {}
+
+
+def _laid_out(root: Path) -> Path:
+    if root not in _LAID_OUT:
+        side = Path(tempfile.mkdtemp(prefix="hpcserve-side-"))
+        atexit.register(shutil.rmtree, side, True)
+        pkg = side / "hpcserve"
+        pkg.mkdir()
+        for entry in (root / "hpcserve").iterdir():
+            (pkg / entry.name).symlink_to(entry)
+        for name, folder in (("sbatch_templates", "sbatch_templates"),
+                             ("site_configs", "site_configs"),
+                             ("container_recipes", "containers")):
+            if not (pkg / name).exists():
+                (pkg / name).symlink_to(root / folder)
+        _LAID_OUT[root] = side
+    return _LAID_OUT[root]
 
 
 def hpcserve(root: Path, *args: str, **kw) -> subprocess.CompletedProcess:
     """`hpcserve ARGS` as the checkout at `root` runs it (paths in ARGS absolute)."""
-    env = {**kw.pop("env", os.environ), "PYTHONPATH": str(root)}
-    return subprocess.run([sys.executable, "-c", CLI, *args], cwd=root, env=env, check=True,
+    side = _laid_out(root)
+    env = {**kw.pop("env", os.environ), "PYTHONPATH": str(side)}
+    return subprocess.run([sys.executable, "-c", CLI, *args], cwd=side, env=env, check=True,
                           **kw)
 
 
