@@ -9,6 +9,7 @@ its own runs it beside the deployment (submitit).
 """
 
 from __future__ import annotations
+
 import json
 import tempfile
 from pathlib import Path

@@ -1,6 +1,7 @@
 """The `hpcserve` command. Imports stay inside the commands so `hpcserve --help` starts fast."""
 
 from __future__ import annotations
+
 import json
 import os
 import posixpath

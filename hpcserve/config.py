@@ -6,6 +6,7 @@ The result is an immutable, fully validated `Resolved` that the planner consumes
 """
 
 from __future__ import annotations
+
 import copy
 import dataclasses
 import os

@@ -37,6 +37,7 @@ ENROOT_RESTRICT_DEV must also set MELLANOX_VISIBLE_DEVICES for enroot's 99-mella
 """
 
 from __future__ import annotations
+
 import os
 import re
 from typing import TYPE_CHECKING

@@ -14,6 +14,7 @@ lists under that id now.
 """
 
 from __future__ import annotations
+
 import json
 import os
 import posixpath

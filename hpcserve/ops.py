@@ -6,6 +6,7 @@ job's own state.json supplies what Slurm cannot know (phase, endpoint, failed no
 """
 
 from __future__ import annotations
+
 import json
 import posixpath
 import re

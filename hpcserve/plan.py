@@ -8,6 +8,7 @@ the engine (its parallel layout, ports, argv, environment, router) comes from it
 """
 
 from __future__ import annotations
+
 import dataclasses
 import re
 from dataclasses import dataclass, field

@@ -5,6 +5,7 @@ imports the engines (to know their vocabularies): neither may import the other's
 """
 
 from __future__ import annotations
+
 import re
 from dataclasses import field
 from typing import Union

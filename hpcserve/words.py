@@ -7,6 +7,7 @@ interpreted by the shell.
 """
 
 from __future__ import annotations
+
 import shlex
 from typing import Union
 

@@ -23,6 +23,7 @@ cpus_per_task and srun_args reach the Slurm request.
 """
 
 from __future__ import annotations
+
 import math
 from dataclasses import field
 from pathlib import Path

@@ -10,6 +10,7 @@ SGLang's `sglang.bench_serving` (0.5.x: a shim over sglang.benchmark.serving), v
 """
 
 from __future__ import annotations
+
 import math
 
 from ..words import Word

@@ -9,6 +9,7 @@ replaces it).
 """
 
 from __future__ import annotations
+
 import json
 from functools import lru_cache
 from typing import Any, Callable, Mapping

@@ -17,6 +17,7 @@ Two ways people run it, two adapters:
 """
 
 from __future__ import annotations
+
 import math
 from dataclasses import field
 from typing import Literal

@@ -8,6 +8,7 @@ them, with the release range that has them and the named setting that replaces t
 """
 
 from __future__ import annotations
+
 from dataclasses import field
 from typing import Literal
 

@@ -23,6 +23,7 @@ How it runs (TensorRT-LLM docs, "trtllm-serve" and "Disaggregated Serving"):
 """
 
 from __future__ import annotations
+
 import difflib
 from dataclasses import field
 from typing import Any, Literal

@@ -20,6 +20,7 @@ Layouts (vLLM's docs: "Data Parallel Deployment", "Multi-Node Serving", "NixlCon
 """
 
 from __future__ import annotations
+
 import json
 from dataclasses import field
 from typing import Literal

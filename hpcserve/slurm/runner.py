@@ -12,6 +12,7 @@ Slurm does not know, a deployment that ended).
 """
 
 from __future__ import annotations
+
 import json
 import os
 import posixpath

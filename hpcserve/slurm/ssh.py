@@ -18,6 +18,7 @@ Every failure is an HpcserveError (SSHError) with one line, reported with exit c
 """
 
 from __future__ import annotations
+
 import getpass
 import logging
 import os
