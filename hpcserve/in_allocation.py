@@ -61,8 +61,7 @@ def check_fits(spec: dict, job_id: str, runner) -> allocation.Held:
 def fits_words(spec: dict, held: allocation.Held) -> str:
     """Where each component would run (`submit --in-allocation --check`)."""
     nodes = allocation.node_map(spec, held.nodes)
-    return f"fits in allocation {held.job_id}: " + "; ".join(
-        f"{c['name']} on {','.join(nodes[c['index']])}" for c in spec["components"])
+    return f"fits in allocation {held.job_id}: {allocation.placement_words(spec, nodes)}"
 
 
 def refuse_second(job_id: str, runner, entries) -> None:

@@ -53,7 +53,7 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
            dry_run: bool, check: bool, warn: Callable[[str], None] = lambda _w: None,
            preflight_only: bool = False, in_allocation: bool = False) -> Submitted | str:
     from . import config, plan as planner
-    from .render import render_files, write_job
+    from .render import write_job
     cfg = config.load(file, sets)
     p = planner.build(cfg)
     if preflight_only:
@@ -63,14 +63,8 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
         if not dry_run:
             return _submit_in_allocation(p, cfg, runner=runner, remote=remote, out=out,
                                          check=check, warn=warn, preflight_only=preflight_only)
-    if not cfg.site.slurm.exclusive and not dry_run and not check:
-        p = clear_of_my_other_deployments(p, cfg, runner, remote, warn)
-    job_dir = _job_dir(p, runner, out, preflight_only)
-    files = render_files(p, job_dir)
-    if not (dry_run or check):
-        check_router_python(p, runner)  # refused: one line, no warnings before it
-    for w in p.warnings:
-        warn(w)
+    p, job_dir, files = _rendered(p, cfg, runner=runner, remote=remote, out=out, warn=warn,
+                                  preflight_only=preflight_only, live=not (dry_run or check))
     if dry_run:
         if remote is None:
             write_job(files, job_dir)
@@ -111,6 +105,23 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
     return Submitted(job_id, job_dir, p.name, remote, entry)
 
 
+def _rendered(p, cfg, *, runner, remote: str | None, out: str | None,
+              warn: Callable[[str], None], preflight_only: bool, live: bool):
+    """(plan, job directory, its files) for a submission; a live one (not --dry-run or --check)
+    is first moved clear of this user's other deployments' ports and has its router's python
+    checked. The plan's warnings are said once it is known to go ahead."""
+    from .render import render_files
+    if live and not cfg.site.slurm.exclusive:
+        p = clear_of_my_other_deployments(p, cfg, runner, remote, warn)
+    job_dir = _job_dir(p, runner, out, preflight_only)
+    files = render_files(p, job_dir)
+    if live:
+        check_router_python(p, runner)  # refused: one line, no warnings before it
+    for w in p.warnings:
+        warn(w)
+    return p, job_dir, files
+
+
 def _job_dir(p, runner, out: str | None, preflight_only: bool) -> str:
     """--out, or <jobs_dir>/<name>[-preflight]-<timestamp>."""
     if out:
@@ -126,21 +137,17 @@ def _submit_in_allocation(p, cfg, *, runner, remote: str | None, out: str | None
     known to fit there (in_allocation.py)."""
     from . import in_allocation as ia
     from .plan_json import job_spec
-    from .render import render_files, write_job
+    from .render import write_job
     if remote is not None:
         raise HpcserveError("--in-allocation runs in the allocation's own shell, not with --remote")
     alloc = ia.allocation_here()
-    held = ia.check_fits(job_spec(p, ""), alloc, runner)
+    spec = job_spec(p, "")
+    held = ia.check_fits(spec, alloc, runner)
     if check:
-        return ia.fits_words(job_spec(p, ""), held)
+        return ia.fits_words(spec, held)
     ia.refuse_second(alloc, runner, deployments.entries())
-    if not cfg.site.slurm.exclusive:
-        p = clear_of_my_other_deployments(p, cfg, runner, remote, warn)
-    job_dir = _job_dir(p, runner, out, preflight_only)
-    files = render_files(p, job_dir)
-    check_router_python(p, runner)
-    for w in p.warnings:
-        warn(w)
+    p, job_dir, files = _rendered(p, cfg, runner=runner, remote=remote, out=out, warn=warn,
+                                  preflight_only=preflight_only, live=True)
     write_job(files, job_dir)
     driver = ia.start_driver(job_dir, alloc)
     entry = deployments.new_entry(alloc, p.name, job_dir, None, cluster_name(runner), alloc)

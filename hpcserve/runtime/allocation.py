@@ -90,6 +90,11 @@ def node_map(plan: dict, hosts: list) -> dict[int, list]:
     return out
 
 
+def placement_words(plan: dict, nodes: dict) -> str:
+    """"prefill on node3; decode on node4": where node_map put each component."""
+    return "; ".join(f"{c['name']} on {','.join(nodes[c['index']])}" for c in plan["components"])
+
+
 def step_prefix(plan: dict) -> str:
     """The prefix of the deployment's step names in Slurm: in an allocation the user holds,
     "hpcserve-<name>-", so that cancel never takes the user's own steps called router or
@@ -198,8 +203,7 @@ class InAllocation:
         if (job.plan.get("preflight") or {}).get("only"):
             self.cap = now + PREFLIGHT_SECONDS
         self._set_end(now, left)
-        job.log(f"in allocation {job.job_id}: " + "; ".join(
-            f"{c['name']} on {','.join(self.nodes[c['index']])}" for c in job.plan["components"]))
+        job.log(f"in allocation {job.job_id}: {placement_words(job.plan, self.nodes)}")
 
     def env(self, component: int) -> dict:
         """The environment a step script of `component` needs (its nodes), {} in a het job."""
