@@ -8,10 +8,8 @@ The result is an immutable, fully validated `Resolved` that the planner consumes
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import re
-from dataclasses import field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -23,7 +21,7 @@ from .errors import ConfigError, echo, escape, shorten
 from .schema import FieldProblem, Validator, doc, json_schema, schema_ref
 from .values import ENV_NAME, FLAG_NAME, NAME, ArgValue, EnvValue, check_secrets, looks_secret
 from .yamlsrc import Origin, Positions, check_string, format_path, load_file, load_text
-from .records import record, seal
+from .records import field, make_record, record, replace
 
 BUNDLED_SITES = package_data.path("site_configs")
 BUNDLED_PROFILES = package_data.path("models")
@@ -278,8 +276,8 @@ def role_type(engine: str) -> type:
     ports = [(name, int | None, field(default=None, metadata=doc(text, ge=1024, le=65535)))
              for name, text in a.port_fields.items()]
     sim = [("sim_fault", SimFault | None, field(default=None))]
-    return seal(dataclasses.make_dataclass(f"{a.title}Role", [*ROLE_FIELDS, *ports, *sim],
-                                           bases=(a.settings,)))
+    return make_record(f"{a.title}Role", [*ROLE_FIELDS, *ports, *sim], bases=(a.settings,),
+                       module=__name__)
 
 
 @record
@@ -585,9 +583,9 @@ class Architecture:
 def defaults_type(engine: str) -> type:
     """A profile's section for `engine`: settings for every role, then per role."""
     a = engines.get(engine)
-    return seal(dataclasses.make_dataclass(
-        f"{a.title}Defaults", [(r, a.settings, field(default_factory=a.settings))
-                               for r in ("common", "prefill", "decode", "worker")]))
+    return make_record(f"{a.title}Defaults", [(r, a.settings, field(default_factory=a.settings))
+                                              for r in ("common", "prefill", "decode", "worker")],
+                       module=__name__)
 
 
 @record
@@ -601,9 +599,8 @@ class ProfileBase:
 
 
 # One section per engine (named like the engine) with its defaults.
-Profile = seal(dataclasses.make_dataclass(
-    "Profile", [(n, defaults_type(n), field(default_factory=defaults_type(n)))
-                for n in engines.names()], bases=(ProfileBase,)))
+Profile = make_record("Profile", [(n, defaults_type(n), field(default_factory=defaults_type(n)))
+                                 for n in engines.names()], bases=(ProfileBase,), module=__name__)
 Profile.__doc__ = ProfileBase.__doc__
 
 
@@ -798,7 +795,7 @@ def load(deploy_file: str | Path, sets: list[str] | tuple[str, ...] = ()) -> Res
     dep = Validator(pos).build(Deployment, raw, ())
     # The engine is known now: its roles are validated against its own vocabulary.
     rt = role_type(dep.engine.name)
-    dep = dataclasses.replace(dep, roles={
+    dep = replace(dep, roles={
         name: Validator(pos).build(rt, r, ("roles", name)) for name, r in dep.roles.items()})
     profile, profile_file = load_profile(dep.model.profile, pos.lookup(("model", "profile")),
                                          dpath.parent)

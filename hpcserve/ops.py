@@ -12,7 +12,6 @@ import posixpath
 import re
 import tempfile
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import deployments
@@ -21,7 +20,7 @@ from .runtime import slurm_parsers as parsers
 from .runtime.contract import SERVING_PHASES, TERMINAL_PHASES
 from .slurm.client import parse_job_id
 from .slurm.runner import SlurmUnreachable, read_json
-from .records import record
+from .records import field, record
 
 ACTIVE_SLURM = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
                 "RESIZING", "SIGNALING", "STAGE_OUT"}
@@ -39,7 +38,7 @@ def runner_for(remote: str | None, **ssh: Any):
 
 # ------------------------------------------------------------------------------------- submit
 
-@dataclass
+@record(frozen=False)
 class Submitted:
     job_id: str
     job_dir: str
@@ -243,7 +242,7 @@ def check_router_python(p, runner) -> None:
 
 # ------------------------------------------------------------------------------------- status
 
-@dataclass
+@record(frozen=False)
 class View:
     job_id: str
     name: str

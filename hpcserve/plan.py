@@ -9,9 +9,7 @@ the engine (its parallel layout, ports, argv, environment, router) comes from it
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from . import bench_sweep, engines, fit
@@ -23,7 +21,7 @@ from .errors import ConfigError
 from .values import FromEnv
 from .words import Var, Word
 from .yamlsrc import format_path
-from .records import record
+from .records import field, record, replace
 
 # #SBATCH options the plan itself writes: an extra directive repeating one would silently win.
 OWNED_DIRECTIVES = {
@@ -259,14 +257,14 @@ def _secret_names(obj: Any) -> list[str]:
         return [n for v in obj.values() for n in _secret_names(v)]
     if isinstance(obj, (list, tuple)):
         return [n for v in obj for n in _secret_names(v)]
-    if hasattr(obj, "__dataclass_fields__"):
-        return [n for f in obj.__dataclass_fields__ for n in _secret_names(getattr(obj, f))]
+    if hasattr(obj, "__record_fields__"):
+        return [n for f in obj.__record_fields__ for n in _secret_names(getattr(obj, f))]
     return []
 
 
 # ------------------------------------------------------------------------------------- the steps
 
-@dataclass
+@record(frozen=False)
 class _Draft:
     """What the steps of `build` fill in, in order."""
 
@@ -719,10 +717,10 @@ def preflight_only(p: Plan) -> Plan:
     """`hpcserve preflight`: the same allocation (components, nodes, directives), for ten
     minutes and without requeues, whose job runs the preflight checks and ends."""
     swap = {"time": ("time", PREFLIGHT_TIME), "requeue": ("no-requeue", None)}
-    comps = tuple(dataclasses.replace(c, directives=tuple(swap.get(k, (k, v))
+    comps = tuple(replace(c, directives=tuple(swap.get(k, (k, v))
                                                           for k, v in c.directives))
                   for c in p.components)
-    return dataclasses.replace(p, components=comps, time_limit=PREFLIGHT_TIME, requeue=0,
+    return replace(p, components=comps, time_limit=PREFLIGHT_TIME, requeue=0,
                                preflight={**p.preflight, "enabled": True, "only": True},
                                benchmark=None)
 
@@ -731,7 +729,7 @@ def in_allocation(p: Plan) -> Plan:
     """`--in-allocation`: the same job, run as steps of an allocation the user already holds
     (hpcserve_runtime/allocation.py maps the components onto its nodes), never requeued: the
     allocation is the user's, not the deployment's."""
-    return dataclasses.replace(p, in_allocation=True, requeue=0)
+    return replace(p, in_allocation=True, requeue=0)
 
 
 # What a site's node.gpu_type says when its nodes have no NVIDIA GPU (the local test cluster).

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import textwrap
 from pathlib import Path
 
 from . import __version__, engines, package_data
@@ -41,6 +40,17 @@ def _sbatch_quote(value: str) -> str:
     if "\\" not in value:
         return shlex.quote(value)
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _folded(words, width: int) -> list[str]:
+    """`words` in lines of at most `width` characters (textwrap.wrap's result for words that
+    fit a line, without its import)."""
+    lines = [""]
+    for w in words:
+        if lines[-1] and len(lines[-1]) + 1 + len(w) > width:
+            lines.append("")
+        lines[-1] += (" " if lines[-1] else "") + w
+    return lines
 
 
 def _title(plan: Plan, inst: Instance) -> str:
@@ -128,8 +138,9 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
                       "plural": "" if c.nodes == 1 else "s",
                       "directives": [_directive(k, v) for k, v in ds]})
     files["job.sbatch"] = (env.get_template("job.sbatch.j2").render(
-        components=[] if plan.in_allocation else comps, alloc_components=comps, plan=plan, version=__version__, topology=topology(plan),
-        engine_title=_engine_title(plan), unset=" \\\n  ".join(textwrap.wrap(" ".join(SHAPE_VARS), 90)),
+        components=[] if plan.in_allocation else comps, alloc_components=comps, plan=plan,
+        version=__version__, topology=topology(plan), engine_title=_engine_title(plan),
+        unset=" \\\n  ".join(_folded(SHAPE_VARS, 90)),
         job_dir=jd, site_python=plan.site_python), 0o755)
 
     step = env.get_template("step.sh.j2")

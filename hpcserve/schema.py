@@ -1,23 +1,21 @@
-"""A small typed-schema engine over dataclasses: validation with file:line errors, and JSON Schema.
+"""A small typed-schema engine over records: validation with file:line errors, and JSON Schema.
 
 Why not pydantic or msgspec: pydantic's import alone costs more than hpcserve's whole render
 budget, and msgspec's error paths drop mapping keys (`$.roles[...]`), so an error could not name the
-role or the line. This module walks the dataclass type hints instead (about 200 lines).
+role or the line. This module walks the records' type hints instead (about 200 lines).
 Field metadata: doc, ge, le, pattern, examples.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import math
 import re
 import types
 import typing
-from functools import lru_cache
 from typing import Any, Literal, Union
 
 from .errors import ConfigError, echo, shorten
+from .records import MISSING, Field, fields, field_types, is_record
 from .yamlsrc import Positions, format_path
 
 _NoneType = type(None)
@@ -28,13 +26,8 @@ def doc(text: str, **meta: Any) -> dict:
     return {"doc": text, **meta}
 
 
-@lru_cache(maxsize=None)
-def hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def fields_of(cls: type) -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(cls)}
+def fields_of(cls: type) -> dict[str, Field]:
+    return {f.name: f for f in fields(cls)}
 
 
 def _is_union(tp: Any) -> bool:
@@ -53,7 +46,7 @@ def type_name(tp: Any) -> str:
         return f"a list of {type_name(typing.get_args(tp)[0])}"
     if origin is dict:
         return "a mapping"
-    if dataclasses.is_dataclass(tp):
+    if is_record(tp):
         return "a mapping"
     return {str: "a string", int: "an integer", float: "a number", bool: "true or false",
             dict: "a mapping", list: "a list"}.get(
@@ -93,6 +86,7 @@ LIST_KEYS = 8
 
 def unknown_key(key: str, valid: list[str], schema: str) -> str:
     """An unknown key's message: the close matches and the valid keys, in one short line."""
+    import difflib   # here: only an error needs it (1 ms of every command's start)
     near = difflib.get_close_matches(str(key), valid, n=2)
     hint = f" (did you mean {' or '.join(map(repr, near))}?)" if near else ""
     if len(valid) <= LIST_KEYS:
@@ -161,7 +155,7 @@ class Validator:
                 self._check_key_pattern(k, meta, path + (k,))
                 out[k] = self.convert(v, vt, path + (k,))
             return out
-        if dataclasses.is_dataclass(tp):
+        if is_record(tp):
             return self.build(tp, value, path)
         return self._scalar(value, tp, path, meta)
 
@@ -170,7 +164,7 @@ class Validator:
         origin = typing.get_origin(tp)
         if origin is list:
             return isinstance(value, list)
-        if origin is dict or dataclasses.is_dataclass(tp):
+        if origin is dict or is_record(tp):
             return isinstance(value, dict)
         if origin is Literal:
             return not isinstance(value, (dict, list))
@@ -213,14 +207,14 @@ class Validator:
         if not isinstance(value, dict):
             raise self.error(path, f"expected a mapping, got {_kind(value)}")
         fmap = fields_of(cls)
-        th = hints(cls)
+        th = field_types(cls)
         unknown = [k for k in value if k not in fmap]
         if unknown:
             raise self.error(path + (unknown[0],), unknown_key(unknown[0], list(fmap),
                                                                 self.schema))
         kwargs = {}
         for name, f in fmap.items():
-            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            required = f.default is MISSING and f.default_factory is MISSING
             if required and name in value and value[name] is None:
                 # At the key's own line: `path: null` is written there, not at its parent's.
                 raise self.error(path + (name,), "a required key, got null" + _about(f))
@@ -243,7 +237,7 @@ class Validator:
 ABOUT_CHARS = 80
 
 
-def _about(f: dataclasses.Field) -> str:
+def _about(f: Field) -> str:
     doc = f.metadata.get("doc")
     if not doc:
         return ""
@@ -252,7 +246,7 @@ def _about(f: dataclasses.Field) -> str:
 
 
 class FieldProblem(Exception):
-    """Raised by a dataclass's validate() to point at one of its own fields."""
+    """Raised by a record's validate() to point at one of its own fields."""
 
     def __init__(self, subpath: str | tuple, message: str):
         self.subpath = (subpath,) if isinstance(subpath, str) else subpath
@@ -270,7 +264,7 @@ def json_schema(root: type, title: str) -> dict:
 
 
 def schema_ref(tp: Any, defs: dict) -> dict:
-    """The schema of `tp` (a $ref for a dataclass), adding what it needs to `defs`."""
+    """The schema of `tp` (a $ref for a record), adding what it needs to `defs`."""
     return _schema_of(tp, defs, {})
 
 
@@ -298,17 +292,17 @@ def _schema_of(tp: Any, defs: dict, meta: dict) -> dict:
         if "key_pattern" in meta:
             s["propertyNames"] = {"pattern": "^" + meta["key_pattern"] + "$"}
         return s
-    if dataclasses.is_dataclass(tp):
+    if is_record(tp):
         name = tp.__name__
         if name not in defs:
             defs[name] = {}  # placeholder against recursion
             props, required = {}, []
-            th = hints(tp)
-            for f in dataclasses.fields(tp):
+            th = field_types(tp)
+            for f in fields(tp):
                 props[f.name] = _schema_of(th[f.name], defs, dict(f.metadata))
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                if f.default is MISSING and f.default_factory is MISSING:
                     required.append(f.name)
-                elif f.default is not dataclasses.MISSING and _jsonable(f.default):
+                elif f.default is not MISSING and _jsonable(f.default):
                     props[f.name]["default"] = f.default
             d = {"type": "object", "properties": props, "additionalProperties": False}
             if tp.__doc__:

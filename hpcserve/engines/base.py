@@ -4,7 +4,7 @@ config, plan, render and the in-job runtime call these interfaces and never name
 engine is one module here (its adapter) plus its simulated stand-in under hpcserve/sim/.
 
 An adapter owns, for its engine:
-- its settings vocabulary (a dataclass of named settings; a model profile's section of the same
+- its settings vocabulary (a record of named settings; a model profile's section of the same
   name holds its defaults) and its flag matrix per release (engines/flags.py);
 - topology validation: from an instance's GPUs and nodes and the merged settings, the parallel
   layout (`layout`), or a FlagError naming the setting that cannot work;
@@ -25,7 +25,6 @@ cpus_per_task and srun_args reach the Slurm request.
 from __future__ import annotations
 
 import math
-from dataclasses import field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -34,7 +33,7 @@ from ..schema import doc
 from ..values import ENV_NAME, FLAG_NAME, check_secrets
 from ..words import Word
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, arg_words, check_not_empty
-from ..records import record
+from ..records import field, record
 
 SIM_DIR = package_data.path("sim")
 
@@ -119,7 +118,7 @@ def tp_pp(ctx: "RoleContext", why: str = "") -> tuple[int, int]:
 
 
 class SettingsBase:
-    """Mixin of every engine's settings dataclass: secrets only by name, in args and env."""
+    """Mixin of every engine's settings record: secrets only by name, in args and env."""
 
     def validate(self) -> None:
         check_secrets(getattr(self, "args"), "args", args=True)
@@ -128,7 +127,7 @@ class SettingsBase:
 
 def setting_names(settings_cls: type) -> tuple[str, ...]:
     """The named settings of a vocabulary (everything but the raw `args` and `env`)."""
-    return tuple(n for n in settings_cls.__dataclass_fields__ if n not in ("args", "env"))
+    return tuple(n for n in settings_cls.__record_fields__ if n not in ("args", "env"))
 
 
 @record
@@ -313,7 +312,7 @@ class NoRouter(RouterAdapter):
 class EngineAdapter:
     name: str                # engine.name in a deployment, and the profile section
     title: str               # "SGLang"
-    settings: type           # the settings vocabulary (a frozen dataclass, SettingsBase)
+    settings: type           # the settings vocabulary (a record, SettingsBase)
     matrix: FlagMatrix
     vocabulary: Vocabulary
     router: RouterAdapter

@@ -19,7 +19,6 @@ Two ways people run it, two adapters:
 from __future__ import annotations
 
 import math
-from dataclasses import field
 from typing import Literal
 
 from ..schema import doc
@@ -32,7 +31,7 @@ from .sglang import LEGACY as SGLANG_LEGACY
 from .sglang import OWNED as SGLANG_OWNED
 from .sglang import SPELLINGS as SGLANG_SPELLINGS
 from .sglang import SGLang, SGLangSettings
-from ..records import record
+from ..records import field, record
 
 # What kt-kernel accepts as --kt-method (kt-kernel python/experts.py, KTransformers 0.7.0).
 KT_METHODS = ("AMXINT4", "AMXINT8", "RAWINT4", "FP8", "FP8_PERCHANNEL", "BF16", "LLAMAFILE",

@@ -9,7 +9,6 @@ them, with the release range that has them and the named setting that replaces t
 
 from __future__ import annotations
 
-from dataclasses import field
 from typing import Literal
 
 from ..schema import doc
@@ -19,7 +18,7 @@ from .base import (EngineAdapter, Launch, Layout, MemoryBudget, Metrics, PortReq
                    RouterAdapter, RouterReadiness, SettingsBase, args_field, env_field,
                    kv_dtype_bytes, tp_pp, tp_words)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
-from ..records import record
+from ..records import field, record
 
 ENGINE_PORT = 30000
 BOOTSTRAP_PORT = 8998

@@ -24,8 +24,6 @@ How it runs (TensorRT-LLM docs, "trtllm-serve" and "Disaggregated Serving"):
 
 from __future__ import annotations
 
-import difflib
-from dataclasses import field
 from typing import Any, Literal
 
 import yaml
@@ -37,7 +35,7 @@ from .base import (EngineAdapter, Launch, Layout, MemoryBudget, NoRouter, PortRe
                    RoleContext, RouterAdapter, RouterReadiness, SettingsBase, args_field,
                    env_field, kv_dtype_bytes, tp_pp, tp_words)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
-from ..records import record
+from ..records import field, record
 
 HTTP_PORT = 8200          # not trtllm-serve's 8000, which the router in front usually takes
 TRTLLM_FLAG = r"[a-z0-9][a-z0-9_-]*"   # click options are spelled with underscores
@@ -288,6 +286,7 @@ def llm_api_file(rel: Release, ctx: RoleContext, settings: dict) -> str:
 
 
 def _closest(key: str, known) -> str:
+    import difflib   # here: only an error needs it
     near = [k for k in sorted(known) if _same_words(k, key)] or \
         difflib.get_close_matches(key, sorted(known), n=1)
     return f" (did you mean {near[0]}?)" if near else ""

@@ -22,7 +22,6 @@ Layouts (vLLM's docs: "Data Parallel Deployment", "Multi-Node Serving", "NixlCon
 from __future__ import annotations
 
 import json
-from dataclasses import field
 from typing import Literal
 
 from ..schema import doc
@@ -32,7 +31,7 @@ from .base import (EngineAdapter, Launch, Layout, MemoryBudget, Metrics, PortReq
                    RouterAdapter, RouterReadiness, SettingsBase, args_field, derived_tp,
                    env_field, kv_dtype_bytes, tp_words)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
-from ..records import record
+from ..records import field, record
 
 PARALLEL = ("pp", "dp")   # tp is the instance's GPUs / (pp x dp) unless set
 

@@ -2,7 +2,7 @@
 
 A deployment with an inline site gives every field a unique canary value; each canary must show
 up in the rendered files (plan.json counts: it is part of the job directory). The fields are found
-by walking the config dataclasses (config.Site, config.Deployment and what they hold), so a field
+by walking the config records (config.Site, config.Deployment and what they hold), so a field
 added later without reaching the output fails here until it gets a canary below or a commented
 place on the allow-list. String fields without a pattern get an automatic canary; everything else
 is in CANARY (value + where its trace must appear), VARIANT (a field another one shadows, checked

@@ -165,3 +165,21 @@ def test_without_a_remote_the_runner_is_local(runner_args, tmp_path, monkeypatch
     r = CliRunner().invoke(main, ["cancel", "7"], env={"HPCSERVE_STATE_DIR": str(tmp_path)})
     assert r.exit_code == 2, r.output
     assert runner_args[0]["remote"] is None
+
+
+def test_only_the_hpcserve_process_freezes_what_it_loaded(tmp_path):
+    """`hpcserve` itself hides what it loaded from the garbage collector (cli._settled); the
+    CLI called in-process, as here, must not, or the caller's garbage would never be freed."""
+    import gc
+    demo = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "demo.yaml")
+    before = gc.get_freeze_count()
+    result = CliRunner().invoke(main, ["render", demo, "--out", str(tmp_path / "job")])
+    assert result.exit_code == 0, result.output
+    assert gc.get_freeze_count() == before
+    child = subprocess.run(
+        [sys.executable, "-c", "import gc, sys; from hpcserve import cli; sys.argv[1:] = "
+         "['render', sys.argv[1], '--out', sys.argv[2]]; "
+         "import atexit; atexit.register(lambda: print(gc.get_freeze_count())); cli.run()",
+         demo, str(tmp_path / "job2")], capture_output=True, text=True)
+    assert child.returncode == 0, child.stderr
+    assert int(child.stdout.split()[-1]) > 1000, child.stdout

@@ -1,7 +1,7 @@
 """Hostile strings in every string field: refused as config errors, or passed through literally.
 
 For each string of the corpus, every string field of a deployment and its inline site (found by
-walking the config dataclasses) gets that string, tagged with the field's number. Fields the config
+walking the config records) gets that string, tagged with the field's number. Fields the config
 refuses must be refused with a ConfigError; the rest is rendered and written, and every generated
 script is run by bash with stub srun/python3/apptainer/enroot/... first on PATH that record their
 argv and environment. No command in the strings may ever run (no PWNED file anywhere), every
