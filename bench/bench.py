@@ -64,7 +64,7 @@ def bench_render() -> None:
             report(label, samples, target)
 
 
-def bench_ratio(runs: int = 15) -> None:
+def bench_ratio(runs: int = 31) -> None:
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "hpcserve")], check=True)
     sys.path.insert(0, str(ROOT / "bench"))
     from revision import alternate

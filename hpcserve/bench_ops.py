@@ -19,7 +19,7 @@ from .bench_sweep import spec, sweep
 from .engines.bench_clients import CLIENTS, BenchClient
 from .errors import HpcserveError
 from .render import bench_launch_script
-from .runtime.allocation import SHAPE_VARS, step_prefix
+from .runtime.contract import SHAPE_VARS, step_prefix
 from .slurm.runner import read_json
 from .records import record
 

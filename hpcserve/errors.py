@@ -9,15 +9,19 @@ from typing import Any
 # Unicode line and paragraph separators, the invisible format characters (bidirectional overrides
 # reorder what follows them), non-characters, and the lone surrogates a command line's
 # undecodable bytes become (each one str.isprintable() refuses).
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\xad\u200b-\u200f\u2028-\u202e\u2060-\u206f"
-                          "\ufeff\ufff9-\ufffb\ufffe\uffff\ud800-\udfff]")
+# Compiled on first use (re caches it): only an error message needs it, and compiling it takes
+# ~1 ms of every command's start.
+_UNPRINTABLE = ("[\x00-\x1f\x7f-\x9f\xad\u200b-\u200f\u2028-\u202e\u2060-\u206f"
+                "\ufeff\ufff9-\ufffb\ufffe\uffff\ud800-\udfff]")
 ECHO_CHARS = 60
 
 
 def escape(text: str) -> str:
     """`text` with every control character written as Python writes it in a repr (\\n, \\x00),
     so a message that quotes it stays one line and cannot move the cursor."""
-    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text)
+    if text.isprintable():    # none of those characters (isprintable refuses each of them)
+        return text
+    return re.sub(_UNPRINTABLE, lambda m: repr(m.group())[1:-1], text)
 
 
 def shorten(text: str, keep: int = ECHO_CHARS) -> str:

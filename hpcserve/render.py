@@ -19,7 +19,7 @@ from .errors import HpcserveError
 from .plan import Instance, Plan
 from .plan_json import dumps as spec_dumps
 from .plan_json import job_spec
-from .runtime.allocation import SHAPE_VARS, step_prefix
+from .runtime.contract import SHAPE_VARS, step_prefix
 from .templates import jinja
 from .words import Var, Word, argv_lines, quote
 
@@ -306,11 +306,10 @@ def write_job(files: dict[str, tuple[str, int]], out_dir: str | Path) -> Path:
         raise HpcserveError(f"{out} exists and is not a directory; choose another --out")
     if out.exists() and any(out.iterdir()):
         raise HpcserveError(f"{out} exists and is not empty; choose another --out")
+    for d in sorted({os.path.dirname(rel) for rel in files} | {"logs", "run"}):
+        os.makedirs(out / d, exist_ok=True)
     for rel, (text, mode) in sorted(files.items()):
-        p = out / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text, encoding="utf-8")
-        os.chmod(p, mode)
-    for d in ("logs", "run"):
-        (out / d).mkdir(exist_ok=True)
+        with open(out / rel, "w", encoding="utf-8") as f:
+            f.write(text)
+            os.fchmod(f.fileno(), mode)
     return out

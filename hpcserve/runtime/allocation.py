@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from .contract import SHAPE_VARS, step_prefix  # noqa: F401 - part of this module's API
 from .failures import Stop
 
 
@@ -95,34 +96,12 @@ def placement_words(plan: dict, nodes: dict) -> str:
     return "; ".join(f"{c['name']} on {','.join(nodes[c['index']])}" for c in plan["components"])
 
 
-def step_prefix(plan: dict) -> str:
-    """The prefix of the deployment's step names in Slurm: in an allocation the user holds,
-    "hpcserve-<name>-", so that cancel never takes the user's own steps called router or
-    prefill-0 for the deployment's; none in the deployment's own job."""
-    return f"hpcserve-{plan['name']}-" if plan.get("in_allocation") else ""
-
-
 def own_steps(plan: dict, ids: dict) -> dict:
     """Slurm's step ids by step name (`squeue --steps`), keeping only the deployment's steps,
     under the names the runtime gives them (without step_prefix)."""
     pre = step_prefix(plan)
     return {k[len(pre):]: v for k, v in ids.items() if k.startswith(pre)} if pre else ids
 
-
-# The variables srun reads as options (srun(1), INPUT ENVIRONMENT VARIABLES) that an salloc or
-# sbatch of the user's sets from its own options (salloc(1)/sbatch(1), OUTPUT ENVIRONMENT
-# VARIABLES): a step would take the user's allocation shape (its CPUs, memory, GPUs and tasks)
-# for the deployment's. The job.sbatch of an in-allocation job unsets them, as the het job never
-# has them: each step spells its shape itself.
-SHAPE_VARS = (
-    "SLURM_CPUS_PER_TASK", "SLURM_CPUS_PER_GPU", "SLURM_TRES_PER_TASK", "SLURM_MEM_PER_CPU",
-    "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_GPU", "SLURM_GPUS", "SLURM_GPUS_PER_NODE",
-    "SLURM_GPUS_PER_TASK", "SLURM_GPUS_PER_SOCKET", "SLURM_NTASKS", "SLURM_NPROCS",
-    "SLURM_NTASKS_PER_NODE", "SLURM_NTASKS_PER_CORE", "SLURM_NTASKS_PER_SOCKET",
-    "SLURM_NTASKS_PER_GPU", "SLURM_DISTRIBUTION", "SLURM_CPU_BIND", "SLURM_MEM_BIND",
-    "SLURM_GPU_BIND", "SLURM_HINT", "SLURM_THREADS_PER_CORE", "SLURM_EXACT",
-    "SLURM_OVERCOMMIT", "SLURM_CONSTRAINT", "SLURM_GRES",
-)
 
 # `hpcserve preflight --in-allocation`: as long as a preflight job of its own (plan.py
 # PREFLIGHT_TIME), not the allocation's time limit.

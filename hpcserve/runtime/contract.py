@@ -147,3 +147,28 @@ def load_spec(job_dir: str) -> dict:
                         f"this hpcserve_runtime understands spec {SPEC_VERSION} only: render the "
                         "job directory again with one hpcserve version")
     return plan
+
+
+# What the renderer and the runtime both spell: the steps' names in an allocation the user holds
+# and the variables job.sbatch unsets there.
+def step_prefix(plan: dict) -> str:
+    """The prefix of the deployment's step names in Slurm: in an allocation the user holds,
+    "hpcserve-<name>-", so that cancel never takes the user's own steps called router or
+    prefill-0 for the deployment's; none in the deployment's own job."""
+    return f"hpcserve-{plan['name']}-" if plan.get("in_allocation") else ""
+
+
+# The variables srun reads as options (srun(1), INPUT ENVIRONMENT VARIABLES) that an salloc or
+# sbatch of the user's sets from its own options (salloc(1)/sbatch(1), OUTPUT ENVIRONMENT
+# VARIABLES): a step would take the user's allocation shape (its CPUs, memory, GPUs and tasks)
+# for the deployment's. The job.sbatch of an in-allocation job unsets them, as the het job never
+# has them: each step spells its shape itself.
+SHAPE_VARS = (
+    "SLURM_CPUS_PER_TASK", "SLURM_CPUS_PER_GPU", "SLURM_TRES_PER_TASK", "SLURM_MEM_PER_CPU",
+    "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_GPU", "SLURM_GPUS", "SLURM_GPUS_PER_NODE",
+    "SLURM_GPUS_PER_TASK", "SLURM_GPUS_PER_SOCKET", "SLURM_NTASKS", "SLURM_NPROCS",
+    "SLURM_NTASKS_PER_NODE", "SLURM_NTASKS_PER_CORE", "SLURM_NTASKS_PER_SOCKET",
+    "SLURM_NTASKS_PER_GPU", "SLURM_DISTRIBUTION", "SLURM_CPU_BIND", "SLURM_MEM_BIND",
+    "SLURM_GPU_BIND", "SLURM_HINT", "SLURM_THREADS_PER_CORE", "SLURM_EXACT",
+    "SLURM_OVERCOMMIT", "SLURM_CONSTRAINT", "SLURM_GRES",
+)

@@ -254,3 +254,15 @@ def test_profile_defaults_merge_under_role_settings(tmp_path):
     assert st["moe_a2a_backend"] == "deepep"        # profile default kept
     assert st["trust_remote_code"] is True          # common layer
     assert st["args"] == {"foo-bar": 1}             # null removes the profile's default flag
+
+
+def test_escape_writes_every_unprintable_character_out_and_leaves_printable_text_alone():
+    """errors.escape returns printable text as it is without its regex: right only while every
+    character the regex matches is one str.isprintable() refuses; checked over all of Unicode."""
+    import re
+
+    from hpcserve import errors
+    matched = [chr(c) for c in range(0x110000) if re.fullmatch(errors._UNPRINTABLE, chr(c))]
+    assert len(matched) > 2000 and not any(ch.isprintable() for ch in matched)
+    assert errors.escape("a\nb\u202ec\x00") == "a\\nb\\u202ec\\x00"
+    assert errors.escape("plain text, ü, 中") == "plain text, ü, 中"
