@@ -218,14 +218,14 @@ def clear_of_my_other_deployments(p, cfg, runner, remote: str | None, warn):
 
 
 def check_router_python(p, runner) -> None:
-    """Outside containers the router runs as `PYTHON -m MODULE` with the environment sbatch
-    exports from this shell: a PYTHON here that cannot import MODULE would fail in the job,
-    after the queue and the engines' start. Say what to install before submitting instead."""
-    cmd = list(p.router.command) if p.router else []
-    if p.container.runtime != "none" or len(cmd) < 3 or cmd[1] != "-m" or \
-            not all(isinstance(w, str) for w in cmd[:3]):
+    """Outside containers the router runs from its Python package (RouterPlan.package) with
+    the environment sbatch exports from this shell: a python here that cannot import it would
+    fail in the job, after the queue and the engines' start. Say what to install before
+    submitting instead."""
+    if p.container.runtime != "none" or not p.router or not p.router.package or \
+            not isinstance(p.router.command[0], str):
         return
-    python, module = cmd[0], cmd[2].split(".")[0]
+    python, module = p.router.command[0], p.router.package
     try:
         why = "" if runner.run([python, "-c", f"import {module}"], check=False).rc == 0 else \
             f"cannot import {module}"
@@ -233,8 +233,8 @@ def check_router_python(p, runner) -> None:
         why = "is not found"
     if why:
         raise HpcserveError(
-            f"the router runs as `{python} -m {cmd[2]}`, and {python} here {why}: install "
-            f"{module} into that python (pip install {p.router.name}; "
+            f"the router runs from {python}'s {module} package, and {python} here {why}: "
+            f"install {module} into that python (pip install {p.router.name}; "
             "`pip install 'hpcserve[dev]'` brings the routers hpcserve is tested with, for the "
             "local test cluster), or point router.python / site.paths.router_python at a "
             "python that has it")

@@ -101,6 +101,7 @@ class RouterPlan:
     files: tuple[tuple[str, tuple[Word, ...]], ...] = ()  # run/<name>, one Word per line
     api_key_env: str | None = None
     metrics_path: str | None = None  # its Prometheus text on prometheus_port; None: none
+    package: str | None = None     # the Python package its python must import; None: none
 
 
 @record
@@ -570,7 +571,9 @@ def _plan_router(d: _Draft) -> RouterPlan | None:
     if d.cfg.deployment.engine.simulate and router.stand_in is not None:
         # The real router is part of the engine: the stand-in runs in its place.
         command = [_engine_python(d), (Var("JOB_DIR"), "/hpcserve_sim.py"), *router.stand_in]
+        package = None
     else:
+        package = router.package
         command = router.command(rc.python or d.cfg.site.paths.router_python
                                  or _engine_python(d))
     return RouterPlan(component=d.router_component, node_offset=0, port=d.router_port,
@@ -580,7 +583,7 @@ def _plan_router(d: _Draft) -> RouterPlan | None:
                                 {"PYTHONUNBUFFERED": "1", **rc.env}.items()),
                       pd=d.pd, name=router.name, readiness_path=router.readiness(d.pd).path,
                       readiness_count=router.readiness(d.pd).count,
-                      workers_api=router.workers_api(d.pd),
+                      workers_api=router.workers_api(d.pd), package=package,
                       files=tuple((name, tuple(lines)) for name, lines in files.items()),
                       api_key_env=getattr(rc.args.get("api-key"), "from_env", None),
                       metrics_path=router.metrics_path)

@@ -139,9 +139,11 @@ class SGLangRouter(RouterAdapter):
                        "--worker-urls", "--policy", "--prometheus-host", "--prometheus-port"})
     # Prometheus text on --prometheus-port (its smg_* series; tests/jobs scrape it there)
     metrics_path = "/metrics"
+    refused = RouterAdapter.NO_MINI_LB
+    package = "sglang_router"
 
     def command(self, python: str) -> list[Word]:
-        return [python, "-m", "sglang_router.launch_router"]
+        return self.launch_router(python)
 
     def readiness(self, pd: bool) -> RouterReadiness:
         return RouterReadiness("/readiness", ("healthy_workers",))

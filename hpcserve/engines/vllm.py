@@ -148,9 +148,11 @@ class VLLMRouter(RouterAdapter):
                        "--kv-connector", "--worker-startup-check-interval"})
     # Prometheus text on --prometheus-port (its vllm_router_* series), as sglang-router's
     metrics_path = "/metrics"
+    refused = RouterAdapter.NO_MINI_LB
+    package = "vllm_router"
 
     def command(self, python: str) -> list[Word]:
-        return [python, "-m", "vllm_router.launch_router"]
+        return self.launch_router(python)
 
     def readiness(self, pd: bool) -> RouterReadiness:
         # PD mode counts each pool: {"prefill": {"healthy": N}, "decode": {"healthy": M}}

@@ -252,6 +252,10 @@ model:
   args:
     port: 9000  #<
 """, "router.args.port", ["--port is set by hpcserve"]),
+    Case("mini_lb_router", BASE_HEAD + PD + """router:
+  args:
+    mini-lb: true  #<
+""", "router.args.mini-lb", ["--mini-lb", "cannot be started by hpcserve"]),
     Case("pd_without_router", BASE_HEAD + PD + """router:
   enabled: false  #<
 """, "router.enabled", ["needs the router"]),

@@ -186,7 +186,8 @@ VARIANT: dict[tuple, tuple[Any, list, dict]] = {
                                          {("engine", "python"): None,
                                           ("engine", "simulate"): False}),
     ("site", "paths", "router_python"): ("/canary/site/router/python",
-                                         [(F_R, "  /canary/site/router/python -m ")],
+                                         [(F_R, "  /canary/site/router/python "
+                                                "\"${JOB_DIR}\"/hpcserve_runtime/router_main.py ")],
                                          {("router", "python"): None}),
     # request faults count requests, not seconds
     ("roles", "prefill", "sim_fault", "after_requests"): (

@@ -61,7 +61,8 @@ def test_submit_says_what_to_install_when_the_router_python_lacks_it(installed, 
                        env={**os.environ, "HPCSERVE_STATE_DIR": str(tmp_path / "state"),
                             "PATH": "/nonexistent"})  # no sbatch: it must not get that far
     assert r.returncode == 2, r.stderr
-    assert r.stderr.startswith("hpcserve: error: the router runs as "), r.stderr
+    assert r.stderr.startswith(f"hpcserve: error: the router runs from {bare}/bin/python's "
+                               "sglang_router package"), r.stderr
     assert "cannot import sglang_router" in r.stderr and "hpcserve[dev]" in r.stderr
     assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "job").exists()
 
