@@ -160,3 +160,34 @@ def test_status_shows_the_start_up_once_known():
         "instance": "decode-1", "total_s": 80.2, "phase": "engine_load", "phase_s": 61.3}}}
     assert startup_line(v) == ("  start-up 95 s (after 4.0 s in the queue); slowest instance "
                                "decode-1 80 s, most in engine_load 61 s")
+
+
+def test_the_report_draws_the_start_up_beside_the_throughput(tmp_path):
+    """startup.png/svg where a job has phases: a segment per known phase and the unknown time,
+    each as long as its seconds; a job without phases draws no start-up chart."""
+    import xml.etree.ElementTree as ET
+
+    from hpcserve import report
+    su = {"total_s": 10.0, "unknown_s": 3.0, "phases": {
+        "job_setup": 1.0, "preflight": 2.0, "engine_load": None, "engine_warmup": None,
+        "router_registration": 4.0}}
+    bench = {"points": [], "passed": True}
+    j = report.JobBench("42", "kimi", "vLLM 0.32.0", nodes=1, gpus=1, bench=bench, startup=su)
+    assert report._startup_plot([report.JobBench("7", "k", "v", 1, 1, bench)], tmp_path,
+                                None) == []
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    assert report._startup_plot([j], tmp_path, plt) == [tmp_path / "startup.png"]
+    svg = ET.parse(tmp_path / "startup.svg").getroot()
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    widths = {}
+    for g in svg.iterfind(".//s:g[@id]", ns):
+        if g.get("id").startswith("startup-42-"):
+            d = g.find(".//s:path", ns).get("d").split()
+            xs = [float(t) for t in d if t.replace(".", "").replace("-", "").isdigit()][0::2]
+            widths[g.get("id")[len("startup-42-"):]] = max(xs) - min(xs)
+    assert set(widths) == {"job_setup", "preflight", "router_registration", "unknown"}
+    unit = widths["job_setup"]
+    assert [round(widths[k] / unit, 2) for k in ("preflight", "unknown", "router_registration")] \
+        == [2.0, 3.0, 4.0]
