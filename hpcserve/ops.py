@@ -265,7 +265,8 @@ class View:
         # recovery's record as state.json has it (always present, so scripts need no guard)
         return {k: v for k, v in self.__dict__.items() if k != "state"} | {
             "history": self.state.get("history", []), "instances": self.instances,
-            "excluded_nodes": self.state.get("excluded_nodes", [])}
+            "excluded_nodes": self.state.get("excluded_nodes", []),
+            "startup": self.state.get("startup")}
 
     @property
     def instances(self) -> dict:
@@ -479,6 +480,22 @@ def _columns(rows: list[tuple[str, ...]]) -> list[str]:
     return ["  ".join([c.ljust(w[k]) for k, c in enumerate(r[:-1])] + [r[-1]]) for r in rows]
 
 
+def startup_line(v: View) -> str | None:
+    """The start-up once the job has measured it (state.json's startup, runtime/startup.py):
+    its total and the slowest instance with its slowest phase; None before."""
+    st = v.state.get("startup") if isinstance(v.state, dict) else None
+    if not isinstance(st, dict) or "total_s" not in st:
+        return None
+    queue = st.get("queue_wait_s")
+    words = [f"  start-up {_seconds(st['total_s'])}" +
+             (f" (after {_seconds(queue)} in the queue)" if queue is not None else "")]
+    slow = st.get("slowest")
+    if slow:
+        words.append(f"slowest instance {slow['instance']} {_seconds(slow['total_s'])}, most in "
+                     f"{slow['phase']} {_seconds(slow['phase_s'])}")
+    return "; ".join(words)
+
+
 def failure_detail(v: View, lines: int = 10) -> str:
     """For a failed deployment: which log holds the cause, and its last lines."""
     f = v.failure or {}
@@ -503,7 +520,8 @@ def status_table(views: list[View], instances: bool = False) -> str:
     head, *lines = _columns(rows)
     out = [head]
     for v, line in zip(views, lines):
-        out += [line] + (instance_lines(v) if instances else [])
+        start = startup_line(v) if instances else None
+        out += [line] + ([start] if start else []) + (instance_lines(v) if instances else [])
     return "\n".join(out)
 
 

@@ -159,6 +159,8 @@ class Plan:
     in_allocation: bool = False  # steps of an allocation the user holds (allocation.py)
     file_sd_dir: str | None = None  # site.metrics.file_sd_dir: Prometheus file SD while serving
     sim: dict = field(default_factory=dict)
+    # the engine release's start-up lines: (weights_loaded, regex or None), (ready, ...)
+    startup_lines: tuple = ()
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 
@@ -659,6 +661,7 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
         sim={"startup_delay": dep.engine.sim_startup_delay,
              "prefill_s_per_token": dep.engine.sim_prefill_s_per_token,
              "decode_s_per_token": dep.engine.sim_decode_s_per_token},
+        startup_lines=tuple(a.startup_lines(d.rel).items()),
         warnings=tuple(d.warnings), notes=tuple(d.notes))
 
 

@@ -130,6 +130,8 @@ def _instance(plan, i) -> dict:
         "parallel": dict(i.parallel), "argv": words(i.argv),
         "rank_argv": [words(r) for r in i.rank_argv],
         "env": [[k, word(v)] for k, v in i.env],
+        # the engine's start-up lines (runtime/startup.py): a regex each, or None: unknown
+        "startup_lines": dict(plan.startup_lines),
     }
 
 
@@ -227,7 +229,8 @@ SCHEMA = {
             "parallel": {"type": "object", "additionalProperties": _INT},
             "argv": {"type": "array", "items": _WORD},
             "rank_argv": {"type": "array", "items": {"type": "array", "items": _WORD}},
-            "env": {"type": "array", "items": {"type": "array", "prefixItems": [_STR, _WORD]}}})},
+            "env": {"type": "array", "items": {"type": "array", "prefixItems": [_STR, _WORD]}},
+            "startup_lines": _obj({"weights_loaded": _OPT_STR, "ready": _OPT_STR})})},
         "router": {"anyOf": [{"type": "null"}, _obj({
             "name": _STR, "component": _INT, "node_offset": _INT, "port": _INT,
             "prometheus_port": _INT, "metrics_path": _OPT_STR, "pd": {"type": "boolean"},

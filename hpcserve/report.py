@@ -29,6 +29,7 @@ class JobBench:
     nodes: int
     gpus: int
     bench: dict   # state.json's benchmark block (hpcserve_bench.evaluate's result)
+    startup: dict | None = None  # state.json's start-up in phases (runtime/startup.py)
 
 
 def load(entry, runner) -> JobBench:
@@ -44,7 +45,8 @@ def load(entry, runner) -> JobBench:
     nodes = sum(c["nodes"] for c in plan["components"])
     gpus = sum(i["gpus_per_node"] * i["nodes"] for i in plan["instances"])
     return JobBench(entry.job_id, plan["name"], f"{plan['engine']['title']} "
-                    f"{plan['engine']['version']}", nodes, max(gpus, 1), b)
+                    f"{plan['engine']['version']}", nodes, max(gpus, 1), b,
+                    (state or {}).get("startup"))
 
 
 def _ms(p: dict, metric: str, stat: str):
@@ -171,10 +173,47 @@ def plot(jobs: list[JobBench], out: Path) -> list[Path]:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(out / f"{name}.png", dpi=100)
-        fig.savefig(out / f"{name}.svg")
-        plt.close(fig)
-    return [out / p for p in PLOTS]
+        _save(fig, out, name)
+    return [out / p for p in PLOTS] + _startup_plot(jobs, out, plt)
+
+
+def _save(fig, out: Path, name: str) -> None:
+    fig.savefig(out / f"{name}.png", dpi=100)
+    fig.savefig(out / f"{name}.svg")
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
+def _startup_plot(jobs: list[JobBench], out: Path, plt) -> list[Path]:
+    """startup.png beside the throughput plot where a job's state.json has its start-up in
+    phases: one bar per job, a segment per phase in order (each bar "startup-<job>-<phase>"
+    in the SVG), unknown time hatched."""
+    measured = [j for j in jobs if j.startup and j.startup.get("phases")]
+    if not measured:
+        return []
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.6 * len(measured)))
+    colors: dict[str, str] = {}
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for y, j in enumerate(measured):
+        left = 0.0
+        segments = [(k, v) for k, v in j.startup["phases"].items() if v] + \
+            [("unknown", j.startup.get("unknown_s") or 0.0)]
+        for phase, secs in segments:
+            if not secs:
+                continue
+            new = phase not in colors
+            colors.setdefault(phase, "white" if phase == "unknown"
+                              else palette[len(colors) % len(palette)])
+            ax.barh(y, secs, left=left, color=colors[phase], edgecolor="black",
+                    hatch="//" if phase == "unknown" else None, label=phase if new else None,
+                    gid=f"startup-{j.job_id}-{phase}")
+            left += secs
+    ax.set_yticks(range(len(measured)), [f"{j.job_id} {j.name}" for j in measured])
+    ax.set(xlabel="seconds from the job's start to serving", title="Start-up in phases")
+    ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    fig.tight_layout()
+    _save(fig, out, "startup")
+    return [out / "startup.png"]
 
 
 def html_page(jobs: list[JobBench], pngs: list[Path]) -> str:

@@ -380,6 +380,15 @@ class EngineAdapter:
         """The router in front of the instances (an engine may use another one for PD)."""
         return self.router
 
+    # The engine's start-up lines by release (runtime/startup.py): "weights_loaded" and "ready",
+    # each a regex of a line verified in that release's source. A release not listed, or a line
+    # it does not print, is None: its start-up phases show as unknown.
+    startup_patterns: Mapping[str, Mapping[str, str | None]] = {}
+
+    def startup_lines(self, rel: Release) -> dict[str, str | None]:
+        lines = self.startup_patterns.get(rel.version, {})
+        return {"weights_loaded": lines.get("weights_loaded"), "ready": lines.get("ready")}
+
     def sim_source(self) -> Path:
         return SIM_DIR / self.sim_file
 

@@ -215,6 +215,10 @@ class KTransformersLegacy(EngineAdapter):
     # It has no health route; the model is loaded before uvicorn starts, so the first answer
     # of /v1/models means ready.
     health_path = "/v1/models"
+    # No start-up lines: the legacy server prints "loading <tensor> to <device>" per tensor
+    # (ktransformers/util/utils.py, v0.2.0 to v0.4.1) and nothing once all are loaded; its
+    # ready moment is the first answer of /v1/models. Its engine phases show as unknown.
+    startup_patterns: dict = {}
 
     def release(self, version: str, check_as: str | None = None) -> Release:
         rel = self.matrix.release(version, check_as)

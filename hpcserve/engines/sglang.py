@@ -187,6 +187,17 @@ class SGLang(EngineAdapter):
                       ("sglang:num_running_reqs",))
     port_fields = {"bootstrap_port": "first PD bootstrap port (prefill)",
                    "dist_init_port": "first torch.distributed init port"}
+    # Read in each pinned release's wheel (0.4.6.post5 to 0.5.23): ModelRunner.load_model logs
+    # f"Load weight end. ..." (sglang/srt/model_executor/model_runner.py) once the weights are
+    # on the GPU, and _wait_and_warmup logs "The server is fired up and ready to roll!"
+    # (sglang/srt/entrypoints/http_server.py) after the warm-up request. 0.5.23 leaves the
+    # weights line out where it overlaps the weight load with start-up (startup_weight_load):
+    # that phase then shows as unknown.
+    startup_patterns = {v: {"weights_loaded": r"Load weight end\. ",
+                            "ready": r"The server is fired up and ready to roll!"}
+                        for v in ("0.4.6.post5", "0.4.9.post6", "0.4.10.post2", "0.5.2",
+                                  "0.5.4.post3", "0.5.6.post2", "0.5.9", "0.5.12.post1",
+                                  "0.5.16", "0.5.20", "0.5.21", "0.5.22", "0.5.23")}
 
     def command(self, python: str) -> list[Word]:
         return [python, "-m", "sglang.launch_server"]

@@ -178,6 +178,9 @@ class TRTLLM(EngineAdapter):
     sim_file = "trtllm.py"
     bench_client = "trtllm"
     port_fields: dict[str, str] = {}
+    # No start-up lines: those of 1.3.0rc3 could not be read in its source here (the NVIDIA
+    # repository is too large to mirror), so its engine phases show as unknown.
+    startup_patterns: dict = {}
 
     def command(self, python: str) -> list[Word]:
         # The launcher maps Slurm's rank to TensorRT-LLM's MPI roles (rank 0 serves HTTP).

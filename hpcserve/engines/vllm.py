@@ -213,6 +213,15 @@ class VLLM(EngineAdapter):
                                         "(VLLM_NIXL_SIDE_CHANNEL_PORT, + one per DP rank)",
                    "bootstrap_port": "first Mooncake bootstrap port of a prefill "
                                      "(VLLM_MOONCAKE_BOOTSTRAP_PORT)"}
+    # vLLM 0.32.0: "Loading weights took %.2f seconds" (DefaultModelLoader.load_weights,
+    # vllm/model_executor/model_loader/default_loader.py) and, on a GPU, "Model loading took %s
+    # GiB memory and %.6f seconds" (vllm/v1/worker/gpu_model_runner.py); "Starting vLLM server
+    # on %s" (vllm/entrypoints/launchers/api_server/entry.py) once the engine core is up and
+    # the app built, before uvicorn serves. The dummy loader (--load-format dummy) prints no
+    # weights line: unknown then. Other releases' lines are not verified: unknown.
+    startup_patterns = {"0.32.0": {
+        "weights_loaded": r"Loading weights took [0-9.]+ seconds|Model loading took .* seconds",
+        "ready": r"Starting vLLM server on "}}
 
     def command(self, python: str) -> list[Word]:
         # `vllm serve` without relying on the console script being on PATH in the image.

@@ -13,7 +13,10 @@ the role's spare nodes, the engine's metrics and instance smoke request, the rou
 and state.json's per-instance record; 7 adds in_allocation (the job runs as steps of an
 allocation the user already holds: `hpcserve submit --in-allocation`), file_sd_dir (the site's
 Prometheus file-SD directory), router.metrics_path (where the router serves Prometheus text,
-or null) and preflight.fabric (the NVLink domain size whose fabric the preflight checks, or null).
+or null) and preflight.fabric (the NVLink domain size whose fabric the preflight checks, or null);
+8 adds each instance's startup_lines (the patterns of its engine's weights-loaded and ready log
+lines, null where the pinned release's line is not known) and state.json's startup (the start-up
+in phases, runtime/startup.py).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import json
 import os
 
 SPEC = "hpcserve-job"
-SPEC_VERSION = 7
+SPEC_VERSION = 8
 
 # The job's phases, in the order a deployment goes through them.
 # degraded: serving with an instance out (being replaced); recovering: a role has fewer serving
@@ -91,6 +94,32 @@ INSTANCE_SCHEMA = {
     "additionalProperties": False,
 }
 
+# The start-up in phases (runtime/startup.py): seconds per phase, null where unknown (a line the
+# engine's release does not print, or that never came); unknown_s is their time, so that the
+# known phases and unknown_s sum to total_s.
+_PHASE_SECONDS = {"type": "object", "additionalProperties": _NUM_OR_NULL}
+STARTUP_SCHEMA = {
+    "type": ["object", "null"],
+    "required": ["total_s", "phases", "unknown_s", "instances", "slowest"],
+    "properties": {
+        "total_s": _NUM, "phases": _PHASE_SECONDS, "unknown_s": _NUM,
+        "overlapped": {"type": "object", "additionalProperties": _NUM},
+        "queue_wait_s": _NUM_OR_NULL,
+        "instances": {"type": "object", "additionalProperties": {
+            "type": "object", "additionalProperties": False,
+            "required": ["phases", "unknown_s", "total_s", "log"],
+            "properties": {
+                "phases": _PHASE_SECONDS, "unknown_s": _NUM, "total_s": _NUM,
+                "log": {"type": "string"},
+                "lines_seen": {"type": "array", "items": {"type": "string"}},
+                "lines_known": {"type": "array", "items": {"type": "string"}}}}},
+        "slowest": {"type": ["object", "null"], "additionalProperties": False, "properties": {
+            "instance": {"type": "string"}, "total_s": _NUM, "phase": {"type": "string"},
+            "phase_s": _NUM}},
+    },
+    "additionalProperties": False,
+}
+
 # state.json, as the runtime writes it (tests validate every job's state.json against it).
 STATE_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -122,6 +151,7 @@ STATE_SCHEMA = {
         "slurm_unreachable": {"type": ["object", "null"]},
         "instances": {"type": "object", "additionalProperties": INSTANCE_SCHEMA},
         "excluded_nodes": {"type": "array", "items": {"type": "string"}},
+        "startup": STARTUP_SCHEMA,
     },
     "additionalProperties": False,
 }

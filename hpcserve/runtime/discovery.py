@@ -266,6 +266,7 @@ class Discovery:
         if not imp:
             return None
         self.job.log(f"importing {imp['uri']} into {imp['sqsh']} once for every node")
+        self.import_started = now()
         with open(os.path.join(self.job.dir, "logs", "import-image.log"), "ab") as log:
             self.image_import = subprocess.Popen(
                 ["bash", imp["helper"], imp["uri"], imp["sqsh"]], stdout=log, stderr=log,
@@ -279,6 +280,9 @@ class Discovery:
         while p.poll() is None:
             self.job.check()
             time.sleep(0.2)
+        # its own time, at most this much: it may have ended during discovery
+        self.job.startup.overlap("image_import", now() - self.import_started)
+        self.job.startup.mark("image_import")
         if p.returncode != 0:
             log = os.path.join(self.job.dir, "logs", "import-image.log")
             raise Stop("failed", f"importing {imp['uri']} into {imp['sqsh']} failed (exit "

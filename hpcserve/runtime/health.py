@@ -106,6 +106,7 @@ class Readiness:
         job.state.update(engines_ready_count=0, engines_total=total)
         while pending:
             job.check()
+            job.startup.scan()  # the engines' start-up lines before this poll's answers
             for name, url in list(pending.items()):
                 # each poll may take its full 2 s: a signal must not wait for all instances' polls
                 job.check()
@@ -120,6 +121,7 @@ class Readiness:
                     answered.add(name)
                 # it answers: its launch script's port check follows within moments
                 if code == 200 and self.owns_port(name, wait=0.5):
+                    job.startup.healthy(name)
                     del pending[name]
                     job.log(f"{name} healthy ({url})")
                     job.state.update(engines_ready_count=total - len(pending))

@@ -126,6 +126,11 @@ class Instances:
         """Every instance with a rank on `node`."""
         return [n for n, rows in self.nodes.items() if any(r[1] == node for r in rows)]
 
+    def leader_log(self, name: str) -> str:
+        """The log of the instance's node rank 0 (its first task's, one task per GPU): where
+        its engine says how its start-up goes."""
+        return self.log_file(name, 0, self.nodes[name][0][1])
+
     def log_file(self, name: str, node_rank, node, rank=None) -> str | None:
         """The log a failure of `name` points at: a node's (or an MPI rank's) engine log, the
         router's, or srun's where no node is known."""

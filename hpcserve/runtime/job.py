@@ -28,6 +28,7 @@ from .recovery import Recovery
 from .requeue import Requeue
 from .slurm import Slurm, Unreachable
 from .state import State, now
+from .startup import Startup
 from .steps import Steps
 from .supervise import Supervisor
 from .teardown import Teardown
@@ -60,6 +61,7 @@ class Job:
         self.bench = BenchStep(self)
         self.teardown = Teardown(self)
         self.requeue = Requeue(self)
+        self.startup = Startup(self)
         self._unreachable: str | None = None
 
     # -- every wait of the timeline watches signals, steps and nodes
@@ -99,8 +101,10 @@ class Job:
         plan = self.plan
         self._clear_port_verdicts()
         self.allocation.place(now())
+        self.startup.mark("job_setup")
         importing = self.discovery.start_image_import()
         found = self.discovery.discover()
+        self.startup.mark("preflight")
         self.discovery.wait_image_import(importing)
         if plan["preflight"]["only"]:  # `hpcserve preflight`: the checks are the whole job
             raise Stop("done", f"preflight passed on {sum(len(v) for v in found.values())} "
@@ -108,17 +112,22 @@ class Job:
         heads = self.instances.place(found)
         for inst in plan["instances"]:
             self.instances.start(self.steps, inst["name"])
+            self.startup.instance_started(inst["name"], self.instances.leader_log(inst["name"]),
+                                          inst["startup_lines"])
         self.log(f"started {len(plan['instances'])} engine instance(s)")
         rd = plan["readiness"]
         self.readiness.wait_engines(heads, rd)
+        self.startup.mark("engines")
         self.state.update("engines_ready")
         self.state.update(health_urls={i["name"]: self.instances.health_url(heads, i)
                                        for i in plan["instances"]})
         url = self.start_router(found, rd) if plan.get("router") else None
+        serving_at = now()
         self.state.update("serving", endpoint=url,
-                          **({"serving_after_s": round(now() - self.t0, 3)} if url else {}))
+                          **({"serving_after_s": round(serving_at - self.t0, 3)} if url else {}))
         if url:
             self.log(f"serving at {url}")
+        self.startup.finish(serving_at)
         first = plan["instances"][0]
         self.bench.start(found, url or f"http://{heads[first['name']]}:{first['port']}")
         self.recovery.begin(url)
@@ -138,9 +147,11 @@ class Job:
         self.instances.place_router(rnode)
         self.state.update(router_node=rnode[0])
         url = self._router_step(rd)
+        self.startup.mark("router_registration")
         self.state.update("router_ready", endpoint=url)
         if rd["smoke_tokens"]:
             self.readiness.smoke(url, rd)
+            self.startup.mark("smoke_request")
         return url
 
     def _router_step(self, rd: dict) -> str:
@@ -183,7 +194,7 @@ class Job:
                               reason=None, finished_at=None, smoke_tokens=None,
                               serving_after_s=None, engines_ready_count=0,
                               restarts=int(os.environ.get("SLURM_RESTART_COUNT") or 0),
-                              instances={}, excluded_nodes=[])
+                              instances={}, excluded_nodes=[], startup=None)
             self.serve()
             stop = Stop("done", "finished")  # not reached: serve() raises
         except Stop as s:

@@ -438,10 +438,20 @@ class EngineBase:
             log(f"node rank {msg.get('rank')} reports unhealthy")
             self.unhealthy = True
 
-    def loading(self):
-        deadline = time.monotonic() + self.startup_delay
+    def loading(self, weights_line=None):
+        """The simulated start-up delay: the first 60 % "loading weights", then the engine's own
+        weights-loaded line (where the engine prints one: `weights_line`, given the seconds the
+        load took), the rest "warming up" (compile, graph capture, KV cache)."""
+        t0 = time.monotonic()
+        self._sleep_until(t0 + 0.6 * self.startup_delay)
+        if weights_line:
+            log(weights_line(time.monotonic() - t0))
+        self._sleep_until(t0 + self.startup_delay)
+
+    @staticmethod
+    def _sleep_until(deadline):
         while time.monotonic() < deadline:
-            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))  # "loading weights"
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
 
 class BadRequest(Exception):

@@ -450,7 +450,9 @@ def main(argv=None):
         log(f"bootstrap server listening on {args.host}:{args.disaggregation_bootstrap_port}")
     if args.dist_init_addr:
         eng.lead_init()
-    eng.loading()
+    # SGLang's line (sglang/srt/model_executor/model_runner.py, 0.4.6.post5 to 0.5.23)
+    eng.loading(lambda s: f"Load weight end. elapsed={s:.2f} s, type=SimulatedModel, "
+                          "avail mem=0.00 GB, mem usage=0.00 GB.")
     serve_http(eng, http_sock, SimHandler)
     log(f"Uvicorn running on http://{args.host}:{args.port}")
     self_check(eng, args.host, args.port, "/model_info")

@@ -510,9 +510,11 @@ def main(argv=None):
         eng.lead_tp()
     if eng.multi_node_dp:
         eng.lead_dp()
-    eng.loading()
-    serve_http(eng, http_sock, VLLMHandler)
+    # vLLM 0.32.0's lines (vllm/model_executor/model_loader/default_loader.py; the server's
+    # in vllm/entrypoints/launchers/api_server/entry.py, logged before uvicorn serves)
+    eng.loading(lambda s: f"Loading weights took {s:.2f} seconds")
     log(f"Starting vLLM server on http://{host}:{args.port}")
+    serve_http(eng, http_sock, VLLMHandler)
     self_check(eng, host, args.port, "/v1/models")
     log("Application startup complete.")
     while True:
