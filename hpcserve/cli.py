@@ -18,7 +18,7 @@ from .records import record
 # here is listed under "other" (tests/unit/test_cli_help.py refuses that).
 SECTIONS = (
     ("author a deployment", ("plan", "render", "schema", "profiles")),
-    ("run and operate", ("preflight", "submit", "status", "list", "logs", "cancel")),
+    ("run and operate", ("preflight", "stage", "submit", "status", "list", "logs", "cancel")),
     ("measure", ("bench", "report")),
     ("local test cluster", ("dev-cluster",)),
 )
@@ -343,6 +343,41 @@ def preflight(file, sets, as_json, in_allocation):
     elif result:
         from .runtime.preflight import table_text
         click.echo("\n".join(table_text(result)))
+    sys.exit(rc)
+
+
+@main.command(short_help="Copy FILE's model to its nodes' stage cache as a job of its own.")
+@_file_arg
+@_set_opt
+@click.option("--json", "as_json", is_flag=True, help="print state.json's stage record")
+def stage(file, sets, as_json):
+    """Stage FILE's model on its nodes ahead of time (model.stage, as a job of its own: the same
+    allocation, no engines): each node's stage cache (site.paths.stage_dir) gets a copy checked
+    against the model's manifest, the shared path read once. Prints one row per node; exit 1 if
+    a node failed.
+
+    \b
+    Example:
+      hpcserve stage examples/kimi-k2-instruct-4p12d.yaml
+    """
+    from . import ops
+    ssh = _ssh()
+    remote = ssh.remote
+    runner = ssh.runner(remote)
+    res = ops.submit(file, sets, runner=runner, remote=remote, out=None, dry_run=False,
+                     check=False, stage_only=True,
+                     warn=lambda w: click.echo(f"hpcserve: warning: {w}", err=True))
+    click.echo(f"submitted stage job {res.job_id}: {res.job_dir}", err=True)
+    rc = ops.follow(res.entry, runner, echo=lambda line: click.echo(line, err=True), quiet=True,
+                    until_serving=False)
+    result = ops.stage_result(runner, res.job_dir)
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+    elif result:
+        click.echo("node outcome read_shared_bytes took_s")
+        for node, r in result["nodes"].items():
+            click.echo(f"{node} {r['outcome']} {r.get('read_shared', 0)} {r.get('took_s', '-')}"
+                       + (f"  {r['detail']}" if r.get("detail") else ""))
     sys.exit(rc)
 
 

@@ -50,11 +50,12 @@ class Submitted:
 
 def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out: str | None,
            dry_run: bool, check: bool, warn: Callable[[str], None] = lambda _w: None,
-           preflight_only: bool = False, in_allocation: bool = False) -> Submitted | str:
+           preflight_only: bool = False, in_allocation: bool = False,
+           stage_only: bool = False) -> Submitted | str:
     from . import config, plan as planner
     from .render import write_job
     cfg = config.load(file, sets)
-    p = planner.build(cfg)
+    p = planner.stage_only(cfg) if stage_only else planner.build(cfg)
     if preflight_only:
         p = planner.preflight_only(p)
     if in_allocation:
@@ -125,7 +126,7 @@ def _job_dir(p, runner, out: str | None, preflight_only: bool) -> str:
     """--out, or <jobs_dir>/<name>[-preflight]-<timestamp>."""
     if out:
         return runner.expand_path(out)
-    kind = "-preflight" if preflight_only else ""
+    kind = "-preflight" if preflight_only else "-stage" if (p.stage or {}).get("only") else ""
     return posixpath.join(runner.expand_path(p.jobs_dir),
                           f"{p.name}{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
 
@@ -158,6 +159,11 @@ def cluster_name(runner) -> str | None:
     """Slurm's ClusterName where the runner runs (None where scontrol does not say)."""
     res = runner.run(parsers.config_argv(), check=False)
     return parsers.parse_config(res.out).get("ClusterName") if res.rc == 0 else None
+
+
+def stage_result(runner, job_dir: str) -> dict | None:
+    """state.json's stage record (None where the job ended before staging)."""
+    return (read_json(runner, posixpath.join(job_dir, "state.json")) or {}).get("stage")
 
 
 def preflight_result(runner, job_dir: str) -> dict | None:
