@@ -755,12 +755,16 @@ def preflight_only(p: Plan) -> Plan:
                    preflight={**p.preflight, "enabled": True, "only": True})
 
 
-def stage_only(cfg: Resolved) -> Plan:
-    """`hpcserve stage`: the same allocation, without requeues, whose job stages the model on
-    every node (model.stage on, whatever the file says) and ends: nodes warmed ahead of time."""
+def with_stage(cfg: Resolved) -> Resolved:
+    """The configuration with model.stage on, whatever the file says (`hpcserve stage`)."""
     dep = cfg.deployment
-    p = build(replace(cfg, deployment=replace(dep, model=replace(dep.model, stage=True))))
-    return replace(_short_job(p, dep.time_limit), stage={**p.stage, "only": True})
+    return replace(cfg, deployment=replace(dep, model=replace(dep.model, stage=True)))
+
+
+def stage_only(p: Plan) -> Plan:
+    """`hpcserve stage`: the same allocation, without requeues, whose job stages the model on
+    every node and ends: nodes warmed ahead of time (a plan of with_stage's configuration)."""
+    return replace(_short_job(p, p.time_limit), stage={**p.stage, "only": True})
 
 
 def _short_job(p: Plan, time_limit: str) -> Plan:

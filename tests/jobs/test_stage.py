@@ -128,6 +128,15 @@ def test_staging_reads_the_shared_path_once_checks_every_copy_and_skips_warm_nod
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     jobs_dir = Path(dev_cluster.state_dir).parent / "jobs" / f"stage-{time.time_ns()}"
     procs = {}
+    try:
+        _two_jobs_at_once(procs, hs, env, jobs_dir, model, stage_dir, staged, tmp_path)
+    finally:  # jobs the CLI submitted are not the submit fixture's to cancel
+        for name in procs:
+            subprocess.run(["scancel", "--name", name], env=env, capture_output=True)
+    wait_no_job_processes(dev_cluster, 30)
+
+
+def _two_jobs_at_once(procs, hs, env, jobs_dir, model, stage_dir, staged, tmp_path):
     with open(stage_dir / (staged.name + ".lock"), "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         for name in ("t-stage-a", "t-stage-b"):
@@ -149,4 +158,3 @@ def test_staging_reads_the_shared_path_once_checks_every_copy_and_skips_warm_nod
     got = sorted(json.loads(out)["nodes"]["node1"]["outcome"] for out, _ in outs.values())
     assert got == ["copied", "waited"], outs
     _copy_matches(stage_dir / staged.name)
-    wait_no_job_processes(dev_cluster, 30)
