@@ -243,7 +243,8 @@ class Node:
             down.send(b"Z", b"")
         manifest = manifest or {"version": 1, "source": src, "files": out}
         if not load_manifest(src, self.spec["dir"], self.name):
-            self.log(f"manifest written to {save_manifest(manifest, src, self.spec['dir'], self.name)}")
+            where = save_manifest(manifest, src, self.spec["dir"], self.name)
+            self.log(f"manifest written to {where}")
         return manifest
 
     def _checked(self, down, check) -> None:
