@@ -18,7 +18,7 @@ from .records import record
 # here is listed under "other" (tests/unit/test_cli_help.py refuses that).
 SECTIONS = (
     ("author a deployment", ("plan", "render", "schema", "profiles")),
-    ("run and operate", ("preflight", "submit", "status", "list", "logs", "cancel")),
+    ("run and operate", ("preflight", "stage", "submit", "status", "list", "logs", "cancel")),
     ("measure", ("bench", "report")),
     ("local test cluster", ("dev-cluster",)),
 )
@@ -315,6 +315,27 @@ def submit(file, sets, out, dry_run, check, follow, wait, in_allocation, foregro
     sys.exit(ops.follow(res.entry, runner, echo=click.echo, quiet=wait))
 
 
+def _short_job(file, sets, what: str, **only) -> tuple:
+    """`preflight` and `stage`: FILE's allocation as a job that starts no engine, followed to
+    its end. (exit code, its state.json)."""
+    from . import ops
+    ssh = _ssh()
+    remote = ssh.remote
+    runner = ssh.runner(remote)
+    res = ops.submit(file, sets, runner=runner, remote=remote, out=None, dry_run=False,
+                     check=False, warn=lambda w: click.echo(f"hpcserve: warning: {w}", err=True),
+                     **only)
+    if res.driver is not None:
+        from .in_allocation import detach
+        detach(res.driver)
+        click.echo(f"started {what} in allocation {res.job_id}: {res.job_dir}", err=True)
+    else:
+        click.echo(f"submitted {what} job {res.job_id}: {res.job_dir}", err=True)
+    rc = ops.follow(res.entry, runner, echo=lambda line: click.echo(line, err=True), quiet=True,
+                    until_serving=False)
+    return rc, ops.job_state(runner, res.job_dir)
+
+
 @main.command(short_help="Run FILE's node checks as a short job before a long one.")
 @_file_arg
 @_set_opt
@@ -329,27 +350,42 @@ def preflight(file, sets, as_json, in_allocation):
     Example:
       hpcserve preflight examples/kimi-k2-instruct-4p12d.yaml
     """
-    from . import ops
-    ssh = _ssh()
-    remote = ssh.remote
-    runner = ssh.runner(remote)
-    res = ops.submit(file, sets, runner=runner, remote=remote, out=None, dry_run=False,
-                     check=False, preflight_only=True, in_allocation=in_allocation,
-                     warn=lambda w: click.echo(f"hpcserve: warning: {w}", err=True))
-    if res.driver is not None:
-        from .in_allocation import detach
-        detach(res.driver)
-        click.echo(f"started preflight in allocation {res.job_id}: {res.job_dir}", err=True)
-    else:
-        click.echo(f"submitted preflight job {res.job_id}: {res.job_dir}", err=True)
-    rc = ops.follow(res.entry, runner, echo=lambda line: click.echo(line, err=True), quiet=True,
-                    until_serving=False)
-    result = ops.preflight_result(runner, res.job_dir)
+    rc, result = _short_job(file, sets, "preflight", preflight_only=True,
+                            in_allocation=in_allocation)
+    result = result.get("preflight")
     if as_json:
         click.echo(json.dumps(result, indent=1))
     elif result:
         from .runtime.preflight import table_text
         click.echo("\n".join(table_text(result)))
+    sys.exit(rc)
+
+
+@main.command(short_help="Copy FILE's model to its nodes' stage cache as a job of its own.")
+@_file_arg
+@_set_opt
+@click.option("--json", "as_json", is_flag=True, help="print state.json's stage record")
+@click.option("--in-allocation", is_flag=True,
+              help="run as steps of the allocation this shell is in (salloc, your batch script)")
+def stage(file, sets, as_json, in_allocation):
+    """Stage FILE's model on its nodes ahead of time (model.stage, as a job of its own: the same
+    allocation, no engines): each node's stage cache (site.paths.stage_dir) gets a copy checked
+    against the model's manifest, the shared path read once. Prints one row per node; exit 1 if
+    a node failed.
+
+    \b
+    Example:
+      hpcserve stage examples/kimi-k2-instruct-4p12d.yaml
+    """
+    rc, result = _short_job(file, sets, "stage", stage_only=True, in_allocation=in_allocation)
+    result = result.get("stage")
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+    elif result:
+        click.echo("node outcome read_shared_bytes took_s")
+        for node, r in result["nodes"].items():
+            click.echo(f"{node} {r['outcome']} {r.get('read_shared', 0)} {r.get('took_s', '-')}"
+                       + (f"  {r['detail']}" if r.get("detail") else ""))
     sys.exit(rc)
 
 

@@ -32,6 +32,9 @@ TIME = r"(\d+-)?\d{1,3}:\d{2}:\d{2}"
 JOB_PATH = r"[^%\\]+"
 JOB_PATH_HELP = ("a job directory path without % or \\ (sbatch reads them as filename "
                  "patterns in --output)")
+# The stage directory reaches the engines' argv and the container's mounts.
+STAGE_PATH = r"/[^\s,:%\\]*"
+STAGE_PATH_HELP = "an absolute path without whitespace, ',', ':', '%' or '\\'"
 VERSION = r"\d+\.\d+(\.\d+){0,2}(rc\d+)?(\.?post\d+)?"
 VERSION_HELP = "a release such as 0.5.23, 0.10.1.1, 0.4.9.post6 or 1.2.0rc2"
 # Literal[...] of the engines hpcserve has adapters for; the annotation below is evaluated here.
@@ -141,6 +144,19 @@ class Paths:
         key_pattern=r"[a-z][a-z0-9_-]*"))
     router_python: str | None = field(default=None, metadata=doc(
         "the python that has the routers (default: the engine's)"))
+    stage_dir: str | None = field(default=None, metadata=doc(
+        "a node-local directory (the same path on every node, e.g. on local NVMe) where "
+        "model.stage copies the model's files before the engines start; it holds one "
+        "subdirectory per model, kept between jobs as a cache",
+        pattern=STAGE_PATH, pattern_help=STAGE_PATH_HELP))
+    stage_max_gb: float | None = field(default=None, metadata=doc(
+        "the size bound of stage_dir in GB (1e9 bytes): the least recently used models not in "
+        "use are removed to keep to it; required with stage_dir", ge=0.001))
+
+    def validate(self) -> None:
+        if self.stage_dir and self.stage_max_gb is None:
+            raise FieldProblem("stage_dir", "needs stage_max_gb too (the cache's size bound "
+                                            "in GB)")
 
 
 # Slurm's placement directives for NVLink domains: --switches (topology/tree) in every release
@@ -285,6 +301,10 @@ class ModelRef:
     profile: str = field(metadata=doc("a bundled profile name (hpcserve profiles) or a path"))
     path: str = field(metadata=doc("weights directory as seen on the nodes"))
     served_name: str | None = field(default=None, metadata=doc("the API model name"))
+    stage: bool = field(default=False, metadata=doc(
+        "copy the model's files to every node's site.paths.stage_dir before the engines start "
+        "(the shared path read once per job, the other nodes fed node to node), checked "
+        "against a SHA-256 manifest; the engines then read the local copy"))
 
 
 @record

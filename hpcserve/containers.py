@@ -91,13 +91,15 @@ def _covered(path: str, by: list[str]) -> bool:
 
 def mounts(plan: "Plan", job_dir: str) -> list[Mount]:
     """The site's mounts plus the job directory (read-write) and the model path (read-only),
-    unless a site mount already covers them."""
+    and the model's staged copy where it is staged (read-only), unless a site mount already
+    covers them."""
     out: list[Mount] = []
     for m in plan.container.mounts:
         parts = m.split(":")
         out.append(Mount(parts[0], parts[1], parts[2] if len(parts) > 2 else None))
     covered = [m.src for m in out]
-    for path, mode in ((job_dir, None), (plan.model_path, "ro")):
+    staged = [(plan.stage["path"], "ro")] if plan.stage else []
+    for path, mode in ((job_dir, None), (plan.model_path, "ro"), *staged):
         if not _covered(path, covered):
             out.append(Mount(path, path, mode))
             covered.append(path)

@@ -50,20 +50,30 @@ class Submitted:
 
 def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out: str | None,
            dry_run: bool, check: bool, warn: Callable[[str], None] = lambda _w: None,
-           preflight_only: bool = False, in_allocation: bool = False) -> Submitted | str:
+           preflight_only: bool = False, in_allocation: bool = False,
+           stage_only: bool = False) -> Submitted | str:
     from . import config, plan as planner
     from .render import write_job
     cfg = config.load(file, sets)
-    p = planner.build(cfg)
-    if preflight_only:
-        p = planner.preflight_only(p)
-    if in_allocation:
-        p = planner.in_allocation(p)
-        if not dry_run:
-            return _submit_in_allocation(p, cfg, runner=runner, remote=remote, out=out,
-                                         check=check, warn=warn, preflight_only=preflight_only)
+    if stage_only:
+        cfg = planner.with_stage(cfg)
+
+    def shape(q):
+        """The kind of job asked for; applied again to a plan rebuilt with its ports moved."""
+        if preflight_only:
+            q = planner.preflight_only(q)
+        if stage_only:
+            q = planner.stage_only(q)
+        return planner.in_allocation(q) if in_allocation else q
+
+    p = shape(planner.build(cfg))
+    if in_allocation and not dry_run:
+        return _submit_in_allocation(p, cfg, runner=runner, remote=remote, out=out,
+                                     check=check, warn=warn, preflight_only=preflight_only,
+                                     shape=shape)
     p, job_dir, files = _rendered(p, cfg, runner=runner, remote=remote, out=out, warn=warn,
-                                  preflight_only=preflight_only, live=not (dry_run or check))
+                                  preflight_only=preflight_only, live=not (dry_run or check),
+                                  shape=shape)
     if dry_run:
         if remote is None:
             write_job(files, job_dir)
@@ -105,13 +115,13 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
 
 
 def _rendered(p, cfg, *, runner, remote: str | None, out: str | None,
-              warn: Callable[[str], None], preflight_only: bool, live: bool):
+              warn: Callable[[str], None], preflight_only: bool, live: bool, shape):
     """(plan, job directory, its files) for a submission; a live one (not --dry-run or --check)
     is first moved clear of this user's other deployments' ports and has its router's python
     checked. The plan's warnings are said once it is known to go ahead."""
     from .render import render_files
     if live and not cfg.site.slurm.exclusive:
-        p = clear_of_my_other_deployments(p, cfg, runner, remote, warn)
+        p = shape(clear_of_my_other_deployments(p, cfg, runner, remote, warn))
     job_dir = _job_dir(p, runner, out, preflight_only)
     files = render_files(p, job_dir)
     if live:
@@ -125,13 +135,13 @@ def _job_dir(p, runner, out: str | None, preflight_only: bool) -> str:
     """--out, or <jobs_dir>/<name>[-preflight]-<timestamp>."""
     if out:
         return runner.expand_path(out)
-    kind = "-preflight" if preflight_only else ""
+    kind = "-preflight" if preflight_only else "-stage" if (p.stage or {}).get("only") else ""
     return posixpath.join(runner.expand_path(p.jobs_dir),
                           f"{p.name}{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def _submit_in_allocation(p, cfg, *, runner, remote: str | None, out: str | None, check: bool,
-                          warn: Callable[[str], None], preflight_only: bool):
+                          warn: Callable[[str], None], preflight_only: bool, shape):
     """The job started as a background process of the allocation this shell is in, once it is
     known to fit there (in_allocation.py)."""
     from . import in_allocation as ia
@@ -146,7 +156,7 @@ def _submit_in_allocation(p, cfg, *, runner, remote: str | None, out: str | None
         return ia.fits_words(spec, held)
     ia.refuse_second(alloc, runner, deployments.entries())
     p, job_dir, files = _rendered(p, cfg, runner=runner, remote=remote, out=out, warn=warn,
-                                  preflight_only=preflight_only, live=True)
+                                  preflight_only=preflight_only, live=True, shape=shape)
     write_job(files, job_dir)
     driver = ia.start_driver(job_dir, alloc)
     entry = deployments.new_entry(alloc, p.name, job_dir, None, cluster_name(runner), alloc)
@@ -160,9 +170,9 @@ def cluster_name(runner) -> str | None:
     return parsers.parse_config(res.out).get("ClusterName") if res.rc == 0 else None
 
 
-def preflight_result(runner, job_dir: str) -> dict | None:
-    """state.json's preflight table (None where the job ended before its checks ran)."""
-    return (read_json(runner, posixpath.join(job_dir, "state.json")) or {}).get("preflight")
+def job_state(runner, job_dir: str) -> dict:
+    """The job's state.json ({} where there is none)."""
+    return read_json(runner, posixpath.join(job_dir, "state.json")) or {}
 
 
 def plan_ports(p) -> set[int]:

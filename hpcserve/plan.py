@@ -9,6 +9,8 @@ the engine (its parallel layout, ports, argv, environment, router) comes from it
 
 from __future__ import annotations
 
+import hashlib
+import posixpath
 import re
 from typing import Any
 
@@ -158,6 +160,7 @@ class Plan:
     benchmark: BenchPlan | None = None
     in_allocation: bool = False  # steps of an allocation the user holds (allocation.py)
     file_sd_dir: str | None = None  # site.metrics.file_sd_dir: Prometheus file SD while serving
+    stage: dict | None = None  # plan.json's stage block (model.stage), None when off
     sim: dict = field(default_factory=dict)
     # the engine release's start-up lines: (weights_loaded, regex or None), (ready, ...)
     startup_lines: tuple = ()
@@ -518,7 +521,7 @@ def _plan_role(d: _Draft, ci: int, role: str) -> None:
             if req.label:
                 labels.append((req.label, ports[req.kind]))
         try:
-            ln = a.launch(d.rel, ctx, layout, ports, model_path=cfg.deployment.model.path,
+            ln = a.launch(d.rel, ctx, layout, ports, model_path=engine_model_path(cfg),
                           served_name=d.served_name, net=d.net)
         except FlagError as e:
             raise _err(cfg, rp + e.key, e.message) from None
@@ -657,12 +660,41 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
         files=tuple(sorted(d.files.items())), fits=tuple(d.fits),
         preflight=_preflight(d, router),
         benchmark=_benchmark(d, router),
-        file_sd_dir=site.metrics.file_sd_dir,
+        file_sd_dir=site.metrics.file_sd_dir, stage=_stage(cfg),
         sim={"startup_delay": dep.engine.sim_startup_delay,
              "prefill_s_per_token": dep.engine.sim_prefill_s_per_token,
              "decode_s_per_token": dep.engine.sim_decode_s_per_token},
         startup_lines=tuple(a.startup_lines(d.rel).items()),
         warnings=tuple(d.warnings), notes=tuple(d.notes))
+
+
+def staged_name(model_path: str) -> str:
+    """The model's directory in the stage cache: its own name, and a hash of its full path so
+    that two models of one name (two revisions side by side) never share a copy."""
+    base = posixpath.basename(model_path.rstrip("/")) or "model"
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", base)[:80]
+    return f"{safe}-{hashlib.sha256(model_path.encode()).hexdigest()[:10]}"
+
+
+def engine_model_path(cfg: Resolved) -> str:
+    """The path the engines load: the node-local copy where the model is staged."""
+    dep, site = cfg.deployment, cfg.site
+    if not dep.model.stage:
+        return dep.model.path
+    if not site.paths.stage_dir:
+        raise _err(cfg, ("model", "stage"), "the site declares no node-local directory to stage "
+                                            "into (site.paths.stage_dir)")
+    return posixpath.join(site.paths.stage_dir, staged_name(dep.model.path))
+
+
+def _stage(cfg: Resolved) -> dict | None:
+    """plan.json's stage block: from where, to where, and the cache's bound on every node."""
+    if not cfg.deployment.model.stage:
+        return None
+    paths = cfg.site.paths
+    return {"source": cfg.deployment.model.path, "dir": paths.stage_dir,
+            "name": staged_name(cfg.deployment.model.path), "path": engine_model_path(cfg),
+            "max_bytes": int(paths.stage_max_gb * 1e9), "only": False}
 
 
 BENCH_DIR = "bench"   # in the job directory: each point's results file, the summary, metrics
@@ -722,13 +754,28 @@ PREFLIGHT_TIME = "00:10:00"
 def preflight_only(p: Plan) -> Plan:
     """`hpcserve preflight`: the same allocation (components, nodes, directives), for ten
     minutes and without requeues, whose job runs the preflight checks and ends."""
-    swap = {"time": ("time", PREFLIGHT_TIME), "requeue": ("no-requeue", None)}
-    comps = tuple(replace(c, directives=tuple(swap.get(k, (k, v))
-                                                          for k, v in c.directives))
+    return replace(_short_job(p, PREFLIGHT_TIME),
+                   preflight={**p.preflight, "enabled": True, "only": True})
+
+
+def with_stage(cfg: Resolved) -> Resolved:
+    """The configuration with model.stage on, whatever the file says (`hpcserve stage`)."""
+    dep = cfg.deployment
+    return replace(cfg, deployment=replace(dep, model=replace(dep.model, stage=True)))
+
+
+def stage_only(p: Plan) -> Plan:
+    """`hpcserve stage`: the same allocation, without requeues, whose job stages the model on
+    every node and ends: nodes warmed ahead of time (a plan of with_stage's configuration)."""
+    return replace(_short_job(p, p.time_limit), stage={**p.stage, "only": True})
+
+
+def _short_job(p: Plan, time_limit: str) -> Plan:
+    """The plan's allocation for a job that runs no engine: its time limit, no requeue."""
+    swap = {"time": ("time", time_limit), "requeue": ("no-requeue", None)}
+    comps = tuple(replace(c, directives=tuple(swap.get(k, (k, v)) for k, v in c.directives))
                   for c in p.components)
-    return replace(p, components=comps, time_limit=PREFLIGHT_TIME, requeue=0,
-                               preflight={**p.preflight, "enabled": True, "only": True},
-                               benchmark=None)
+    return replace(p, components=comps, time_limit=time_limit, requeue=0, benchmark=None)
 
 
 def in_allocation(p: Plan) -> Plan:

@@ -70,6 +70,8 @@ def job_spec(plan, job_dir: str) -> dict:
         "scratch": plan.scratch,
         "network": {"interface": plan.interface, "ib_devices": plan.ib_devices},
         "preflight": {**plan.preflight, "image": _preflight_image(plan, job_dir)},
+        # model.stage: the shared model directory copied to every node before the engines start
+        "stage": plan.stage,
         "benchmark": plan.benchmark and {**plan.benchmark.spec,
                                          "python": plan.benchmark.python,
                                          "tokenizer": plan.benchmark.tokenizer,
@@ -200,6 +202,9 @@ SCHEMA = {
             "fabric": {"anyOf": [{"type": "null"}, _obj({"domain_nodes": _INT})]},
             "tools": {"type": "array", "items": _STR},
             "image": {"anyOf": [{"type": "null"}, _obj({"path": _STR}), _obj({"note": _STR})]}}),
+        "stage": {"anyOf": [{"type": "null"}, _obj({
+            "source": _STR, "dir": _STR, "name": _STR, "path": _STR, "max_bytes": _INT,
+            "only": {"type": "boolean"}})]},
         "benchmark": {"anyOf": [{"type": "null"}, _obj({
             "client": _STR, "title": _STR, "dir": _STR, "input_tokens": _INT,
             "output_tokens": _INT, "warmup": _INT,

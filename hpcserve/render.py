@@ -62,6 +62,21 @@ def _title(plan: Plan, inst: Instance) -> str:
     return f"{_engine_title(plan)} {mode} instance {inst.index}, {par} ({where})"
 
 
+def _stage_steps(files: dict, env, plan, jd: str) -> None:
+    """model.stage: one task per node of each component copies the model to its stage cache."""
+    files["launch/stage.sh"] = (env.get_template("stage.sh.j2").render(
+        py=plan.site_python, job_dir=jd), 0o755)
+    for c in plan.components:
+        files[f"steps/stage-{c.index}.sh"] = (env.get_template("step.sh.j2").render(
+            title=f"staging on every node of component {c.index} ({c.name}): one task per node "
+                  f"copies {plan.stage['source']} to {plan.stage['path']}",
+            needs_nodelist=plan.in_allocation,
+            srun=[quote(w) for w in _srun(plan, c.index, c.nodes, "stage", nodelist=False,
+                                          overlap=True)],
+            command=[quote(w) for w in ["bash", f"{jd}/launch/stage.sh", str(c.index)]]),
+            0o755)
+
+
 def _engine_title(plan: Plan) -> str:
     return f"{'simulated ' if plan.simulate else ''}{plan.engine_title} {plan.version}"
 
@@ -162,6 +177,8 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
             command=[quote(w) for w in ["bash", f"{jd}/launch/discover.sh", str(c.index)]]),
             0o755)
 
+    if plan.stage:
+        _stage_steps(files, env, plan, jd)
     launch = env.get_template("launch_engine.sh.j2")
     if plan.scratch:
         files["launch/scratch-cleanup.sh"] = (env.get_template("scratch_cleanup.sh.j2").render(

@@ -15,8 +15,10 @@ allocation the user already holds: `hpcserve submit --in-allocation`), file_sd_d
 Prometheus file-SD directory), router.metrics_path (where the router serves Prometheus text,
 or null) and preflight.fabric (the NVLink domain size whose fabric the preflight checks, or null);
 8 adds each instance's startup_lines (the patterns of its engine's weights-loaded and ready log
-lines, null where the pinned release's line is not known) and state.json's startup (the start-up
-in phases, runtime/startup.py).
+lines, null where the pinned release's line is not known), stage (model.stage: the model
+directory copied to every node before the engines start, or null), and state.json's startup (the
+start-up in phases, runtime/startup.py) and stage record (each node's outcome and the bytes read
+from the shared path).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ FAILURE_SCHEMA = {
         "holder": {"type": "string"}, "check": {"type": "string"},
         "instances": {"type": "array", "items": {"type": "string"}},
         "failed": {"type": "array"}, "point": {"type": ["string", "null"]},
+        "file": _STR_OR_NULL,
     },
     "additionalProperties": False,
 }
@@ -121,6 +124,23 @@ STARTUP_SCHEMA = {
 }
 
 # state.json, as the runtime writes it (tests validate every job's state.json against it).
+# state.json's stage record: per node what its staging did ("copied", "warm": the node's copy
+# was complete already, "waited": another job staged it meanwhile), and the bytes read from the
+# shared path by the whole job.
+STAGE_SCHEMA = {
+    "type": "object", "required": ["nodes", "shared_bytes_read", "model_bytes", "took_s"],
+    "properties": {
+        "nodes": {"type": "object", "additionalProperties": {
+            "type": "object", "required": ["outcome"],
+            "properties": {"outcome": {"enum": ["copied", "warm", "waited", "failed"]},
+                           "read_shared": {"type": "integer"}, "took_s": _NUM,
+                           "detail": {"type": "string"}}}},
+        "reader": _STR_OR_NULL,
+        "shared_bytes_read": {"type": "integer"}, "model_bytes": {"type": "integer"},
+        "took_s": _NUM, "path": {"type": "string"},
+    },
+}
+
 STATE_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": f"hpcserve job state (state.json, spec {SPEC_VERSION})",
@@ -147,6 +167,7 @@ STATE_SCHEMA = {
         "smoke_tokens": _INT_OR_NULL,
         "serving_after_s": _NUM_OR_NULL,
         "preflight": {"type": "object"},
+        "stage": STAGE_SCHEMA,
         "benchmark": {"type": "object"},
         "slurm_unreachable": {"type": ["object", "null"]},
         "instances": {"type": "object", "additionalProperties": INSTANCE_SCHEMA},

@@ -27,6 +27,7 @@ from .logs import JobLog
 from .recovery import Recovery
 from .requeue import Requeue
 from .slurm import Slurm, Unreachable
+from .stage import Staging
 from .state import State, now
 from .startup import Startup
 from .steps import Steps
@@ -59,6 +60,7 @@ class Job:
         self.recovery = Recovery(self)
         self.file_sd = FileSD(self)
         self.bench = BenchStep(self)
+        self.staging = Staging(self)
         self.teardown = Teardown(self)
         self.requeue = Requeue(self)
         self.startup = Startup(self)
@@ -109,6 +111,12 @@ class Job:
         if plan["preflight"]["only"]:  # `hpcserve preflight`: the checks are the whole job
             raise Stop("done", f"preflight passed on {sum(len(v) for v in found.values())} "
                                "node(s)")
+        stage = plan.get("stage")
+        if stage:  # model.stage: every node's copy before any engine starts
+            self.staging.run(found)
+            if stage["only"]:  # `hpcserve stage`: the staging is the whole job
+                raise Stop("done", f"staged {stage['source']} on "
+                                   f"{sum(len(v) for v in found.values())} node(s)")
         heads = self.instances.place(found)
         for inst in plan["instances"]:
             self.instances.start(self.steps, inst["name"])

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Staging a model directory to 4 nodes (model.stage), on the local Slurm cluster (needs root;
+starts and stops its own cluster):
+
+    .venv/bin/python bench/bench_stage.py [runs] [MiB]
+
+Three ways, alternately in each of `runs` rounds (default 5) inside one 4-node allocation, each
+timed as the whole srun step (process start to exit), the model's pages dropped from the page
+cache before each (posix_fadvise DONTNEED on every file: the shared path is read cold):
+  own:   each node copies the directory from the shared path on its own (`cp -r`), at once;
+  chain: hpcserve's stage step (hpcserve_runtime/stage.py): one node reads, the others get it
+         node to node over TCP, each hashing what it writes against the manifest;
+  mpi:   an MPI broadcast (mpi4py, srun --mpi=pmix): rank 0 reads 4 MiB chunks, comm.Bcast to
+         every rank, each writes and hashes.
+Reported: median seconds of each, its ratio to `own` measured in the same run, and the bytes read
+from the shared path. The model: 4 files of MiB/4 (default 512 MiB in all), random bytes. Each
+node's stage directory is its own (its slurmd in a private mount namespace, bind-mounted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+BASE = Path("/tmp/hpcserve-bench-stage")
+NODES = ("node1", "node2", "node3", "node4")
+
+MPI_BCAST = r"""
+import hashlib, os, sys, time
+from mpi4py import MPI
+src, dst = sys.argv[1], sys.argv[2]
+comm = MPI.COMM_WORLD
+names = sorted(os.listdir(src)) if comm.rank == 0 else None
+names = comm.bcast(names, root=0)
+read = 0
+for n in names:
+    size = comm.bcast(os.path.getsize(os.path.join(src, n)) if comm.rank == 0 else None, root=0)
+    h = hashlib.sha256()
+    f = open(os.path.join(src, n), "rb") if comm.rank == 0 else None
+    os.makedirs(dst, exist_ok=True)
+    with open(os.path.join(dst, n), "wb") as w:
+        left = size
+        while left:
+            k = min(left, 1 << 22)
+            buf = bytearray(f.read(k)) if comm.rank == 0 else bytearray(k)
+            read += len(buf) if comm.rank == 0 else 0
+            comm.Bcast(buf, root=0)
+            h.update(buf)
+            w.write(buf)
+            left -= k
+    digests = comm.gather(h.hexdigest(), root=0)
+    if comm.rank == 0 and len(set(digests)) != 1:
+        sys.exit("digests differ")
+if comm.rank == 0:
+    print("READ", read)
+"""
+
+
+def drop_cache(model: Path) -> None:
+    for f in model.rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def timed(argv: list, env: dict) -> tuple:
+    t = time.perf_counter()
+    p = subprocess.run(argv, env=env, capture_output=True, text=True)
+    took = time.perf_counter() - t
+    if p.returncode != 0:
+        raise SystemExit(f"{argv[:3]} failed: {p.stdout[-2000:]}{p.stderr[-2000:]}")
+    return took, p.stdout
+
+
+def inner(job_dir: str, model: str, stage_dir: str, runs: int) -> None:
+    """In the allocation: the three ways, `runs` rounds."""
+    env = dict(os.environ)
+    srun = ["srun", "--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "--overlap"]
+    spec = json.load(open(os.path.join(job_dir, "plan.json")))["stage"]
+    total = sum(f.stat().st_size for f in Path(model).rglob("*") if f.is_file())
+    lines = subprocess.run(srun + ["bash", "-c", f"cd {job_dir} && python3 -m hpcserve_runtime "
+                                                 "discover --iface eth0"],
+                           env=env, capture_output=True, text=True, check=True).stdout
+    rows = sorted(ln.split()[1:4] for ln in lines.splitlines() if ln.startswith("HPCSERVE-NODE"))
+    chain = "".join(f"{r[1]} {r[2]}\n" for r in sorted(rows, key=lambda r: int(r[0])))
+    mpi_py = os.path.join(job_dir, "bcast.py")
+    Path(mpi_py).write_text(MPI_BCAST)
+    clear = srun + ["bash", "-c", f"rm -rf {stage_dir}/* {stage_dir}/.[!.]*"]
+    out = {"own": [], "chain": [], "mpi": [], "read": {}}
+    for _ in range(runs):
+        for way in ("own", "chain", "mpi"):
+            subprocess.run(clear, env=env, check=True)
+            drop_cache(Path(model))
+            if way == "own":
+                t, _ = timed(srun + ["cp", "-r", model, f"{stage_dir}/own"], env)
+                out["read"]["own"] = 4 * total
+            elif way == "chain":
+                run = os.path.join(job_dir, "run", "stage")
+                shutil.rmtree(run, ignore_errors=True)
+                os.makedirs(run)
+                Path(run, "chain").write_text(chain)
+                t, _ = timed(["bash", os.path.join(job_dir, "steps", "stage-0.sh")], env)
+                reps = [json.load(open(p)) for p in Path(run, "report").glob("*.json")]
+                assert len(reps) == 4 and all(r["outcome"] == "copied" for r in reps), reps
+                out["read"]["chain"] = sum(r["read_shared"] for r in reps)
+            else:
+                t, text = timed(srun + ["--mpi=pmix", sys.executable, mpi_py, model,
+                                        f"{stage_dir}/mpi"], env)
+                out["read"]["mpi"] = int(text.split("READ")[1].split()[0])
+            out[way].append(t)
+    out["model_bytes"] = total
+    print("RESULT " + json.dumps(out))
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--inner"]:
+        return inner(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    from hpcserve import config, plan
+    from hpcserve.devcluster.cluster import DevCluster
+    from hpcserve.render import render_files, write_job
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    mib = int(sys.argv[2]) if len(sys.argv) > 2 else 512
+    cluster = DevCluster(str(BASE / "cluster"), nodes=4, subnet="10.253.9.0/24", prefix="hss",
+                         pin_cpus=False)
+    cluster.down()
+    cluster.up()
+    env = cluster.client_env()
+    env["PATH"] = str(Path(sys.executable).parent) + ":" + env["PATH"]
+    try:
+        model, stage_dir = BASE / "model", BASE / "stage"
+        model.mkdir(parents=True, exist_ok=True)
+        stage_dir.mkdir(exist_ok=True)
+        for i in range(4):
+            with open(model / f"model-{i + 1:05d}-of-00004.safetensors", "wb") as f:
+                for _ in range(mib // 4):
+                    f.write(os.urandom(1 << 20))
+        for n in NODES:
+            (BASE / "local" / n).mkdir(parents=True, exist_ok=True)
+            cluster.crash_node(n)
+            cluster.restart_node(n, binds={str(stage_dir): str(BASE / "local" / n)})
+        f = BASE / "d.yaml"
+        f.write_text(json.dumps({
+            "name": "bench-stage", "site": {"base": "local", "paths": {
+                "stage_dir": str(stage_dir), "stage_max_gb": 100}},
+            "model": {"profile": "kimi-k2-instruct", "path": str(model), "stage": True},
+            "engine": {"version": "0.5.23", "simulate": True},
+            "roles": {"worker": {"nodes": 2, "instances": 2}}, "time_limit": "01:00:00"}))
+        job = BASE / "job"
+        write_job(render_files(plan.build(config.load(f)), str(job)), job)
+        p = subprocess.run(["sbatch", "--wait", "-N4", "-p", "local", "-t", "60", "-o",
+                            str(BASE / "bench.out"), "--wrap",
+                            f"{sys.executable} {Path(__file__).resolve()} --inner {job} {model} "
+                            f"{stage_dir} {runs}"], env=env, capture_output=True, text=True)
+        text = (BASE / "bench.out").read_text()
+        if p.returncode != 0 or "RESULT " not in text:
+            raise SystemExit(f"the bench job failed: {p.stderr}{text[-3000:]}")
+        res = json.loads(text.split("RESULT ", 1)[1].splitlines()[0])
+    finally:
+        for n in NODES:
+            cluster.crash_node(n)
+        cluster.down()
+        shutil.rmtree(BASE, ignore_errors=True)
+    med = statistics.median
+    own = med(res["own"])
+    print(f"model: {res['model_bytes'] / 2**20:.0f} MiB in 4 files, 4 nodes, {runs} rounds")
+    for way in ("own", "chain", "mpi"):
+        m = med(res[way])
+        print(f"{way:6s} {m:6.2f} s (median; min {min(res[way]):.2f}, max {max(res[way]):.2f})"
+              f"  ratio to own {m / own:.2f}  shared-path bytes "
+              f"{res['read'][way] / res['model_bytes']:.2f}x the model")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,482 @@
+"""Weight staging (model.stage): before any engine starts, every node of the job gets the model's
+files in its node-local stage cache, and the shared path is read once per job.
+
+Node side (`python3 -m hpcserve_runtime stage JOB_DIR --component C`, one task per node in the
+stage step): every node says whether it is warm (a complete copy is there), cold (it needs one:
+it listens for it) or busy (another job holds its stage lock); the cold nodes form a chain in
+the order of run/stage/chain, whose first node reads the shared path and each node writes what
+it receives and passes it to the next over TCP (a pipeline: the file system is read once, every
+link carries the model once, and the nodes write at the same time). Every node hashes what it
+writes and checks it against the manifest. A busy node waits for the other job's copy. The
+choice of a chain over an MPI broadcast is measured in bench/bench_stage.py.
+
+Batch side (Staging): runs the step, reads every node's report, records state.json's stage and
+ends the job naming node, file and cause when a node failed, before any engine starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+from .contract import load_spec
+from .stage_cache import Cache, StageError, check_listing, list_files, load_manifest, \
+    save_manifest
+
+CHUNK = 1 << 22          # bytes per data frame: large enough for the disks, small for the pipe
+FRAME = struct.Struct(">cQ")
+PEER_TIMEOUT = 120.0     # s: a peer that sends nothing for this long is taken for dead
+STATUS_TIMEOUT = 120.0   # s: every node of the job says warm, cold or busy within this
+
+
+# ------------------------------------------------------------------------------ on each node
+
+class Failed(Exception):
+    """This node's staging failed; `blame` is the node where it began (this one, or a peer)."""
+
+    def __init__(self, blame: str, file: str | None, cause: str):
+        super().__init__(cause)
+        self.blame, self.file, self.cause = blame, file, cause
+
+
+def send(sock, kind: bytes, payload: bytes) -> None:
+    head = FRAME.pack(kind, len(payload))
+    if len(payload) < 65536:
+        sock.sendall(head + payload)
+    else:  # a data chunk: not copied once more to join its header
+        sock.sendall(head)
+        sock.sendall(payload)
+
+
+def recv_exact(sock, n: int) -> bytes:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise EOFError("the connection closed")
+        got += k
+    return bytes(buf)
+
+
+def recv(sock) -> tuple:
+    kind, n = FRAME.unpack(recv_exact(sock, FRAME.size))
+    return kind, recv_exact(sock, n)
+
+
+class Node:
+    """One node's part in the stage step."""
+
+    def __init__(self, job_dir: str, component: int):
+        self.dir = job_dir
+        plan = load_spec(job_dir)
+        self.spec = plan["stage"]
+        self.me = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+        self.job_id = os.environ.get("SLURM_JOB_ID", "")
+        self.cache = Cache(self.spec["dir"], self.spec["max_bytes"])
+        self.name = self.spec["name"]
+        self.run = os.path.join(job_dir, "run", "stage")
+        with open(os.path.join(self.run, "chain")) as f:
+            self.chain = [ln.split() for ln in f if ln.strip()]  # name ip
+        self.until = time.time() + _seconds(plan["time_limit"])
+        self.read_shared = 0
+        self.t0 = time.time()
+
+    def log(self, msg: str) -> None:
+        sys.stderr.write(f"[{time.strftime('%H:%M:%S')}] {self.me}: {msg}\n")
+        sys.stderr.flush()
+
+    def main(self) -> int:
+        lock = None
+        try:
+            lock, outcome = self._stage()
+            self.cache.add_user(self.name, self.job_id, self.until)
+            self.cache.touch(self.name)
+            self._report(outcome)
+            return 0
+        except Failed as e:
+            self._report("failed", file=e.file, detail=e.cause, blame=e.blame)
+        except (StageError, OSError) as e:
+            f = getattr(e, "file", None)
+            self._report("failed", file=f, detail=getattr(e, "cause", None) or repr(e),
+                         blame=self.me)
+        finally:
+            if lock is not None:
+                lock.close()
+        return 1
+
+    def _stage(self) -> tuple:
+        lock = self.cache.try_lock(self.name)
+        if lock is not None and self.cache.warm(self.name, None):
+            self._status("warm")
+            return lock, "warm"
+        if lock is None:
+            self._status("busy")
+            return self._after_other_job()
+        listener = socket.socket()
+        try:
+            listener.bind((self._my_ip(), 0))
+            listener.listen(1)
+            self._status(f"cold {listener.getsockname()[1]}")
+            cold = self._cold_chain()
+            k = [n for n, _ in cold].index(self.me)
+            nxt = cold[k + 1] if k + 1 < len(cold) else None
+            if k == 0:
+                self._copy(None, nxt)
+            else:
+                self._copy((listener, cold[k - 1][0]), nxt)
+        finally:
+            listener.close()
+        return lock, "copied"
+
+    def _after_other_job(self) -> tuple:
+        """Another job is staging this model here: its copy, once it released the lock; if it
+        left none (it failed), this node reads the shared path itself."""
+        lock = self.cache.lock(self.name, self.until)
+        if self.cache.warm(self.name, None):
+            return lock, "waited"
+        self.log("the other job left no complete copy: reading the shared path here")
+        self._copy(None, None)
+        return lock, "copied"
+
+    def _my_ip(self) -> str:
+        return next(ip for n, ip in self.chain if n == self.me)
+
+    def _status(self, words: str) -> None:
+        d = os.path.join(self.run, "status")
+        os.makedirs(d, exist_ok=True)
+        _write(os.path.join(d, self.me), words + "\n")
+        self.log(f"status {words}")
+
+    def _cold_chain(self) -> list:
+        """[(name, address:port)] of the cold nodes, in chain order, once every node said."""
+        d = os.path.join(self.run, "status")
+        deadline = time.time() + STATUS_TIMEOUT
+        while True:
+            said = {}
+            for n, ip in self.chain:
+                try:
+                    with open(os.path.join(d, n)) as f:
+                        said[n] = f.read().split()
+                except OSError:
+                    pass
+            if len(said) == len(self.chain) and all(said.values()):
+                return [(n, (ip, int(said[n][1]))) for n, ip in self.chain
+                        if said[n][0] == "cold"]
+            if time.time() > deadline:
+                missing = [n for n, _ in self.chain if n not in said]
+                raise Failed(missing[0], None, f"{', '.join(missing)} did not say whether it "
+                                               f"needs a copy within {STATUS_TIMEOUT:g} s")
+            time.sleep(0.02)
+
+    # -- the copy
+    def _copy(self, upstream, nxt) -> None:
+        """Receive the model (from the shared path, or from `upstream`), write it to a partial
+        directory, pass it on to `nxt`, check it, and install it."""
+        partial = self.cache.path(self.name, f".partial-{self.job_id or os.getpid()}")
+        shutil.rmtree(partial, ignore_errors=True)
+        down = self._connect(nxt) if nxt else None
+        try:
+            if upstream is None:
+                manifest = self._read_shared(partial, down)
+            else:
+                manifest = self._receive(upstream, partial, down)
+            self.cache.install(self.name, partial, manifest)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        finally:
+            if down is not None:
+                down.close()
+
+    def _connect(self, nxt):
+        name, addr = nxt
+        try:
+            s = socket.create_connection(addr, timeout=PEER_TIMEOUT)
+        except OSError as e:
+            raise Failed(name, None, f"cannot connect to {name} at {addr[0]}:{addr[1]}: {e}")
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return _Peer(s, name, self.me)
+
+    def _read_shared(self, partial: str, down) -> dict:
+        """The reader: the shared path once, each file hashed as it is read, against the
+        manifest (computed here, once, where there is none)."""
+        src = self.spec["source"]
+        manifest = load_manifest(src, self.spec["dir"], self.name)
+        try:
+            listing = list_files(src)
+        except OSError as e:
+            raise Failed(self.me, None, f"cannot list {src}: {e}")
+        if manifest is not None:
+            self._checked(down, lambda: check_listing(listing, manifest, src))
+        files = manifest["files"] if manifest else [[rel, size, None] for rel, size in listing]
+        self.cache.make_room(self.name, sum(f[1] for f in files), self.log)
+        if down:
+            down.send(b"H", json.dumps({"files": files}).encode())
+        out = []
+        for rel, size, want in files:
+            h = hashlib.sha256()
+            with open(os.path.join(src, rel), "rb") as f, _out(partial, rel) as w:
+                for block in iter(lambda: f.read(CHUNK), b""):
+                    self.read_shared += len(block)
+                    h.update(block)
+                    w.write(block)
+                    if down:
+                        down.send(b"D", block)
+            got = h.hexdigest()
+            if want is not None and got != want:
+                self._checked(down, lambda: _raise(StageError(
+                    rel, f"SHA-256 {got[:16]}... read from the shared path {src} differs "
+                         f"from the manifest's {want[:16]}... (corrupted or changed)")))
+            if down:
+                down.send(b"E", got.encode())
+            out.append([rel, size, got])
+        if down:
+            down.send(b"Z", b"")
+        manifest = manifest or {"version": 1, "source": src, "files": out}
+        if not load_manifest(src, self.spec["dir"], self.name):
+            where = save_manifest(manifest, src, self.spec["dir"], self.name)
+            self.log(f"manifest written to {where}")
+        return manifest
+
+    def _checked(self, down, check) -> None:
+        """A check of the reader's: its failure goes down the chain before it ends this node."""
+        try:
+            check()
+        except StageError as e:
+            if down:
+                down.abort(self.me, e.file, e.cause)
+            raise Failed(self.me, e.file, e.cause)
+
+    def _receive(self, upstream, partial: str, down) -> dict:
+        listener, up_name = upstream
+        listener.settimeout(PEER_TIMEOUT)
+        try:
+            conn, _ = listener.accept()
+        except OSError as e:
+            raise Failed(up_name, None, f"{up_name} did not connect: {e}")
+        conn.settimeout(PEER_TIMEOUT)
+        try:
+            return _Receiver(self, conn, up_name, partial, down).run()
+        finally:
+            conn.close()
+
+    def _report(self, outcome: str, **more) -> None:
+        d = os.path.join(self.run, "report")
+        os.makedirs(d, exist_ok=True)
+        rep = {"node": self.me, "outcome": outcome, "read_shared": self.read_shared,
+               "took_s": round(time.time() - self.t0, 3),
+               **{k: v for k, v in more.items() if v is not None}}
+        _write(os.path.join(d, self.me + ".json"), json.dumps(rep))
+        self.log(f"{outcome}" + (f": {more.get('file') or ''} {more.get('detail')}"
+                                 if outcome == "failed" else ""))
+
+
+class _Peer:
+    """The next node of the chain; a failure to send names it."""
+
+    def __init__(self, sock, name: str, me: str):
+        self.sock, self.name, self.me = sock, name, me
+
+    def send(self, kind: bytes, payload: bytes) -> None:
+        try:
+            send(self.sock, kind, payload)
+        except OSError as e:
+            raise Failed(self.name, None, f"sending to {self.name} failed: {e}")
+
+    def abort(self, node: str, file: str | None, cause: str) -> None:
+        try:
+            send(self.sock, b"A", json.dumps({"node": node, "file": file,
+                                              "cause": cause}).encode())
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class _Receiver:
+    """A node after the first: frames from upstream written, hashed and passed on."""
+
+    def __init__(self, node: Node, conn, up_name: str, partial: str, down):
+        self.node, self.conn, self.up, self.partial, self.down = node, conn, up_name, partial, down
+
+    def frame(self) -> tuple:
+        try:
+            kind, payload = recv(self.conn)
+        except (OSError, EOFError) as e:
+            raise Failed(self.up, None, f"receiving from {self.up} failed: {e}")
+        if kind == b"A":
+            a = json.loads(payload)
+            if self.down:
+                self.down.abort(a["node"], a["file"], a["cause"])
+            raise Failed(a["node"], a["file"], a["cause"])
+        if self.down:
+            self.down.send(kind, payload)
+        return kind, payload
+
+    def run(self) -> dict:
+        kind, payload = self.frame()
+        files = json.loads(payload)["files"]
+        self.node.cache.make_room(self.node.name, sum(f[1] for f in files), self.node.log)
+        out = []
+        for rel, size, want in files:
+            h = hashlib.sha256()
+            with _out(self.partial, rel) as w:
+                kind, payload = self.frame()
+                while kind == b"D":
+                    h.update(payload)
+                    w.write(payload)
+                    kind, payload = self.frame()
+            got, sent = h.hexdigest(), payload.decode()
+            if got != (want or sent):
+                raise Failed(self.node.me, rel, f"SHA-256 of the copy written here {got[:16]}... "
+                                                f"differs from the manifest's "
+                                                f"{(want or sent)[:16]}...")
+            out.append([rel, size, got])
+        kind, _ = self.frame()
+        if kind != b"Z":
+            raise Failed(self.up, None, f"{self.up} sent {kind!r} where the end was due")
+        return {"version": 1, "source": self.node.spec["source"], "files": out}
+
+
+def _out(partial: str, rel: str):
+    path = os.path.join(partial, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return open(path, "wb")
+
+
+def _raise(e: Exception) -> None:
+    raise e
+
+
+def _write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _seconds(limit: str) -> float:
+    """Slurm's [D-]HH:MM:SS in seconds."""
+    days, _, hms = limit.rpartition("-")
+    h, m, s = (int(x) for x in hms.split(":"))
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
+
+
+def main(argv: list) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m hpcserve_runtime stage")
+    ap.add_argument("job_dir")
+    ap.add_argument("--component", type=int, default=0)
+    a = ap.parse_args(argv)
+    return Node(a.job_dir, a.component).main()
+
+
+# ------------------------------------------------------------------------- on the batch host
+
+class Staging:
+    def __init__(self, job):
+        self.job = job
+        self.procs: dict = {}
+
+    def run(self, found: dict) -> None:
+        """The stage step on every node of the job; returns once each has a complete copy,
+        raises Stop naming node, file and cause where one has not."""
+        job, spec = self.job, self.job.plan["stage"]
+        run = os.path.join(job.dir, "run", "stage")
+        shutil.rmtree(run, ignore_errors=True)   # an earlier try's statuses say nothing now
+        os.makedirs(run)
+        chain = list(dict.fromkeys((n[0], n[1]) for c in sorted(found) for n in found[c]))
+        _write(os.path.join(run, "chain"), "".join(f"{n} {ip}\n" for n, ip in chain))
+        t0 = time.time()
+        job.log(f"stage: start, {spec['source']} to {spec['path']} on {len(chain)} node(s)")
+        for c in job.plan["components"]:
+            i = c["index"]
+            with open(os.path.join(job.dir, "logs", f"stage-{i}.log"), "ab") as log:
+                self.procs[i] = subprocess.Popen(
+                    ["bash", os.path.join(job.dir, "steps", f"stage-{i}.sh")],
+                    stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                    env={**os.environ, **job.allocation.env(i)})
+        try:
+            self._wait()
+        finally:
+            self.stop()
+        self._judge([n for n, _ in chain], t0)
+
+    def _wait(self) -> None:
+        while any(p.poll() is None for p in self.procs.values()):
+            self.job.check()
+            time.sleep(0.05)
+
+    def _judge(self, nodes: list, t0: float) -> None:
+        from .failures import Stop
+        job, spec = self.job, self.job.plan["stage"]
+        reports = {n: _read_json(os.path.join(job.dir, "run", "stage", "report", n + ".json"))
+                   for n in nodes}
+        took = round(time.time() - t0, 3)
+        record = {"path": spec["path"], "took_s": took,
+                  "reader": next((n for n, r in reports.items() if r and r["read_shared"]), None),
+                  "shared_bytes_read": sum(r["read_shared"] for r in reports.values() if r),
+                  "model_bytes": _model_bytes(spec),
+                  "nodes": {n: {k: r[k] for k in ("outcome", "read_shared", "took_s", "detail")
+                                if k in r} if r else {"outcome": "failed",
+                                                      "detail": "no report from this node"}
+                            for n, r in reports.items()}}
+        job.state.update(stage=record)
+        bad = _root_failure(nodes, reports)
+        if bad:
+            node, rep = bad
+            job.log(f"stage: failed on {node}: {rep.get('file') or ''} {rep['detail']}")
+            where = f"{rep['file']} on {node}" if rep.get("file") else node
+            raise Stop("failed", f"staging failed: {where}: {rep['detail']}",
+                       {"step": "stage", "role": None, "instance": None, "node": node,
+                        "reason": "staging failed", "file": rep.get("file"),
+                        "detail": rep["detail"], "log": "logs/stage-0.log"})
+        outcomes = ", ".join(f"{n} {r['outcome']}" for n, r in reports.items())
+        job.log(f"stage: end, {took:.2f} s ({outcomes}; {record['shared_bytes_read']} bytes "
+                "read from the shared path)")
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs.values():
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _root_failure(nodes: list, reports: dict):
+    """(node, report) of the failure the others follow from: a node that blames itself (the
+    reader that found a corrupted file, a node whose disk failed), else the first failed."""
+    failed = [(n, reports[n] or {"outcome": "failed", "detail": "no report from this node",
+                                 "blame": n}) for n in nodes
+              if not reports[n] or reports[n]["outcome"] == "failed"]
+    for n, r in failed:
+        if r.get("blame") == n:
+            return n, r
+    return failed[0] if failed else None
+
+
+def _model_bytes(spec: dict) -> int:
+    try:
+        return sum(size for _, size in list_files(spec["source"]))
+    except (OSError, StageError):
+        return 0
+
+
+def _read_json(path: str):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,262 @@
+"""The node-local stage cache (site.paths.stage_dir): one directory per staged model, its manifest,
+its lock, its completion marker and its users; the least recently used model goes when the cache
+would outgrow its bound. Stdlib only: it runs on every node in the stage step.
+
+Layout of stage_dir, for a model staged under NAME:
+  NAME/              the complete copy the engines read (NAME/.hpcserve-manifest.json beside it)
+  NAME.done          the completion marker (JSON); its mtime is the model's last use (LRU)
+  NAME.lock          fcntl lock: one job at a time stages (or evicts) NAME on this node
+  NAME.users/JOBID   a job using NAME, holding the time its allocation ends at the latest
+  NAME.partial-JOBID the copy in progress; renamed to NAME once every file matched the manifest
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+
+MANIFEST = ".hpcserve-manifest.json"
+MAX_FILES = 20000
+
+
+class StageError(Exception):
+    """A staging failure on this node: the file it concerns (or None) and the cause."""
+
+    def __init__(self, file: str | None, cause: str):
+        super().__init__(f"{file}: {cause}" if file else cause)
+        self.file = file
+        self.cause = cause
+
+
+# ------------------------------------------------------------------------------- the manifest
+
+def list_files(root: str) -> list:
+    """[[relative path, size]] of every file under root (dot-files aside), sorted."""
+    out = []
+    for top, dirs, names in os.walk(root, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for n in sorted(names):
+            if not n.startswith("."):
+                full = os.path.join(top, n)
+                out.append([os.path.relpath(full, root), os.path.getsize(full)])
+        if len(out) > MAX_FILES:
+            raise StageError(None, f"{root} holds over {MAX_FILES} files: not a model directory")
+    return sorted(out)
+
+
+def file_sha256(path: str, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def compute_manifest(source: str) -> dict:
+    return {"version": 1, "source": source,
+            "files": [[rel, size, file_sha256(os.path.join(source, rel))]
+                      for rel, size in list_files(source)]}
+
+
+def manifest_places(source: str, stage_dir: str, name: str) -> list:
+    """Where a model's manifest is kept: beside the model, else in the stage cache."""
+    return [os.path.join(source, MANIFEST), os.path.join(stage_dir, name + ".manifest.json")]
+
+
+def load_manifest(source: str, stage_dir: str, name: str) -> dict | None:
+    for p in manifest_places(source, stage_dir, name):
+        try:
+            with open(p) as f:
+                m = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(m, dict) and m.get("version") == 1 and isinstance(m.get("files"), list):
+            return m
+    return None
+
+
+def save_manifest(m: dict, source: str, stage_dir: str, name: str) -> str:
+    """Beside the model where it is writable, else in the stage cache; the path written."""
+    text = json.dumps(m, indent=1)
+    for p in manifest_places(source, stage_dir, name):
+        try:
+            write_atomic(p, text)
+            return p
+        except OSError:
+            continue
+    raise StageError(None, f"cannot write the manifest beside {source} or in {stage_dir}")
+
+
+def check_listing(files: list, manifest: dict, where: str) -> None:
+    """The model directory as it is now against its manifest: the same names and sizes."""
+    have = {rel: size for rel, size in files}
+    want = {rel: size for rel, size, _ in manifest["files"]}
+    for rel in sorted(set(have) | set(want)):
+        if rel not in want:
+            raise StageError(rel, f"in {where} but not in its manifest (a changed model: "
+                                  "remove the manifest to accept it)")
+        if rel not in have:
+            raise StageError(rel, f"in the manifest but not in {where}")
+        if have[rel] != want[rel]:
+            raise StageError(rel, f"{have[rel]} bytes in {where}, {want[rel]} in the manifest")
+
+
+def write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------- the cache
+
+class Cache:
+    def __init__(self, stage_dir: str, max_bytes: int):
+        self.dir = stage_dir
+        self.max_bytes = max_bytes
+
+    def path(self, name: str, suffix: str = "") -> str:
+        return os.path.join(self.dir, name + suffix)
+
+    # -- the per-model lock
+    def try_lock(self, name: str):
+        """The model's lock, held by the returned file object, or None while another holds it."""
+        os.makedirs(self.dir, exist_ok=True)
+        f = open(self.path(name, ".lock"), "a")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            return None
+        return f
+
+    def lock(self, name: str, deadline: float, check=lambda: None):
+        """The model's lock, waiting for another job's staging to end (until `deadline`)."""
+        while True:
+            f = self.try_lock(name)
+            if f is not None:
+                return f
+            if time.time() > deadline:
+                raise StageError(None, "another job held this node's stage lock for "
+                                       f"{self.path(name, '.lock')} until the deadline")
+            check()
+            time.sleep(0.05)
+
+    # -- the completion marker
+    def warm(self, name: str, manifest: dict | None) -> bool:
+        """A complete copy of this manifest's files is here (a marker, and the sizes agree)."""
+        try:
+            with open(self.path(name, ".done")) as f:
+                done = json.load(f)
+        except (OSError, ValueError):
+            return False
+        if manifest is not None and done.get("manifest") != manifest_digest(manifest):
+            return False
+        try:
+            check_listing(list_files(self.path(name)), done["listing"], "the staged copy")
+        except (StageError, OSError, KeyError):
+            return False
+        return True
+
+    def mark_done(self, name: str, manifest: dict) -> None:
+        write_atomic(self.path(name, ".done"), json.dumps({
+            "manifest": manifest_digest(manifest), "staged_at": time.time(),
+            "bytes": sum(f[1] for f in manifest["files"]), "listing": manifest}))
+
+    def touch(self, name: str) -> None:
+        os.utime(self.path(name, ".done"))
+
+    # -- who uses a model
+    def add_user(self, name: str, job_id: str, until: float) -> None:
+        d = self.path(name, ".users")
+        os.makedirs(d, exist_ok=True)
+        write_atomic(os.path.join(d, job_id or "none"), f"{until:.0f}\n")
+
+    def in_use(self, name: str, now: float) -> bool:
+        """A job whose allocation has not ended yet uses it."""
+        d = self.path(name, ".users")
+        try:
+            entries = os.listdir(d)
+        except OSError:
+            return False
+        for e in entries:
+            try:
+                with open(os.path.join(d, e)) as f:
+                    if float(f.read().strip() or 0) > now:
+                        return True
+            except (OSError, ValueError):
+                continue
+        return False
+
+    # -- the size bound
+    def models(self) -> list:
+        """[(last use, bytes, name)] of every complete model, least recently used first."""
+        out = []
+        for entry in os.listdir(self.dir):
+            if entry.endswith(".done"):
+                name = entry[:-5]
+                try:
+                    with open(self.path(name, ".done")) as f:
+                        size = int(json.load(f)["bytes"])
+                    out.append((os.path.getmtime(self.path(name, ".done")), size, name))
+                except (OSError, ValueError, KeyError):
+                    continue
+        return sorted(out)
+
+    def make_room(self, name: str, need: int, log=lambda _m: None) -> list:
+        """Remove the least recently used models (never `name`, never one in use, never one
+        another job holds the lock of) until `need` more bytes fit in the bound. The names
+        removed; a StageError when they cannot be made to fit."""
+        if need > self.max_bytes:
+            raise StageError(None, f"the model ({need / 1e9:.2f} GB) is larger than the stage "
+                                   f"cache's bound ({self.max_bytes / 1e9:.2f} GB, "
+                                   "site.paths.stage_max_gb)")
+        models = [m for m in self.models() if m[2] != name]
+        used = sum(m[1] for m in models)
+        gone = []
+        for _, size, victim in models:
+            if used + need <= self.max_bytes:
+                break
+            if self.in_use(victim, time.time()):
+                continue
+            held = self.try_lock(victim)
+            if held is None:
+                continue
+            try:
+                self.remove(victim)
+            finally:
+                held.close()
+            used -= size
+            gone.append(victim)
+            log(f"removed {victim} ({size / 1e9:.2f} GB, least recently used) from the cache")
+        if used + need > self.max_bytes:
+            raise StageError(None, f"the stage cache cannot hold the model: {used / 1e9:.2f} GB "
+                                   f"of models in use by running jobs plus {need / 1e9:.2f} GB "
+                                   f"exceed its bound of {self.max_bytes / 1e9:.2f} GB")
+        return gone
+
+    def remove(self, name: str) -> None:
+        """A model out of the cache: its marker first, so that nobody takes half a copy as
+        complete."""
+        for suffix in (".done", ".manifest.json"):
+            try:
+                os.unlink(self.path(name, suffix))
+            except FileNotFoundError:
+                pass
+        shutil.rmtree(self.path(name), ignore_errors=True)
+        shutil.rmtree(self.path(name, ".users"), ignore_errors=True)
+
+    def install(self, name: str, partial: str, manifest: dict) -> None:
+        """A verified copy in place, then its marker."""
+        shutil.rmtree(self.path(name), ignore_errors=True)
+        write_atomic(os.path.join(partial, MANIFEST), json.dumps(manifest, indent=1))
+        os.rename(partial, self.path(name))
+        self.mark_done(name, manifest)
+
+
+def manifest_digest(manifest: dict) -> str:
+    return hashlib.sha256(json.dumps(manifest["files"], sort_keys=True).encode()).hexdigest()
