@@ -114,6 +114,7 @@ class Job:
         stage = plan.get("stage")
         if stage:  # model.stage: every node's copy before any engine starts
             self.staging.run(found)
+            self.startup.mark("staging")
             if stage["only"]:  # `hpcserve stage`: the staging is the whole job
                 raise Stop("done", f"staged {stage['source']} on "
                                    f"{sum(len(v) for v in found.values())} node(s)")

@@ -99,6 +99,12 @@ def test_staging_reads_the_shared_path_once_checks_every_copy_and_skips_warm_nod
     assert f"--model-path {staged} " in (job.dir / "launch" / "worker-0.sh").read_text()
     log = (job.dir / "logs" / "hpcserve-job.log").read_text()
     assert "stage: start" in log and "stage: end" in log
+    # the start-up counts the staging as a phase of its own, between the preflight and the engines
+    # (written just after the phase turns serving)
+    startup = job.wait_until(lambda s: s.get("startup"), timeout=10)["startup"]
+    phases = list(startup["phases"])
+    assert phases.index("preflight") < phases.index("staging") < phases.index("engine_load"), phases
+    assert startup["phases"]["staging"] > 0
     job.scancel()
     job.wait({"cancelled", "done"}, timeout=60)
 
