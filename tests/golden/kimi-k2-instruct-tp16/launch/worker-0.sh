@@ -64,4 +64,5 @@ exec \
   --node-rank "${NODE_RANK}" \
   --tp-size 16 \
   --tool-call-parser kimi_k2 \
-  --trust-remote-code
+  --trust-remote-code \
+  --weight-loader-prefetch-checkpoints

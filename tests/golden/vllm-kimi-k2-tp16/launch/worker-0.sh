@@ -75,6 +75,7 @@ exec \
   --master-port 29501 \
   --distributed-executor-backend mp \
   --tensor-parallel-size 16 \
+  --safetensors-load-strategy eager \
   --enable-auto-tool-choice \
   --tool-call-parser kimi_k2 \
   --trust-remote-code \
