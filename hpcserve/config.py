@@ -141,6 +141,16 @@ class Paths:
         key_pattern=r"[a-z][a-z0-9_-]*"))
     router_python: str | None = field(default=None, metadata=doc(
         "the python that has the routers (default: the engine's)"))
+    cache_dir: str | None = field(default=None, metadata=doc(
+        "where the engines' compile and JIT caches (Triton, torch.compile, DeepGEMM, FlashInfer) "
+        "outlive the job, one directory per model, engine release and GPU type; null: none is "
+        "kept (each engine uses its own default under $HOME)",
+        pattern=r"/[^,:\s%\\]*",
+        pattern_help="an absolute path without commas, colons, whitespace, % or \\ (it is "
+                     "mounted into containers)"))
+    cache_storage: Literal["node-local", "shared"] = field(default="shared", metadata=doc(
+        "cache_dir is on each node's own disk (every node warms its own copy) or on a file "
+        "system every node mounts (the first start warms it for all)"))
 
 
 # Slurm's placement directives for NVLink domains: --switches (topology/tree) in every release

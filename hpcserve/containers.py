@@ -90,14 +90,16 @@ def _covered(path: str, by: list[str]) -> bool:
 
 
 def mounts(plan: "Plan", job_dir: str) -> list[Mount]:
-    """The site's mounts plus the job directory (read-write) and the model path (read-only),
-    unless a site mount already covers them."""
+    """The site's mounts plus the job directory (read-write), the model path (read-only) and the
+    compile-cache directory (read-write), unless a site mount already covers them."""
     out: list[Mount] = []
     for m in plan.container.mounts:
         parts = m.split(":")
         out.append(Mount(parts[0], parts[1], parts[2] if len(parts) > 2 else None))
     covered = [m.src for m in out]
-    for path, mode in ((job_dir, None), (plan.model_path, "ro")):
+    ours = [(job_dir, None), (plan.model_path, "ro")] + (
+        [(plan.cache_dir, None)] if plan.cache_dir else [])
+    for path, mode in ours:
         if not _covered(path, covered):
             out.append(Mount(path, path, mode))
             covered.append(path)
@@ -206,7 +208,7 @@ def container_files(plan: "Plan", job_dir: str) -> dict[str, tuple[str, int]]:
                  "env_names": names, "ib": bool(plan.ib_devices),
                  "image": sqsh if c.runtime == "pyxis" else plan.image,
                  "import_uri": None, "sqsh": None, "import_helper": None,
-                 "stop_timeout": stop_timeout(plan)}
+                 "stop_timeout": stop_timeout(plan), "cache_dir": plan.cache_dir}
     files: dict[str, tuple[str, int]] = {}
     if c.runtime in ("enroot", "pyxis") and uri:
         files[IMPORT_HELPER] = (IMPORT_SOURCE.read_text(encoding="utf-8"), 0o755)

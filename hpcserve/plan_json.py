@@ -82,6 +82,10 @@ def job_spec(plan, job_dir: str) -> dict:
         "router": _router(plan),
         # the site's Prometheus file-SD directory (runtime/file_sd.py), or None
         "file_sd_dir": plan.file_sd_dir,
+        # the compile caches kept between jobs (compile_caches.py), or None
+        "caches": plan.caches and {"dir": plan.cache_dir, "storage": plan.cache_storage,
+                                   "caches": [{"name": c.name, "var": c.var, "path": c.path,
+                                               "probe": c.probe} for c in plan.caches]} or None,
         "secret_env": list(plan.secret_env),
         # steps of an allocation the user holds (runtime/allocation.py), not a het job's
         "in_allocation": plan.in_allocation,
@@ -239,6 +243,10 @@ SCHEMA = {
             "argv": {"type": "array", "items": _WORD},
             "env": {"type": "array", "items": {"type": "array", "prefixItems": [_STR, _WORD]}}})]},
         "file_sd_dir": _OPT_STR,
+        "caches": {"anyOf": [{"type": "null"}, _obj({
+            "dir": _STR, "storage": {"enum": ["node-local", "shared"]},
+            "caches": {"type": "array", "items": _obj({
+                "name": _STR, "var": _STR, "path": _STR, "probe": _STR})}})]},
         "secret_env": {"type": "array", "items": _STR},
         "in_allocation": {"type": "boolean"},
         "warnings": {"type": "array", "items": _STR},

@@ -14,6 +14,8 @@ and state.json's per-instance record; 7 adds in_allocation (the job runs as step
 allocation the user already holds: `hpcserve submit --in-allocation`), file_sd_dir (the site's
 Prometheus file-SD directory), router.metrics_path (where the router serves Prometheus text,
 or null) and preflight.fabric (the NVLink domain size whose fabric the preflight checks, or null).
+8 adds caches (the compile caches kept between jobs under site.paths.cache_dir) and state.json's
+caches, whether each was warm as each instance started.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import json
 import os
 
 SPEC = "hpcserve-job"
-SPEC_VERSION = 7
+SPEC_VERSION = 8
 
 # The job's phases, in the order a deployment goes through them.
 # degraded: serving with an instance out (being replaced); recovering: a role has fewer serving
@@ -71,6 +73,7 @@ ATTEMPT_SCHEMA = {
         "started_at": _NUM, "serving_at": _NUM_OR_NULL, "ended_at": _NUM_OR_NULL,
         "end": _STR_OR_NULL, "failure": FAILURE_SCHEMA,
         "log": {"type": "string"}, "srun_log": {"type": "string"},
+        "caches": {"$ref": "#/$defs/caches_by_node"},
     },
     "additionalProperties": False,
 }
@@ -122,8 +125,18 @@ STATE_SCHEMA = {
         "slurm_unreachable": {"type": ["object", "null"]},
         "instances": {"type": "object", "additionalProperties": INSTANCE_SCHEMA},
         "excluded_nodes": {"type": "array", "items": {"type": "string"}},
+        # the compile caches kept between jobs, as each instance's first start found them
+        "caches": {"type": "object", "required": ["dir", "storage", "instances"],
+                   "additionalProperties": False,
+                   "properties": {"dir": {"type": "string"},
+                                  "storage": {"enum": ["node-local", "shared"]},
+                                  "instances": {"type": "object", "additionalProperties":
+                                                {"$ref": "#/$defs/caches_by_node"}}}},
     },
     "additionalProperties": False,
+    # node -> cache name -> warm (its directory held a file as the engine started) or cold
+    "$defs": {"caches_by_node": {"type": "object", "additionalProperties": {
+        "type": "object", "additionalProperties": {"enum": ["warm", "cold"]}}}},
 }
 
 
