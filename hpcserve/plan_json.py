@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from . import __version__
-from .containers import IMPORT_HELPER, apptainer_image, enroot_image
+from .containers import apptainer_image, enroot_image, image_import
 from .runtime.contract import SPEC, SPEC_VERSION, WORKERS_APIS
 from .words import Var, Word
 
@@ -65,7 +65,7 @@ def job_spec(plan, job_dir: str) -> dict:
         "liveness": {k: getattr(plan.liveness, k) for k in
                      ("interval", "timeout", "failures", "node_interval")},
         "container": {"runtime": plan.container.runtime, "image": plan.image,
-                      "import": _image_import(plan, job_dir)},
+                      "import": image_import(plan, job_dir)},
         # the engines' private temporary directories, to be removed from every node at the end
         "scratch": plan.scratch,
         "network": {"interface": plan.interface, "ib_devices": plan.ib_devices},
@@ -93,15 +93,6 @@ def job_spec(plan, job_dir: str) -> dict:
     }
 
 
-def _image_import(plan, job_dir: str) -> dict | None:
-    """pyxis: the image URI hpcserve_job.py imports once, before any step, into the squashfs
-    file every step's --container-image names (enroot tasks import it themselves)."""
-    if plan.container.runtime != "pyxis":
-        return None
-    uri, sqsh = enroot_image(plan, job_dir)
-    return {"uri": uri, "sqsh": sqsh, "helper": f"{job_dir}/{IMPORT_HELPER}"} if uri else None
-
-
 def _preflight_image(plan, job_dir: str) -> dict | None:
     """What the image check looks for on every node: a file, or why there is none to look for
     yet (an image pulled or imported once the job runs)."""
@@ -109,7 +100,9 @@ def _preflight_image(plan, job_dir: str) -> dict | None:
     if runtime == "none":
         return None
     if runtime == "apptainer":
-        image = apptainer_image(plan)
+        uri, image = apptainer_image(plan, job_dir)
+        if uri:
+            return {"note": f"{uri} is built into {image} by the batch host, before any step"}
         if "://" in image:
             return {"note": f"{image} is pulled by apptainer when the engines start"}
         return {"path": image}
@@ -189,7 +182,8 @@ SCHEMA = {
         "container": _obj({"runtime": {"enum": ["pyxis", "enroot", "apptainer", "none"]},
                            "image": _OPT_STR,
                            "import": {"anyOf": [{"type": "null"}, _obj({
-                               "uri": _STR, "sqsh": _STR, "helper": _STR})]}}),
+                               "uri": _STR, "sqsh": _STR, "helper": _STR}), _obj({
+                               "uri": _STR, "sif": _STR, "helper": _STR})]}}),
         "scratch": {"type": "boolean"},
         "network": _obj({"interface": _STR, "ib_devices": {}}),
         "preflight": _obj({
