@@ -28,8 +28,8 @@ from ..schema import doc
 from ..values import ArgValue, EnvValue
 from ..words import Var, Word
 from .base import (CacheVar, EngineAdapter, Launch, Layout, MemoryBudget, Metrics, PortRequest,
-                   RoleContext, RouterAdapter, RouterReadiness, SettingsBase, args_field, derived_tp,
-                   env_field, kv_dtype_bytes, tp_words)
+                   RoleContext, RouterAdapter, RouterReadiness, SettingsBase, args_field,
+                   derived_tp, env_field, kv_dtype_bytes, tp_words)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 from ..records import field, record
 

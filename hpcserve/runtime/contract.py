@@ -65,6 +65,10 @@ FAILURE_SCHEMA = {
 }
 
 # One start of an instance: where, when it served, how it ended, its logs.
+# node -> cache name -> warm (its directory held a file as the engine started) or cold
+CACHES_BY_NODE = {"type": "object", "additionalProperties": {
+    "type": "object", "additionalProperties": {"enum": ["warm", "cold"]}}}
+
 ATTEMPT_SCHEMA = {
     "type": "object",
     "required": ["attempt", "nodes", "started_at"],
@@ -73,7 +77,7 @@ ATTEMPT_SCHEMA = {
         "started_at": _NUM, "serving_at": _NUM_OR_NULL, "ended_at": _NUM_OR_NULL,
         "end": _STR_OR_NULL, "failure": FAILURE_SCHEMA,
         "log": {"type": "string"}, "srun_log": {"type": "string"},
-        "caches": {"$ref": "#/$defs/caches_by_node"},
+        "caches": CACHES_BY_NODE,
     },
     "additionalProperties": False,
 }
@@ -130,13 +134,10 @@ STATE_SCHEMA = {
                    "additionalProperties": False,
                    "properties": {"dir": {"type": "string"},
                                   "storage": {"enum": ["node-local", "shared"]},
-                                  "instances": {"type": "object", "additionalProperties":
-                                                {"$ref": "#/$defs/caches_by_node"}}}},
+                                  "instances": {"type": "object",
+                                                "additionalProperties": CACHES_BY_NODE}}},
     },
     "additionalProperties": False,
-    # node -> cache name -> warm (its directory held a file as the engine started) or cold
-    "$defs": {"caches_by_node": {"type": "object", "additionalProperties": {
-        "type": "object", "additionalProperties": {"enum": ["warm", "cold"]}}}},
 }
 
 

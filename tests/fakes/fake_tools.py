@@ -650,20 +650,29 @@ def enroot_import(argv: list[str]) -> int:
                        check=True, stdout=subprocess.DEVNULL)
         data = open(built, "rb").read()
     # enroot writes the squashfs file in place while it builds it: readers can see it partial.
-    seconds = float(os.environ.get("HPCSERVE_FAKE_ENROOT_IMPORT_SECONDS", "0"))
-    fail = os.environ.get("HPCSERVE_FAKE_ENROOT_IMPORT_FAIL", "")
+    write_progressively(out, data, "HPCSERVE_FAKE_ENROOT_IMPORT",
+                        "[ERROR] Failed to download layer (fake failure)")
+    return 0
+
+
+def write_progressively(path: str, data: bytes, knob: str, error: str) -> None:
+    """`data` written to `path` in 8 pieces over <knob>_SECONDS, as a tool that writes its output
+    while it downloads: readers can see it partial. <knob>_FAIL=error fails half way with `error`;
+    =truncate stops half way and returns (a broken file and exit 0, which only a check of the
+    file catches)."""
+    seconds = float(os.environ.get(f"{knob}_SECONDS", "0"))
+    fail = os.environ.get(f"{knob}_FAIL", "")
     chunks = 8
-    with open(out, "wb") as f:
+    with open(path, "wb") as f:
         for k in range(chunks):
             if fail and k == chunks // 2:
                 f.flush()
                 if fail == "error":
-                    raise Fail("[ERROR] Failed to download layer (fake failure)")
-                return 0  # "truncate": a broken file and exit 0
+                    raise Fail(error)
+                return
             f.write(data[k * len(data) // chunks:(k + 1) * len(data) // chunks])
             f.flush()
             time.sleep(seconds / chunks)
-    return 0
 
 
 def enroot_create(argv: list[str]) -> int:
@@ -960,7 +969,8 @@ APPTAINER_PULL_FLAGS = {
 # [@DIGEST], HOST a name with a dot, a port or localhost, NAME's components lower-case; enroot's
 # "#" between registry and name is not part of it.
 APPTAINER_DOCKER_REF = re.compile(
-    r"(?:(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)(?::\d+)?/|[A-Za-z0-9-]+:\d+/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
+    r"(?:(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)(?::\d+)?/|[A-Za-z0-9-]+:\d+/)?"
+    r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?\Z")
 BUILD_SOURCES = ("docker", "oras", "library")  # registry sources the fake can "pull"
 
@@ -999,24 +1009,11 @@ def sif_problem(path: str) -> str | None:
 
 
 def write_sif(path: str, uri: str) -> None:
-    """A SIF written progressively, as apptainer writes its build's output: readers can see it
-    partial. HPCSERVE_FAKE_APPTAINER_BUILD_SECONDS spreads the writes; ..._FAIL=error fails half
-    way, =truncate stops half way and exits 0 (a broken file only a check of it catches)."""
-    data = sif_bytes(f"fake image of {uri}\n".encode() + os.urandom(64 * 1024))
-    seconds = float(os.environ.get("HPCSERVE_FAKE_APPTAINER_BUILD_SECONDS", "0"))
-    fail = os.environ.get("HPCSERVE_FAKE_APPTAINER_BUILD_FAIL", "")
-    chunks = 8
-    with open(path, "wb") as f:
-        for k in range(chunks):
-            if fail and k == chunks // 2:
-                f.flush()
-                if fail == "error":
-                    raise Fail("FATAL:   While performing build: conveyor failed to get: "
-                               "fake failure")
-                return
-            f.write(data[k * len(data) // chunks:(k + 1) * len(data) // chunks])
-            f.flush()
-            time.sleep(seconds / chunks)
+    """A SIF written as apptainer writes its build's output (HPCSERVE_FAKE_APPTAINER_BUILD_
+    SECONDS and _FAIL: write_progressively)."""
+    write_progressively(path, sif_bytes(f"fake image of {uri}\n".encode() + os.urandom(64 * 1024)),
+                        "HPCSERVE_FAKE_APPTAINER_BUILD",
+                        "FATAL:   While performing build: conveyor failed to get: fake failure")
 
 
 def _build_source(uri: str) -> None:
