@@ -152,6 +152,16 @@ class Paths:
     stage_max_gb: float | None = field(default=None, metadata=doc(
         "the size bound of stage_dir in GB (1e9 bytes): the least recently used models not in "
         "use are removed to keep to it; required with stage_dir", ge=0.001))
+    cache_dir: str | None = field(default=None, metadata=doc(
+        "where the engines' compile and JIT caches (Triton, torch.compile, DeepGEMM, FlashInfer) "
+        "outlive the job, one directory per model, engine release and GPU type; null: none is "
+        "kept (each engine uses its own default under $HOME)",
+        pattern=r"/[^,:\s%\\]*",
+        pattern_help="an absolute path without commas, colons, whitespace, % or \\ (it is "
+                     "mounted into containers)"))
+    cache_storage: Literal["node-local", "shared"] = field(default="shared", metadata=doc(
+        "cache_dir is on each node's own disk (every node warms its own copy) or on a file "
+        "system every node mounts (the first start warms it for all)"))
 
     def validate(self) -> None:
         if self.stage_dir and self.stage_max_gb is None:

@@ -13,7 +13,9 @@ holds everything runtime-specific that happens in the task:
   image is imported once per job, by hpcserve_runtime on the batch node before any step starts,
   into the shared cache (the same enroot-import.sh), and every step's --container-image names
   that squashfs file: nodes never pull from the registry themselves.
-- apptainer: the script runs on the host and execs `apptainer exec --nv --bind ... IMAGE`.
+- apptainer: the script runs on the host and execs `apptainer exec --nv --bind ... IMAGE`. A
+  registry image is built once per job into a SIF in the shared cache, by hpcserve_runtime on the
+  batch node before any step (apptainer-build.sh), and every task execs that file.
 - enroot: the script runs on the host: `enroot create` of a container named after the job, step,
   task and node, `enroot start --rw`, and `enroot remove --force` once the task ends, also after a
   signal (the engine gets the TERM, the container is removed once it has exited, and the task
@@ -55,6 +57,11 @@ RUNTIMES = ("pyxis", "enroot", "apptainer", "none")
 TASK_SCRIPT = "launch/container-task.sh"
 IMPORT_HELPER = "hpcserve_enroot_import.sh"
 IMPORT_SOURCE = package_data.path("container_recipes", "enroot-import.sh")
+BUILD_HELPER = "hpcserve_apptainer_build.sh"
+BUILD_SOURCE = package_data.path("container_recipes", "apptainer-build.sh")
+# The registry sources `apptainer build` makes a SIF from, which a job builds once (others, as
+# shub:// or https://, are left to `apptainer exec`).
+APPTAINER_BUILDS = ("docker://", "oras://", "library://")
 IMAGE_CACHE = ".hpcserve-images"
 CONTAINERS_MADE = "run/containers"  # enroot: one file per container not yet removed
 
@@ -90,16 +97,18 @@ def _covered(path: str, by: list[str]) -> bool:
 
 
 def mounts(plan: "Plan", job_dir: str) -> list[Mount]:
-    """The site's mounts plus the job directory (read-write) and the model path (read-only),
-    and the model's staged copy where it is staged (read-only), unless a site mount already
-    covers them."""
+    """The site's mounts plus the job directory (read-write), the model path (read-only), the
+    model's staged copy where it is staged (read-only) and the compile-cache directory
+    (read-write), unless a site mount already covers them."""
     out: list[Mount] = []
     for m in plan.container.mounts:
         parts = m.split(":")
         out.append(Mount(parts[0], parts[1], parts[2] if len(parts) > 2 else None))
     covered = [m.src for m in out]
     staged = [(plan.stage["path"], "ro")] if plan.stage else []
-    for path, mode in ((job_dir, None), (plan.model_path, "ro"), *staged):
+    ours = [(job_dir, None), (plan.model_path, "ro"), *staged] + (
+        [(plan.cache_dir, None)] if plan.cache_dir else [])
+    for path, mode in ours:
         if not _covered(path, covered):
             out.append(Mount(path, path, mode))
             covered.append(path)
@@ -135,18 +144,45 @@ def enroot_image(plan: "Plan", job_dir: str) -> tuple[str | None, str]:
     if image.startswith(("/", "./", "../")):
         return None, image
     uri = image if _URI_SCHEME.match(image) else f"docker://{image}"
+    return uri, _cached(job_dir, uri, ".sqsh")
+
+
+def _cached(job_dir: str, uri: str, suffix: str) -> str:
+    """The image cache's file for `uri`: beside the job directories, shared by every job there."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "+", uri.split("://", 1)[-1]).strip("+")
     cache = os.path.join(os.path.dirname(job_dir.rstrip("/")) or "/", IMAGE_CACHE)
-    return uri, f"{cache}/{stem}.sqsh"
+    return f"{cache}/{stem}{suffix}"
 
 
-def apptainer_image(plan: "Plan") -> str:
-    """Apptainer takes paths and URIs (docker://, oras://, library://); a bare pyxis-style name
-    such as nvcr.io#nvidia/pytorch:24.01-py3 becomes docker://nvcr.io/nvidia/pytorch:24.01-py3."""
+def apptainer_image(plan: "Plan", job_dir: str) -> tuple[str | None, str]:
+    """(URI to build or None, the image `apptainer exec` runs).
+
+    Apptainer takes paths and URIs; a bare pyxis-style name such as
+    nvcr.io#nvidia/pytorch:24.01-py3 becomes docker://nvcr.io/nvidia/pytorch:24.01-py3. A registry
+    image (docker://, oras://, library://) is built once per job into a SIF in the same image cache
+    as enroot's squashfs files (apptainer-build.sh locks, checks and renames; a later job finds it
+    there), so that the tasks on every node do not each pull it."""
     image = plan.image or ""
-    if image.startswith(("/", "./", "../")) or _URI_SCHEME.match(image):
-        return image
-    return "docker://" + image.replace("#", "/", 1)
+    if image.startswith(("/", "./", "../")):
+        return None, image
+    uri = image if _URI_SCHEME.match(image) else "docker://" + image.replace("#", "/", 1)
+    if not uri.startswith(APPTAINER_BUILDS):
+        return None, uri
+    return uri, _cached(job_dir, uri, ".sif")
+
+
+def image_import(plan: "Plan", job_dir: str) -> dict | None:
+    """The image the runtime imports (pyxis: a squashfs) or builds (apptainer: a SIF) once, on the
+    batch node before any step, with the helper copied into the job directory; None: nothing to
+    do (a path, enroot's tasks importing for themselves, no container)."""
+    runtime = plan.container.runtime
+    if runtime == "pyxis":
+        uri, sqsh = enroot_image(plan, job_dir)
+        return uri and {"uri": uri, "sqsh": sqsh, "helper": f"{job_dir}/{IMPORT_HELPER}"}
+    if runtime == "apptainer":
+        uri, sif = apptainer_image(plan, job_dir)
+        return uri and {"uri": uri, "sif": sif, "helper": f"{job_dir}/{BUILD_HELPER}"}
+    return None
 
 
 def stop_timeout(plan: "Plan") -> int:
@@ -208,17 +244,20 @@ def container_files(plan: "Plan", job_dir: str) -> dict[str, tuple[str, int]]:
                  "env_names": names, "ib": bool(plan.ib_devices),
                  "image": sqsh if c.runtime == "pyxis" else plan.image,
                  "import_uri": None, "sqsh": None, "import_helper": None,
-                 "stop_timeout": stop_timeout(plan)}
+                 "stop_timeout": stop_timeout(plan), "cache_dir": plan.cache_dir}
     files: dict[str, tuple[str, int]] = {}
     if c.runtime in ("enroot", "pyxis") and uri:
         files[IMPORT_HELPER] = (IMPORT_SOURCE.read_text(encoding="utf-8"), 0o755)
+    built, sif = apptainer_image(plan, job_dir)
+    if c.runtime == "apptainer" and built:
+        files[BUILD_HELPER] = (BUILD_SOURCE.read_text(encoding="utf-8"), 0o755)
     if c.runtime == "enroot":
         ctx.update(import_uri=uri, sqsh=sqsh, mounts=[m.enroot() for m in ms],
                    made=f"{job_dir}/{CONTAINERS_MADE}")
         if uri:
             ctx["import_helper"] = f"{job_dir}/{IMPORT_HELPER}"
     elif c.runtime == "apptainer":
-        ctx.update(image=apptainer_image(plan), mounts=[m.apptainer() for m in ms])
+        ctx.update(image=sif, built_from=built, mounts=[m.apptainer() for m in ms])
     else:
         ctx["mounts"] = [m.pyxis() for m in ms]
     files[TASK_SCRIPT] = (jinja().get_template("container_task.sh.j2").render(**ctx), 0o755)

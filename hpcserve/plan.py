@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from . import bench_sweep, engines, fit
+from .compile_caches import plan_caches
 from .config import Resolved, merged_settings
 from .engines.base import EngineAdapter, Layout, Net, RoleContext, gpus_from
 from .engines.bench_clients import CLIENTS, BenchPoint
@@ -161,6 +162,9 @@ class Plan:
     in_allocation: bool = False  # steps of an allocation the user holds (allocation.py)
     file_sd_dir: str | None = None  # site.metrics.file_sd_dir: Prometheus file SD while serving
     stage: dict | None = None  # plan.json's stage block (model.stage), None when off
+    caches: tuple = ()              # compile_caches.CachePlan: compile caches kept between jobs
+    cache_dir: str | None = None    # site.paths.cache_dir (mounted into containers)
+    cache_storage: str = "shared"   # site.paths.cache_storage: node-local or shared
     sim: dict = field(default_factory=dict)
     # the engine release's start-up lines: (weights_loaded, regex or None), (ready, ...)
     startup_lines: tuple = ()
@@ -294,6 +298,7 @@ class _Draft:
     port_shift: int = 0
     router_port: int | None = None
     recovery: dict[str, dict] = field(default_factory=dict)  # role -> plan.json's block
+    caches: tuple = ()                                   # compile_caches.CachePlan
 
 
 # On nodes other jobs share, `hpcserve submit` moves a deployment's ports by a multiple of
@@ -338,6 +343,8 @@ def _start(cfg: Resolved) -> _Draft:
                net=Net(ib_word=ib_word, has_ib=bool(ib),
                        iface=((Var("NODE_IFACE"),) if site.network.interface == "auto"
                               else site.network.interface)))
+    d.caches = plan_caches(site.paths.cache_dir, dep.model.path, adapter.name, adapter, rel,
+                           site.node.gpu_type)
     if rel.note:
         d.warnings.append(rel.note)
     if not dep.engine.version:
@@ -540,7 +547,7 @@ def _plan_role(d: _Draft, ci: int, role: str) -> None:
             role=role, index=i, component=ci, node_offset=off, nodes=ctx.nodes,
             gpus_per_node=ctx.gpus // ctx.nodes, gpu_ids=gpu_ids, ports=tuple(ports.items()),
             port_labels=tuple(labels), parallel=layout.parallel, argv=ln.argv,
-            rank_argv=ln.rank_argv, env=tuple(_instance_env(cfg, ctx, ln, gpu_ids)),
+            rank_argv=ln.rank_argv, env=tuple(_instance_env(cfg, ctx, ln, gpu_ids, d.caches)),
             tasks_per_node=layout.tasks_per_node, mpi=layout.mpi,
             cpus_per_task=layout.cpus_per_task, srun_args=layout.srun_args, fault=fault))
     node_gpus = cfg.site.node.gpus
@@ -661,6 +668,8 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
         preflight=_preflight(d, router),
         benchmark=_benchmark(d, router),
         file_sd_dir=site.metrics.file_sd_dir, stage=_stage(cfg),
+        caches=d.caches, cache_dir=site.paths.cache_dir if d.caches else None,
+        cache_storage=site.paths.cache_storage,
         sim={"startup_delay": dep.engine.sim_startup_delay,
              "prefill_s_per_token": dep.engine.sim_prefill_s_per_token,
              "decode_s_per_token": dep.engine.sim_decode_s_per_token},
@@ -821,8 +830,10 @@ def _preflight(d: _Draft, router: RouterPlan | None) -> dict:
             "tools": tools}
 
 
-def _instance_env(cfg: Resolved, ctx: RoleContext, launch, gpu_ids: str | None) -> list:
-    """Derived fabric settings, the engine's defaults, then site/deployment/role env."""
+def _instance_env(cfg: Resolved, ctx: RoleContext, launch, gpu_ids: str | None,
+                  caches: tuple = ()) -> list:
+    """Derived fabric settings, the engine's defaults and caches, then site/deployment/role
+    env."""
     interface, ib = cfg.site.network.interface, cfg.site.network.ib_devices
     env: dict[str, Word] = {"PYTHONUNBUFFERED": "1"}
     site_env = {k: _env_word(v) for k, v in cfg.site.network.env.items()}
@@ -838,6 +849,7 @@ def _instance_env(cfg: Resolved, ctx: RoleContext, launch, gpu_ids: str | None) 
         env["UCX_NET_DEVICES"] = (Var("IB_PORTS"),) if ib == "auto" else ",".join(
             d if ":" in d else f"{d}:1" for d in ib)
     env.update(launch.env)
+    env.update((c.var, c.path) for c in caches)
     env.update(site_env)
     for k, v in cfg.deployment.env.items():
         env[k] = _env_word(v)

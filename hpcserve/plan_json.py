@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from . import __version__
-from .containers import IMPORT_HELPER, apptainer_image, enroot_image
+from .containers import apptainer_image, enroot_image, image_import
 from .runtime.contract import SPEC, SPEC_VERSION, WORKERS_APIS
 from .words import Var, Word
 
@@ -65,7 +65,7 @@ def job_spec(plan, job_dir: str) -> dict:
         "liveness": {k: getattr(plan.liveness, k) for k in
                      ("interval", "timeout", "failures", "node_interval")},
         "container": {"runtime": plan.container.runtime, "image": plan.image,
-                      "import": _image_import(plan, job_dir)},
+                      "import": image_import(plan, job_dir)},
         # the engines' private temporary directories, to be removed from every node at the end
         "scratch": plan.scratch,
         "network": {"interface": plan.interface, "ib_devices": plan.ib_devices},
@@ -84,20 +84,15 @@ def job_spec(plan, job_dir: str) -> dict:
         "router": _router(plan),
         # the site's Prometheus file-SD directory (runtime/file_sd.py), or None
         "file_sd_dir": plan.file_sd_dir,
+        # the compile caches kept between jobs (compile_caches.py), or None
+        "caches": plan.caches and {"dir": plan.cache_dir, "storage": plan.cache_storage,
+                                   "caches": [{"name": c.name, "var": c.var, "path": c.path,
+                                               "probe": c.probe} for c in plan.caches]} or None,
         "secret_env": list(plan.secret_env),
         # steps of an allocation the user holds (runtime/allocation.py), not a het job's
         "in_allocation": plan.in_allocation,
         "warnings": list(plan.warnings), "notes": list(plan.notes),
     }
-
-
-def _image_import(plan, job_dir: str) -> dict | None:
-    """pyxis: the image URI hpcserve_job.py imports once, before any step, into the squashfs
-    file every step's --container-image names (enroot tasks import it themselves)."""
-    if plan.container.runtime != "pyxis":
-        return None
-    uri, sqsh = enroot_image(plan, job_dir)
-    return {"uri": uri, "sqsh": sqsh, "helper": f"{job_dir}/{IMPORT_HELPER}"} if uri else None
 
 
 def _preflight_image(plan, job_dir: str) -> dict | None:
@@ -107,7 +102,9 @@ def _preflight_image(plan, job_dir: str) -> dict | None:
     if runtime == "none":
         return None
     if runtime == "apptainer":
-        image = apptainer_image(plan)
+        uri, image = apptainer_image(plan, job_dir)
+        if uri:
+            return {"note": f"{uri} is built into {image} by the batch host, before any step"}
         if "://" in image:
             return {"note": f"{image} is pulled by apptainer when the engines start"}
         return {"path": image}
@@ -189,7 +186,8 @@ SCHEMA = {
         "container": _obj({"runtime": {"enum": ["pyxis", "enroot", "apptainer", "none"]},
                            "image": _OPT_STR,
                            "import": {"anyOf": [{"type": "null"}, _obj({
-                               "uri": _STR, "sqsh": _STR, "helper": _STR})]}}),
+                               "uri": _STR, "sqsh": _STR, "helper": _STR}), _obj({
+                               "uri": _STR, "sif": _STR, "helper": _STR})]}}),
         "scratch": {"type": "boolean"},
         "network": _obj({"interface": _STR, "ib_devices": {}}),
         "preflight": _obj({
@@ -247,6 +245,10 @@ SCHEMA = {
             "argv": {"type": "array", "items": _WORD},
             "env": {"type": "array", "items": {"type": "array", "prefixItems": [_STR, _WORD]}}})]},
         "file_sd_dir": _OPT_STR,
+        "caches": {"anyOf": [{"type": "null"}, _obj({
+            "dir": _STR, "storage": {"enum": ["node-local", "shared"]},
+            "caches": {"type": "array", "items": _obj({
+                "name": _STR, "var": _STR, "path": _STR, "probe": _STR})}})]},
         "secret_env": {"type": "array", "items": _STR},
         "in_allocation": {"type": "boolean"},
         "warnings": {"type": "array", "items": _STR},

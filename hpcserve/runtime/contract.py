@@ -16,9 +16,10 @@ Prometheus file-SD directory), router.metrics_path (where the router serves Prom
 or null) and preflight.fabric (the NVLink domain size whose fabric the preflight checks, or null);
 8 adds each instance's startup_lines (the patterns of its engine's weights-loaded and ready log
 lines, null where the pinned release's line is not known), stage (model.stage: the model
-directory copied to every node before the engines start, or null), and state.json's startup (the
-start-up in phases, runtime/startup.py) and stage record (each node's outcome and the bytes read
-from the shared path).
+directory copied to every node before the engines start, or null), caches (the compile caches
+kept between jobs under site.paths.cache_dir), and state.json's startup (the start-up in phases,
+runtime/startup.py), stage record (each node's outcome and the bytes read from the shared path)
+and caches (whether each was warm as each instance started).
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ FAILURE_SCHEMA = {
 }
 
 # One start of an instance: where, when it served, how it ended, its logs.
+# node -> cache name -> warm (its directory held a file as the engine started) or cold
+CACHES_BY_NODE = {"type": "object", "additionalProperties": {
+    "type": "object", "additionalProperties": {"enum": ["warm", "cold"]}}}
+
 ATTEMPT_SCHEMA = {
     "type": "object",
     "required": ["attempt", "nodes", "started_at"],
@@ -77,6 +82,7 @@ ATTEMPT_SCHEMA = {
         "started_at": _NUM, "serving_at": _NUM_OR_NULL, "ended_at": _NUM_OR_NULL,
         "end": _STR_OR_NULL, "failure": FAILURE_SCHEMA,
         "log": {"type": "string"}, "srun_log": {"type": "string"},
+        "caches": CACHES_BY_NODE,
     },
     "additionalProperties": False,
 }
@@ -173,6 +179,13 @@ STATE_SCHEMA = {
         "instances": {"type": "object", "additionalProperties": INSTANCE_SCHEMA},
         "excluded_nodes": {"type": "array", "items": {"type": "string"}},
         "startup": STARTUP_SCHEMA,
+        # the compile caches kept between jobs, as each instance's first start found them
+        "caches": {"type": "object", "required": ["dir", "storage", "instances"],
+                   "additionalProperties": False,
+                   "properties": {"dir": {"type": "string"},
+                                  "storage": {"enum": ["node-local", "shared"]},
+                                  "instances": {"type": "object",
+                                                "additionalProperties": CACHES_BY_NODE}}},
     },
     "additionalProperties": False,
 }

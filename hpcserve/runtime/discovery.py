@@ -257,19 +257,20 @@ class Discovery:
                 except (OSError, subprocess.TimeoutExpired):
                     pass
 
-    # -- the image, imported once (pyxis)
+    # -- the image, imported or built once (pyxis, apptainer)
     def start_image_import(self) -> subprocess.Popen | None:
-        """pyxis with a registry image: import it once, here on the batch node, into the shared
-        squashfs every step's --container-image names, beside address discovery (the helper
-        locks, validates and renames, so other jobs importing the same image wait for it)."""
+        """A registry image: import it (pyxis: the squashfs every step's --container-image names)
+        or build it (apptainer: the SIF every task execs) once, here on the batch node, into the
+        shared image cache, beside address discovery (the helper locks, checks and renames, so
+        other jobs wanting the same image wait for it and then reuse it)."""
         imp = (self.job.plan.get("container") or {}).get("import")
         if not imp:
             return None
-        self.job.log(f"importing {imp['uri']} into {imp['sqsh']} once for every node")
+        self.job.log(f"importing {imp['uri']} into {_target(imp)} once for every node")
         self.import_started = now()
         with open(os.path.join(self.job.dir, "logs", "import-image.log"), "ab") as log:
             self.image_import = subprocess.Popen(
-                ["bash", imp["helper"], imp["uri"], imp["sqsh"]], stdout=log, stderr=log,
+                ["bash", imp["helper"], imp["uri"], _target(imp)], stdout=log, stderr=log,
                 stdin=subprocess.DEVNULL, start_new_session=True)
         return self.image_import
 
@@ -285,13 +286,13 @@ class Discovery:
         self.job.startup.mark("image_import")
         if p.returncode != 0:
             log = os.path.join(self.job.dir, "logs", "import-image.log")
-            raise Stop("failed", f"importing {imp['uri']} into {imp['sqsh']} failed (exit "
+            raise Stop("failed", f"importing {imp['uri']} into {_target(imp)} failed (exit "
                                  f"{p.returncode}); see logs/import-image.log",
                        {"step": "import-image", "role": None, "instance": None,
                         "node": os.uname().nodename, "reason": "image import failed",
                         "exit_code": p.returncode, "log": "logs/import-image.log",
                         "log_tail": tail(log, 5)})
-        self.job.log(f"image ready: {imp['sqsh']}")
+        self.job.log(f"image ready: {_target(imp)}")
 
     def stop_image_import(self) -> None:
         """An import still running when the deployment ends: TERM its process group (the
@@ -309,3 +310,8 @@ class Discovery:
                 return
             except subprocess.TimeoutExpired:
                 continue
+
+
+def _target(imp: dict) -> str:
+    """The file an image import makes: pyxis's squashfs or apptainer's SIF."""
+    return imp.get("sqsh") or imp["sif"]

@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 
+from . import caches
 from .allocation import InAllocation, own_steps
 from .bench_step import BenchStep
 from .contract import SpecError, load_spec
@@ -127,6 +128,7 @@ class Job:
         rd = plan["readiness"]
         self.readiness.wait_engines(heads, rd)
         self.startup.mark("engines")
+        caches.record_start(self)
         self.state.update("engines_ready")
         self.state.update(health_urls={i["name"]: self.instances.health_url(heads, i)
                                        for i in plan["instances"]})

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from . import caches
 from .failures import Stop, step_identity
 from .health import http_json, probe, router_auth
 from .state import now
@@ -80,6 +81,8 @@ class Recovery:
             rec = Rec(spec, [r[1] for r in job.instances.nodes[spec["name"]]], at)
             rec.attempts.append(self._attempt_entry(rec, at))
             rec.attempts[-1]["serving_at"] = round(at, 3)
+            if job.plan.get("caches"):
+                rec.attempts[-1]["caches"] = caches.read(job.dir, rec.name)
             self.recs[spec["name"]] = rec
         if router_url:
             # a router started with --api-key wants the key on its worker API too
@@ -277,6 +280,9 @@ class Recovery:
             return
         at = now()
         rec.attempts[-1]["serving_at"] = round(at, 3)
+        warm = caches.for_attempt(self.job, rec.name, rec.attempt)
+        if warm is not None:
+            rec.attempts[-1]["caches"] = warm
         rec.recover_s = round(at - rec.failed_at, 3) if rec.failed_at else None
         rec.stage = None
         self.job.log(f"{rec.name} serves again (attempt {rec.attempt}, "

@@ -31,6 +31,8 @@ GOLDEN = {
                   "site.container.image=/shared/images/sglang-0.5.23.sif",
                   "site.container.mounts=[/shared:/shared]", "site.container.env=[NCCL_DEBUG]",
                   "site.network.ib_devices=auto"],
+    "apptainer-build": ["site.container.runtime=apptainer",
+                        "site.container.image=docker://lmsysorg/sglang:v0.5.23"],
     "none": [],
 }
 
@@ -80,6 +82,16 @@ class Fakes:
         e = dict(self.env, **(env or {}))
         return subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, preexec_fn=_low_memlock if low_memlock else None, **kw)
+
+
+def write_sif(path: Path) -> Path:
+    """A whole SIF file, as the apptainer stand-in writes (and its exec accepts)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("fake_tools", FAKES / "fake_tools.py")
+    tools = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tools)
+    path.write_bytes(tools.sif_bytes(b"test image\n"))
+    return path
 
 
 def _low_memlock() -> None:

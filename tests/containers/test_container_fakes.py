@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ctkit import Fakes
+from ctkit import Fakes, write_sif
 
 
 @pytest.fixture
@@ -17,7 +17,7 @@ def dirs(tmp_path: Path) -> Path:
     for d in ("src", "dst", "work"):
         (tmp_path / d).mkdir()
     (tmp_path / "junk.sqsh").write_bytes(b"not a squashfs file")
-    (tmp_path / "img.sif").write_bytes(b"SIF")
+    write_sif(tmp_path / "img.sif")
     return tmp_path
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ctkit import LOW_MEMLOCK, NODES, Fakes, write_job
+from ctkit import LOW_MEMLOCK, NODES, Fakes, write_job, write_sif
 
 IMAGE_ENV = {"NCCL_SOCKET_IFNAME": "docker0", "NCCL_DEBUG": "WARN",
              "HPCSERVE_TEST_FROM_HOST": "image"}
@@ -127,7 +127,7 @@ def test_pyxis_step(tmp_path: Path, fakes: Fakes) -> None:
 def test_apptainer_step(tmp_path: Path, fakes: Fakes) -> None:
     sif = tmp_path / "images" / "sglang.sif"
     sif.parent.mkdir()
-    sif.write_bytes(b"SIF fake image")
+    write_sif(sif)
     shared = tmp_path / "shared"
     shared.mkdir()
     job = write_job(tmp_path, ["site.container.runtime=apptainer", f"site.container.image={sif}",
@@ -286,7 +286,7 @@ def test_router_step(tmp_path: Path, fakes: Fakes, runtime: str, request) -> Non
         sets.append(f"site.container.image={request.getfixturevalue('sqsh')}")
     elif runtime == "apptainer":
         sif = tmp_path / "sglang.sif"
-        sif.write_bytes(b"SIF")
+        write_sif(sif)
         sets.append(f"site.container.image={sif}")
     job = write_job(tmp_path, sets)
     if runtime == "pyxis":

@@ -109,9 +109,17 @@ def test_enroot_image_path_or_cached_import() -> None:
     ("lmsysorg/sglang:v0.5.23", "docker://lmsysorg/sglang:v0.5.23"),
     ("nvcr.io#nvidia/pytorch:24.01-py3", "docker://nvcr.io/nvidia/pytorch:24.01-py3"),
     ("registry:5000#team/sglang:1", "docker://registry:5000/team/sglang:1"),
+    ("https://example.org/sglang.sif", "https://example.org/sglang.sif"),
 ])
 def test_apptainer_image(image: str, want: str) -> None:
-    assert containers.apptainer_image(plan("apptainer", f"site.container.image={image}")) == want
+    """A path runs as it is; a registry image is built once into the image cache beside the job
+    directories, and the tasks run that SIF; other URIs are left to apptainer exec."""
+    uri, run = containers.apptainer_image(plan("apptainer", f"site.container.image={image}"), JD)
+    if want.startswith(("docker://", "oras://")):
+        stem = want.split("://", 1)[1].replace("/", "+").replace(":", "+")
+        assert (uri, run) == (want, f"{Path(JD).parent}/.hpcserve-images/{stem}.sif")
+    else:
+        assert (uri, run) == (None, want)
 
 
 @pytest.mark.parametrize("grace, want", [(10, 1), (60, 17), (120, 47), (180, 77)])

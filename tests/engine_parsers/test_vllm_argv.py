@@ -73,6 +73,9 @@ def test_every_rank_parses_with_vllms_own_parser(vllm_parser, parsed, example):
             assert (kv["kv_connector"], kv["kv_role"]) == (
                 "NixlConnector", "kv_producer" if inst.role == "prefill" else "kv_consumer")
         assert v["tool_call_parser"] == "kimi_k2" and v["enable_auto_tool_choice"]
+        # the fast-load setting (vllm-kimi-k2-tp16: weights on Lustre), as vLLM reads it
+        assert v["safetensors_load_strategy"] == (
+            "eager" if example.stem == "vllm-kimi-k2-tp16" else None)
 
 
 def test_redundant_experts_reach_the_eplb_config_and_the_old_flag_is_refused(vllm_parser, tmp_path):
@@ -124,3 +127,29 @@ def test_the_flag_matrix_of_0_33_0_is_the_real_parsers(vllm_parser):
     real = set(vllm_parser.list_flags())
     ours = set(vllm.ADAPTER.matrix.versions()["0.33.0"]["flags"])
     assert real == ours, {"missing": sorted(real - ours), "extra": sorted(ours - real)}
+
+
+def test_load_strategy_choices_and_releases_are_the_flag_matrixs(tmp_path):
+    """The values vLLM 0.33.0's own parser accepts for --safetensors-load-strategy are the
+    matrix's choices (test_every_rank_parses... shows the setting reaching that parser); hpcserve
+    refuses another value, and the setting on a release without the flag, naming both."""
+    from hpcserve.errors import ConfigError
+    doc = {"name": "t", "site": "dgx-h200-pyxis", "engine": {"name": "vllm", "version": "0.33.0"},
+           "model": {"profile": "kimi-k2-instruct", "path": "/m"},
+           "roles": {"worker": {"nodes": 2, "tp": 16, "load_strategy": "prefetch"}}}
+    f = tmp_path / "d.yaml"
+    f.write_text(json.dumps(doc))
+    (_, _, _, argv), *_ = list(_ranks(plan.build(config.load(f))))
+    assert argv[argv.index("--safetensors-load-strategy") + 1] == "prefetch"
+    doc["roles"]["worker"]["load_strategy"] = "stream"
+    f.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError) as e:
+        plan.build(config.load(f))
+    assert "'stream' is not a valid --safetensors-load-strategy in vLLM 0.33.0" in str(e.value)
+    # 0.10.2 added the flag
+    doc["roles"]["worker"] = {"nodes": 1, "tp": 8, "load_strategy": "eager"}
+    doc["engine"]["version"] = "0.10.1.1"
+    f.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError) as e:
+        plan.build(config.load(f))
+    assert "vLLM 0.10.1.1 has no flag for load_strategy" in str(e.value), str(e.value)

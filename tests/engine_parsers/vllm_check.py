@@ -28,6 +28,7 @@ KEYS = ["model_tag", "served_model_name", "host", "port", "tensor_parallel_size"
         "distributed_executor_backend", "enable_expert_parallel", "enable_eplb", "eplb_config",
         "decode_context_parallel_size", "kv_transfer_config", "kv_cache_dtype", "max_model_len",
         "enable_auto_tool_choice", "tool_call_parser", "reasoning_parser", "trust_remote_code",
+        "safetensors_load_strategy",
         "all2all_backend"]
 
 

@@ -650,20 +650,29 @@ def enroot_import(argv: list[str]) -> int:
                        check=True, stdout=subprocess.DEVNULL)
         data = open(built, "rb").read()
     # enroot writes the squashfs file in place while it builds it: readers can see it partial.
-    seconds = float(os.environ.get("HPCSERVE_FAKE_ENROOT_IMPORT_SECONDS", "0"))
-    fail = os.environ.get("HPCSERVE_FAKE_ENROOT_IMPORT_FAIL", "")
+    write_progressively(out, data, "HPCSERVE_FAKE_ENROOT_IMPORT",
+                        "[ERROR] Failed to download layer (fake failure)")
+    return 0
+
+
+def write_progressively(path: str, data: bytes, knob: str, error: str) -> None:
+    """`data` written to `path` in 8 pieces over <knob>_SECONDS, as a tool that writes its output
+    while it downloads: readers can see it partial. <knob>_FAIL=error fails half way with `error`;
+    =truncate stops half way and returns (a broken file and exit 0, which only a check of the
+    file catches)."""
+    seconds = float(os.environ.get(f"{knob}_SECONDS", "0"))
+    fail = os.environ.get(f"{knob}_FAIL", "")
     chunks = 8
-    with open(out, "wb") as f:
+    with open(path, "wb") as f:
         for k in range(chunks):
             if fail and k == chunks // 2:
                 f.flush()
                 if fail == "error":
-                    raise Fail("[ERROR] Failed to download layer (fake failure)")
-                return 0  # "truncate": a broken file and exit 0
+                    raise Fail(error)
+                return
             f.write(data[k * len(data) // chunks:(k + 1) * len(data) // chunks])
             f.flush()
             time.sleep(seconds / chunks)
-    return 0
 
 
 def enroot_create(argv: list[str]) -> int:
@@ -944,13 +953,132 @@ def _bind(parts: list[str]) -> tuple[str, str, set[str]]:
     return src, dst, opts
 
 
+# A subset of apptainer 1.5.3's build and pull flags (cmd/internal/cli/build.go, pull.go): what a
+# build from a registry can use; anything else is refused as the real pflag parser would.
+APPTAINER_BUILD_FLAGS = {
+    "force": ("F", "bool"), "sandbox": ("s", "bool"), "notest": ("T", "bool"),
+    "fakeroot": ("f", "bool"), "fix-perms": (None, "bool"), "disable-cache": (None, "bool"),
+    "arch": (None, "value"), "authfile": (None, "value"), "docker-login": (None, "bool"),
+    "no-https": (None, "bool"), "tmpdir": (None, "value"), "update": ("u", "bool"),
+    "section": (None, "value"), "json": (None, "bool"), "nv": (None, "bool")}
+APPTAINER_PULL_FLAGS = {
+    "force": ("F", "bool"), "dir": (None, "value"), "disable-cache": (None, "bool"),
+    "arch": (None, "value"), "authfile": (None, "value"), "docker-login": (None, "bool"),
+    "no-https": (None, "bool"), "tmpdir": (None, "value"), "sandbox": (None, "bool")}
+# docker:// as Apptainer reads it (the distribution reference grammar): [HOST[:PORT]/]NAME[:TAG]
+# [@DIGEST], HOST a name with a dot, a port or localhost, NAME's components lower-case; enroot's
+# "#" between registry and name is not part of it.
+APPTAINER_DOCKER_REF = re.compile(
+    r"(?:(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)(?::\d+)?/|[A-Za-z0-9-]+:\d+/)?"
+    r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?\Z")
+BUILD_SOURCES = ("docker", "oras", "library")  # registry sources the fake can "pull"
+
+# The SIF global header (apptainer/sif pkg/sif/sif.go): the launch line (32 bytes), "SIF_MAGIC\0",
+# version "01\0", arch "02\0" (amd64), a 16-byte ID, then eight little-endian int64: created,
+# modified, free and total descriptors, descriptors' offset and length, data offset and length.
+SIF_LAUNCH = b"#!/usr/bin/env run-singularity\n"
+SIF_DATA_OFFSET = 32768
+
+
+def sif_bytes(payload: bytes) -> bytes:
+    import struct
+    import uuid
+    now = int(time.time())
+    head = (SIF_LAUNCH.ljust(32, b"\0") + b"SIF_MAGIC\0" + b"01\0" + b"02\0" + uuid.uuid4().bytes
+            + struct.pack("<8q", now, now, 47, 48, 4096, 0, SIF_DATA_OFFSET, len(payload)))
+    return head + b"\0" * (SIF_DATA_OFFSET - len(head)) + payload
+
+
+def sif_problem(path: str) -> str | None:
+    """Why `path` is not a whole SIF file (None: it is): the magic, and the data the header
+    declares lying inside the file (a partial download is shorter)."""
+    import struct
+    try:
+        with open(path, "rb") as f:
+            head = f.read(128)
+        size = os.path.getsize(path)
+    except OSError as e:
+        return str(e)
+    if len(head) < 128 or head[32:42] != b"SIF_MAGIC\0":
+        return "image format not recognized"
+    off, length = struct.unpack("<2q", head[112:128])
+    if off + length > size:
+        return f"the SIF header declares {off + length} bytes of data, the file holds {size}"
+    return None
+
+
+def write_sif(path: str, uri: str) -> None:
+    """A SIF written as apptainer writes its build's output (HPCSERVE_FAKE_APPTAINER_BUILD_
+    SECONDS and _FAIL: write_progressively)."""
+    write_progressively(path, sif_bytes(f"fake image of {uri}\n".encode() + os.urandom(64 * 1024)),
+                        "HPCSERVE_FAKE_APPTAINER_BUILD",
+                        "FATAL:   While performing build: conveyor failed to get: fake failure")
+
+
+def _build_source(uri: str) -> None:
+    m = re.match(r"([a-z-]+)://(.*)", uri)
+    if not m:
+        if os.path.exists(uri):
+            raise Fail("fake apptainer: building from a definition file is not emulated", 2)
+        raise Fail(f"FATAL:   Unable to build from {uri}: unable to open file {uri}: no such "
+                   "file or directory", 255)
+    if m.group(1) not in IMAGE_SCHEMES:
+        raise Fail(f"FATAL:   Unsupported transport type: {m.group(1)}", 255)
+    if m.group(1) not in BUILD_SOURCES:
+        raise Fail(f"fake apptainer: building from {m.group(1)}:// is not emulated", 2)
+    if m.group(1) == "docker" and not APPTAINER_DOCKER_REF.match(m.group(2)):
+        raise Fail(f"FATAL:   While performing build: conveyor failed to get: invalid reference "
+                   f"format: {uri}", 255)
+
+
+def _write_image(cmd: str, target: str, uri: str, force: bool) -> int:
+    target = os.path.abspath(target)
+    if os.path.exists(target) and not force:
+        raise Fail(f"FATAL:   Image file already exists: \"{target}\" - will not overwrite", 255)
+    if not os.path.isdir(os.path.dirname(target)):
+        raise Fail(f"FATAL:   While performing {cmd}: could not open {target}: no such file or "
+                   "directory", 255)
+    log("apptainer", True, command=cmd, target=target, uri=uri)
+    write_sif(target, uri)
+    return 0
+
+
+def apptainer_build(argv: list[str]) -> int:
+    """apptainer build [flags] TARGET SPEC, SPEC a registry URI."""
+    flags, args = pflag_parse(argv, APPTAINER_BUILD_FLAGS, "apptainer build")
+    if len(args) != 2:
+        raise Fail(f"Error: accepts 2 arg(s), received {len(args)}", 255)
+    values = dict(flags)
+    if values.get("sandbox") == "true":
+        raise Fail("fake apptainer: --sandbox is not emulated", 2)
+    _build_source(args[1])
+    return _write_image("build", args[0], args[1], values.get("force") == "true")
+
+
+def apptainer_pull(argv: list[str]) -> int:
+    """apptainer pull [flags] [TARGET] URI."""
+    flags, args = pflag_parse(argv, APPTAINER_PULL_FLAGS, "apptainer pull")
+    if len(args) not in (1, 2):
+        raise Fail(f"Error: requires at least 1 arg(s), only received {len(args)}"
+                   if not args else f"Error: accepts at most 2 arg(s), received {len(args)}", 255)
+    uri = args[-1]
+    _build_source(uri)
+    values = dict(flags)
+    target = args[0] if len(args) == 2 else re.sub(r"[:/]", "_", uri.split("://", 1)[1]) + ".sif"
+    return _write_image("pull", os.path.join(values.get("dir", ""), target), uri,
+                        values.get("force") == "true")
+
+
 def apptainer(argv: list[str]) -> int:
     _glob, rest = pflag_parse(argv, APPTAINER_GLOBAL, "apptainer")
     if not rest:
         raise Fail("Usage: apptainer [global options...] <command>", 255)
     cmd, rest = rest[0], rest[1:]
+    if cmd in ("build", "pull"):
+        return (apptainer_build if cmd == "build" else apptainer_pull)(rest)
     if cmd != "exec":
-        if cmd in ("run", "shell", "instance", "pull", "build", "inspect", "test"):
+        if cmd in ("run", "shell", "instance", "inspect", "test"):
             raise Fail(f"fake apptainer: {cmd} is not emulated", 2)
         raise Fail(f'Error: unknown command "{cmd}" for "apptainer"', 255)
     flags, args = pflag_parse(rest, APPTAINER_EXEC_FLAGS, "apptainer exec")
@@ -965,6 +1093,11 @@ def apptainer(argv: list[str]) -> int:
     elif not os.path.exists(image):
         raise Fail(f"FATAL: could not open image {os.path.abspath(image)}: failed to retrieve "
                    f"path for {image}: lstat {image}: no such file or directory", 255)
+    elif os.path.isfile(image) and not is_squashfs(image) and sif_problem(image):
+        # a directory is a sandbox and a bare squashfs file an image too; any other file must be
+        # a whole SIF (the real one fails to mount a truncated one's partition)
+        raise Fail(f"FATAL: could not open image {os.path.abspath(image)}: "
+                   f"{sif_problem(image)}", 255)
     binds = []
     for name, val in flags:
         if name == "bind":

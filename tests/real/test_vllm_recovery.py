@@ -90,8 +90,13 @@ def test_a_killed_vllm_instance_is_replaced_while_the_other_serves(
     jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
     cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
     before = leftovers()
+    # torch.compile on (no --enforce-eager), its caches kept in a cache_dir every node shares:
+    # both instances start cold and compile; the restarted worker-1 finds what they compiled.
     dep = real_deployment("real-heal", tiny_models["llama"], "tiny-llama", jobs,
-                          {"instances": 2, "nodes": 1, "recovery": {"backoff_s": 1}}, cache)
+                          {"instances": 2, "nodes": 1, "recovery": {"backoff_s": 1},
+                           "enforce_eager": False}, cache)
+    compile_cache = tmp_path / "compile-cache"
+    dep["site"]["paths"] = {"cache_dir": str(compile_cache), "cache_storage": "shared"}
     # Probes every 2 s, each allowed 10 s on a busy machine. vLLM moves its progress counters
     # once per engine step, and a step may stand for seconds on a shared 2-core machine (the
     # first requests of an instance warm it up): 5 rounds without progress (10 s and more)
@@ -160,6 +165,7 @@ def test_a_killed_vllm_instance_is_replaced_while_the_other_serves(
         t_end = time.time()
     first = back["attempts"][0]
     assert back["restarts"] == 1 and back["recover_s"] > 0, back
+    _check_caches(job_dir, st, w1[1], compile_cache, new_log)
     assert [a["attempt"] for a in back["attempts"]] == [0, 1], back
     assert first["ended_at"] and first["end"], first
     assert st["instances"]["worker-0"]["status"] == "serving" and \
@@ -181,3 +187,25 @@ def test_a_killed_vllm_instance_is_replaced_while_the_other_serves(
     assert _status(hs, job)["phase"] == "cancelled"
     wait_no_job_processes(dev_cluster, 60)
     assert leftovers() - before == set()
+
+
+def _check_caches(job_dir: Path, st: dict, node: str, cache: Path, new_log: Path) -> None:
+    """vLLM's compile cache: cold at the deployment's start (both instances), warm at worker-1's
+    restart on `node`, in state.json and in the engine's log; vLLM itself wrote it there."""
+    root = next(cache.glob("tiny-llama/vllm-0.32.0/*/vllm"))
+    assert st["caches"]["storage"] == "shared" and st["caches"]["dir"] == str(cache), st
+    for name in ("worker-0", "worker-1"):
+        (first,) = st["caches"]["instances"][name].values()
+        assert first["vllm"] == "cold", st["caches"]
+        assert st["instances"][name]["attempts"][0]["caches"] == st["caches"]["instances"][name]
+    assert st["instances"]["worker-1"]["attempts"][1]["caches"][node]["vllm"] == "warm", st
+    log = new_log.read_text(errors="replace")
+    assert f"hpcserve: cache vllm (VLLM_CACHE_ROOT={root}) warm" in log, log[:3000]
+    # where vLLM 0.32.0 saves its compiled graph (vllm/compilation/decorators.py), at the first
+    # start of one instance or both
+    firsts = [(job_dir / st["instances"][n]["attempts"][0]["log"]).read_text(errors="replace")
+              for n in ("worker-0", "worker-1")]
+    assert any(f"saved AOT compiled function to {root}/torch_compile_cache/" in t
+               for t in firsts), firsts[0][-3000:]
+    job_log = (job_dir / "logs" / "hpcserve-job.log").read_text()
+    assert f"worker-1 attempt 1 compile caches: {node}: vllm warm" in job_log, job_log[-3000:]

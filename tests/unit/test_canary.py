@@ -243,6 +243,24 @@ DIFFERENTIAL: dict[tuple, tuple[Any, Any, dict]] = {
     ("roles", "decode", "sim_fault", "instances"): ([0, 1], [], {}),
     ("roles", "prefill", "sim_fault", "kind"): ("exit", "unhealthy", {}),
     ("roles", "decode", "sim_fault", "kind"): ("exit", "hang", {}),
+    ("roles", "prefill", "prefetch_checkpoints"): (False, True, {}),
+    ("roles", "decode", "prefetch_checkpoints"): (False, True, {}),
+    # The compile caches: SGLang's variables are set from 0.5.23 on (the release read), and the
+    # canaries' engine.version is 0.5.22 (tests/unit/test_compile_caches.py checks the paths).
+    ("site", "paths", "cache_dir"): (None, "/canary/cache", {("engine", "version"): "0.5.23"}),
+    # node-local or shared: the launch scripts' comment and plan.json's caches block say which
+    ("site", "paths", "cache_storage"): ("shared", "node-local",
+                                         {("site", "paths", "cache_dir"): "/canary/cache",
+                                          ("engine", "version"): "0.5.23"}),
+    # Weight staging: the engines' model path becomes the staged copy, plan.json's stage block
+    # carries the stage directory and its size bound.
+    ("model", "stage"): (False, True, {("site", "paths", "stage_dir"): "/canary/stage",
+                                       ("site", "paths", "stage_max_gb"): 10}),
+    ("site", "paths", "stage_dir"): ("/canary/stage-a", "/canary/stage-b",
+                                     {("model", "stage"): True,
+                                      ("site", "paths", "stage_max_gb"): 10}),
+    ("site", "paths", "stage_max_gb"): (10, 20, {("model", "stage"): True,
+                                                 ("site", "paths", "stage_dir"): "/canary/stage"}),
     ("roles", "prefill", "disable_cuda_graph"): (False, True, {}),
     ("roles", "decode", "disable_cuda_graph"): (False, True, {}),
     ("roles", "prefill", "trust_remote_code"): (True, False, {}),

@@ -208,8 +208,10 @@ class Run:
                        SLURM_STEP_ID="3")
         runs = [("job.sbatch", [], {}, True)]
         imp = json.loads(self.files["plan.json"][0])["container"].get("import")
-        if imp:  # pyxis: what the runtime runs once before any step
-            runs.append((os.path.basename(imp["helper"]), [imp["uri"], imp["sqsh"]], {}, True))
+        if imp:  # pyxis, apptainer: what the runtime runs once before any step (the apptainer
+            # stub writes no SIF, which the build helper then refuses: it need not succeed)
+            runs.append((os.path.basename(imp["helper"]),
+                         [imp["uri"], imp.get("sqsh") or imp["sif"]], {}, "sqsh" in imp))
         runs += [(rel, [], {}, True) for rel in sorted(self.files) if rel.startswith("steps/")]
         tasks = [(i.name, nodes[i.name][0][1]) for i in self.plan.instances]
         if self.plan.router:

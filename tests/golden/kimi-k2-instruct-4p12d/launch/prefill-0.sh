@@ -27,6 +27,10 @@ export GLOO_SOCKET_IFNAME=ib0
 export NCCL_SOCKET_IFNAME=ib0
 export NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7
 export UCX_NET_DEVICES=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1
+export SGLANG_CACHE_DIR=/raid/hpcserve-cache/Kimi-K2-Instruct/sglang-0.5.23/H200/sglang
+export TRITON_CACHE_DIR=/raid/hpcserve-cache/Kimi-K2-Instruct/sglang-0.5.23/H200/triton
+export SGLANG_DG_CACHE_DIR=/raid/hpcserve-cache/Kimi-K2-Instruct/sglang-0.5.23/H200/deep_gemm
+export FLASHINFER_WORKSPACE_BASE=/raid/hpcserve-cache/Kimi-K2-Instruct/sglang-0.5.23/H200/flashinfer
 export NCCL_IB_GID_INDEX=3
 export NCCL_CROSS_NIC=0
 export UCX_TLS=rc,ud,sm,cuda_copy,cuda_ipc,gdr_copy,tcp
@@ -35,6 +39,26 @@ export SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=10000000
 export SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000
 export SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000
 export SGLANG_HOST_IP="${NODE_IP}"
+
+# Compile and JIT caches kept between jobs (site.paths.cache_dir, node-local): a cache is
+# warm when the directory its variable names (its probe part, where only compiled artifacts go)
+# holds a file as the engine starts. Said in this log and in run/caches/, which hpcserve_runtime
+# puts in state.json.
+cache_state() {  # NAME VAR DIR [PROBE]
+  local state=cold
+  if [ -n "$(find "$3${4:+/$4}" -type f -print -quit 2>/dev/null)" ]; then state=warm; fi
+  mkdir -p -- "$3" 2>/dev/null || :
+  echo "hpcserve: cache $1 ($2=$3) $state" >&2
+  printf '%s %s %s\n' "$1" "$state" "$3"
+}
+CACHE_REPORT="$JOB_DIR/run/caches/prefill-0${ATTEMPT_TAG}.$me"
+mkdir -p -- "$JOB_DIR/run/caches"
+{
+  cache_state sglang SGLANG_CACHE_DIR "${SGLANG_CACHE_DIR:-}"
+  cache_state triton TRITON_CACHE_DIR "${TRITON_CACHE_DIR:-}"
+  cache_state deep_gemm SGLANG_DG_CACHE_DIR "${SGLANG_DG_CACHE_DIR:-}"
+  cache_state flashinfer FLASHINFER_WORKSPACE_BASE "${FLASHINFER_WORKSPACE_BASE:-}"
+} >"$CACHE_REPORT.$$" && mv -f -- "$CACHE_REPORT.$$" "$CACHE_REPORT" || rm -f -- "$CACHE_REPORT.$$"
 
 if [ "$NODE_RANK" = 0 ]; then
   # Where the instance serves, another deployment sharing the node could hold its ports and

@@ -11,7 +11,7 @@ exec srun \
   --job-name=router \
   --kill-on-bad-exit=1 \
   --container-image=/lustre/images/ktransformers-0.7.2.sqsh \
-  --container-mounts=/lustre:/lustre,/jobs/kimi-k2-thinking-ktransformers:/jobs/kimi-k2-thinking-ktransformers \
+  --container-mounts=/lustre:/lustre,/jobs/kimi-k2-thinking-ktransformers:/jobs/kimi-k2-thinking-ktransformers,/raid/hpcserve-cache:/raid/hpcserve-cache \
   --container-workdir=/jobs/kimi-k2-thinking-ktransformers \
   --no-container-mount-home \
   --container-writable \

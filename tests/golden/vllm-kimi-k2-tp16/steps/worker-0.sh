@@ -12,7 +12,7 @@ exec srun \
   --job-name=worker-0"${HPCSERVE_ATTEMPT_TAG:-}" \
   --kill-on-bad-exit=1 \
   --container-image=/jobs/.hpcserve-images/vllm+vllm-openai+v0.33.0.sqsh \
-  --container-mounts=/lustre:/lustre,/jobs/vllm-kimi-k2-tp16:/jobs/vllm-kimi-k2-tp16 \
+  --container-mounts=/lustre:/lustre,/jobs/vllm-kimi-k2-tp16:/jobs/vllm-kimi-k2-tp16,/raid/hpcserve-cache:/raid/hpcserve-cache \
   --container-workdir=/jobs/vllm-kimi-k2-tp16 \
   --no-container-mount-home \
   --container-writable \

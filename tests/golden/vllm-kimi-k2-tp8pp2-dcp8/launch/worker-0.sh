@@ -32,10 +32,34 @@ export GLOO_SOCKET_IFNAME=ib0
 export NCCL_SOCKET_IFNAME=ib0
 export NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7
 export UCX_NET_DEVICES=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1
+export VLLM_CACHE_ROOT=/raid/hpcserve-cache/Kimi-K2-Instruct/vllm-0.33.0/H200/vllm
+export TRITON_CACHE_DIR=/raid/hpcserve-cache/Kimi-K2-Instruct/vllm-0.33.0/H200/triton
+export DG_JIT_CACHE_DIR=/raid/hpcserve-cache/Kimi-K2-Instruct/vllm-0.33.0/H200/deep_gemm
+export VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=/raid/hpcserve-cache/Kimi-K2-Instruct/vllm-0.33.0/H200/flashinfer_autotune
 export NCCL_IB_GID_INDEX=3
 export NCCL_CROSS_NIC=0
 export UCX_TLS=rc,ud,sm,cuda_copy,cuda_ipc,gdr_copy,tcp
 export VLLM_HOST_IP="${NODE_IP}"
+
+# Compile and JIT caches kept between jobs (site.paths.cache_dir, node-local): a cache is
+# warm when the directory its variable names (its probe part, where only compiled artifacts go)
+# holds a file as the engine starts. Said in this log and in run/caches/, which hpcserve_runtime
+# puts in state.json.
+cache_state() {  # NAME VAR DIR [PROBE]
+  local state=cold
+  if [ -n "$(find "$3${4:+/$4}" -type f -print -quit 2>/dev/null)" ]; then state=warm; fi
+  mkdir -p -- "$3" 2>/dev/null || :
+  echo "hpcserve: cache $1 ($2=$3) $state" >&2
+  printf '%s %s %s\n' "$1" "$state" "$3"
+}
+CACHE_REPORT="$JOB_DIR/run/caches/worker-0${ATTEMPT_TAG}.$me"
+mkdir -p -- "$JOB_DIR/run/caches"
+{
+  cache_state vllm VLLM_CACHE_ROOT "${VLLM_CACHE_ROOT:-}" torch_compile_cache
+  cache_state triton TRITON_CACHE_DIR "${TRITON_CACHE_DIR:-}"
+  cache_state deep_gemm DG_JIT_CACHE_DIR "${DG_JIT_CACHE_DIR:-}"
+  cache_state flashinfer_autotune VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR "${VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR:-}"
+} >"$CACHE_REPORT.$$" && mv -f -- "$CACHE_REPORT.$$" "$CACHE_REPORT" || rm -f -- "$CACHE_REPORT.$$"
 
 if [ "$NODE_RANK" = 0 ]; then
   # Where the instance serves, another deployment sharing the node could hold its ports and
