@@ -27,11 +27,11 @@ import time
 from collections import Counter
 
 from . import ownport
+from .model_dir import TooManyFiles, model_files
 
 CHECKS = ("python", "tools", "image", "model", "gpus", "fabric", "ib", "peer_memory", "shm", "memlock",
           "ports", "clock")
 OK, FAIL, NA, WAIVED = "ok", "fail", "n/a", "waived"
-MAX_FILES = 20000  # a weights directory holds tens to hundreds; more is not a model directory
 GIB = 1024 ** 3
 
 
@@ -117,15 +117,10 @@ def check_model(path: str, optional: str | None, files: list) -> list:
     if os.path.isfile(path):
         entries = [(os.path.basename(path), path)]
     else:
-        entries = []
-        for root, dirs, names in os.walk(path, followlinks=True):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            for n in sorted(names):
-                if not n.startswith("."):
-                    full = os.path.join(root, n)
-                    entries.append((os.path.relpath(full, path), full))
-            if len(entries) > MAX_FILES:
-                return [FAIL, f"{path} holds over {MAX_FILES} files: not a model directory"]
+        try:
+            entries = model_files(path)
+        except TooManyFiles as e:
+            return [FAIL, str(e)]
     for rel, full in entries:
         try:
             files.append([rel, os.path.getsize(full)])

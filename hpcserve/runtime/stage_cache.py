@@ -19,8 +19,9 @@ import os
 import shutil
 import time
 
+from .model_dir import TooManyFiles, model_files
+
 MANIFEST = ".hpcserve-manifest.json"
-MAX_FILES = 20000
 
 
 class StageError(Exception):
@@ -36,16 +37,10 @@ class StageError(Exception):
 
 def list_files(root: str) -> list:
     """[[relative path, size]] of every file under root (dot-files aside), sorted."""
-    out = []
-    for top, dirs, names in os.walk(root, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for n in sorted(names):
-            if not n.startswith("."):
-                full = os.path.join(top, n)
-                out.append([os.path.relpath(full, root), os.path.getsize(full)])
-        if len(out) > MAX_FILES:
-            raise StageError(None, f"{root} holds over {MAX_FILES} files: not a model directory")
-    return sorted(out)
+    try:
+        return sorted([rel, os.path.getsize(full)] for rel, full in model_files(root))
+    except TooManyFiles as e:
+        raise StageError(None, str(e)) from None
 
 
 def file_sha256(path: str, chunk: int = 1 << 22) -> str:
