@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Write a tiny, weight-less Hugging Face model directory for vLLM tests.
+"""Write a tiny Hugging Face model directory for vLLM tests, weight-less by default.
 
-    python tiny_model.py OUT_DIR --shape llama|deepseek_v3
+    python tiny_model.py OUT_DIR --shape llama|deepseek_v3 [--weights]
 
 Uses only the standard library and `tokenizers`.  Output is deterministic
 (byte-identical on re-run) and takes well under a second.  Serve it with
 `vllm serve OUT_DIR --load-format dummy ...`: vLLM fills the weights with
-random values, so no *.safetensors file is written or needed.
+random values, so no *.safetensors file is written or needed.  With
+`--weights` (llama shape only) a real `model.safetensors` is written too, so
+that vLLM's default loader reads a checkpoint (and logs that it did).
 
 Files written:
   config.json             architecture + every field vLLM reads for the shape
@@ -15,11 +17,13 @@ Files written:
   tokenizer_config.json   PreTrainedTokenizerFast, ChatML chat_template
                           (with a Hermes-style tools section), eos <|im_end|>
   special_tokens_map.json
+  model.safetensors       with --weights: every tensor of the Llama checkpoint
 """
 
 import argparse
 import json
 import os
+import struct
 import sys
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -232,12 +236,92 @@ def write_model(out_dir, shape):
     )
 
 
+def llama_tensors(cfg):
+    """(name, shape) of every tensor in a Hugging Face Llama checkpoint of this config, as
+    vLLM 0.32.0's loader expects them (vllm/model_executor/models/llama.py: LlamaModel's
+    load_weights stacks q/k/v_proj into qkv_proj and gate/up_proj into gate_up_proj; the
+    default loader's track_weights_loading fails on any parameter the checkpoint lacks)."""
+    h, inter, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    q = cfg["num_attention_heads"] * cfg["head_dim"]
+    kv = cfg["num_key_value_heads"] * cfg["head_dim"]
+    out = [("model.embed_tokens.weight", (v, h))]
+    for i in range(cfg["num_hidden_layers"]):
+        pre = f"model.layers.{i}."
+        out += [(pre + "input_layernorm.weight", (h,)),
+                (pre + "self_attn.q_proj.weight", (q, h)),
+                (pre + "self_attn.k_proj.weight", (kv, h)),
+                (pre + "self_attn.v_proj.weight", (kv, h)),
+                (pre + "self_attn.o_proj.weight", (h, q)),
+                (pre + "post_attention_layernorm.weight", (h,)),
+                (pre + "mlp.gate_proj.weight", (inter, h)),
+                (pre + "mlp.up_proj.weight", (inter, h)),
+                (pre + "mlp.down_proj.weight", (h, inter))]
+    out.append(("model.norm.weight", (h,)))
+    if not cfg["tie_word_embeddings"]:
+        out.append(("lm_head.weight", (v, h)))
+    return out
+
+
+# safetensors dtype names (https://huggingface.co/docs/safetensors: the format) for the
+# config's torch_dtype, and how one float32 value becomes its little-endian bytes
+# (bfloat16 is float32's upper half).
+def _bf16(x):
+    return struct.pack("<H", struct.unpack("<I", struct.pack("<f", x))[0] >> 16)
+
+
+DTYPES = {"bfloat16": ("BF16", _bf16), "float32": ("F32", lambda x: struct.pack("<f", x))}
+# A fixed pattern of small values (17 levels within +-0.05, below 1/sqrt(hidden_size)),
+# quadratic in the index so that its period is the prime PERIOD and no two rows of a matrix are
+# alike, repeated over each matrix; the norms are 1 (an identity scale).
+PERIOD = 4099
+
+
+def _pattern(encode, offset):
+    return b"".join(encode((((j * j + offset) * 7919) % PERIOD % 17 - 8) / 160.0)
+                    for j in range(PERIOD))
+
+
+def _tensor_bytes(name, n, encode, blocks):
+    if name.endswith("norm.weight"):
+        return encode(1.0) * n
+    block = blocks.setdefault(name.rsplit(".", 2)[-2], _pattern(encode, len(blocks)))
+    size = len(block) // PERIOD
+    return (block * (n // PERIOD + 1))[:n * size]
+
+
+def write_safetensors(path, cfg):
+    """A model.safetensors: an 8-byte little-endian header length, a JSON header of each
+    tensor's dtype, shape and data_offsets, then the raw tensors back to back."""
+    dtype, encode = DTYPES[cfg["torch_dtype"]]
+    header, data, at, blocks = {"__metadata__": {"format": "pt"}}, [], 0, {}
+    for name, shape in llama_tensors(cfg):
+        n = 1
+        for d in shape:
+            n *= d
+        raw = _tensor_bytes(name, n, encode, blocks)
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [at, at + len(raw)]}
+        data.append(raw)
+        at += len(raw)
+    head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        for raw in data:
+            f.write(raw)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out_dir")
     p.add_argument("--shape", choices=sorted(SHAPES), default="llama")
+    p.add_argument("--weights", action="store_true",
+                   help="also write model.safetensors (llama shape only)")
     a = p.parse_args(argv)
+    if a.weights and a.shape != "llama":
+        p.error("--weights: only the llama shape has a checkpoint writer")
     write_model(a.out_dir, a.shape)
+    if a.weights:
+        write_safetensors(os.path.join(a.out_dir, "model.safetensors"), SHAPES[a.shape]())
     return 0
 
 

@@ -262,3 +262,37 @@ def chat(url: str, max_tokens: int, stream: bool = False, timeout: float = 30) -
         return events
 
 
+
+
+# Each phase is rounded to the millisecond on its own, and so are unknown_s and the total.
+def _rounding(n: int) -> float:
+    return (n + 2) * 0.0005
+
+
+# The deployment phases of a job without staging or an image import (docs/operating.md).
+STARTUP_PHASES = ["job_setup", "preflight", "engine_load", "engine_warmup",
+                  "router_registration", "smoke_request"]
+
+
+def check_startup(st: dict, job_dir: Path, weights_line: str) -> None:
+    """Every start-up phase present and known, the deployment's and each instance's (with
+    unknown_s) summing to what was measured, each instance's engine lines seen and its weights
+    line (the engine's own words) in its log."""
+    s = st["startup"]
+    assert list(s["phases"]) == STARTUP_PHASES, s
+    assert None not in s["phases"].values() and s["unknown_s"] == 0, s
+    assert s["total_s"] == st["serving_after_s"]
+    assert abs(sum(s["phases"].values()) + s["unknown_s"] - s["total_s"]) <= \
+        _rounding(len(s["phases"]) + 1), s
+    assert s["queue_wait_s"] is not None and s["queue_wait_s"] >= 0, s  # scontrol answered
+    for name, inst in s["instances"].items():
+        assert inst["lines_seen"] == ["ready", "weights_loaded"], (name, inst)
+        assert None not in inst["phases"].values(), (name, inst)
+        assert abs(sum(inst["phases"].values()) + inst["unknown_s"] - inst["total_s"]) <= \
+            _rounding(len(inst["phases"]) + 1), (name, inst)
+        assert weights_line in (job_dir / inst["log"]).read_text(errors="replace"), inst["log"]
+    slow = s["slowest"]
+    assert slow["total_s"] == max(i["total_s"] for i in s["instances"].values()), s
+    assert slow["phase_s"] == max(s["instances"][slow["instance"]]["phases"].values())
+    log = (job_dir / "logs" / "hpcserve-job.log").read_text()
+    assert f"slowest instance: {slow['instance']}" in log

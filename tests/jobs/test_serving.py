@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from jobkit import chat, deployment, wait_no_job_processes
+from jobkit import chat, check_startup, deployment, wait_no_job_processes
 
 pytestmark = pytest.mark.slurm
 
@@ -17,33 +17,6 @@ def _phases(st: dict) -> list[str]:
     return [h["phase"] for h in st["history"]]
 
 
-# Each phase is rounded to the millisecond on its own, and so is the total they partition.
-def _rounding(n: int) -> float:
-    return (n + 2) * 0.0005
-
-
-def _check_startup(st: dict, job) -> None:
-    """Every start-up phase present and known (SGLang 0.5.23's lines, printed by its stand-in),
-    the deployment's and each instance's summing to what was measured."""
-    s = st["startup"]
-    assert list(s["phases"]) == ["job_setup", "preflight", "engine_load", "engine_warmup",
-                                 "router_registration", "smoke_request"], s
-    assert None not in s["phases"].values() and s["unknown_s"] == 0, s
-    assert s["total_s"] == st["serving_after_s"]
-    assert abs(sum(s["phases"].values()) - s["total_s"]) <= _rounding(len(s["phases"])), s
-    assert s["queue_wait_s"] is not None and s["queue_wait_s"] >= 0, s  # scontrol answered
-    for name, inst in s["instances"].items():
-        assert inst["lines_seen"] == ["ready", "weights_loaded"], (name, inst)
-        assert None not in inst["phases"].values(), (name, inst)
-        assert abs(sum(inst["phases"].values()) - inst["total_s"]) <= _rounding(3), (name, inst)
-        assert "Load weight end. " in (job.dir / inst["log"]).read_text(), inst["log"]
-    slow = s["slowest"]
-    assert slow["total_s"] == max(i["total_s"] for i in s["instances"].values()), s
-    assert slow["phase_s"] == max(s["instances"][slow["instance"]]["phases"].values())
-    log = (job.dir / "logs" / "hpcserve-job.log").read_text()
-    assert f"slowest instance: {slow['instance']}" in log
-
-
 @pytest.mark.parametrize("p_nodes,d_nodes", [(1, 1), (2, 2), (1, 2)], ids=["1P1D", "1P2+1D2", "1P+1D2"])
 def test_pd_deployment_serves_and_answers(submit, dev_cluster, p_nodes, d_nodes):
     # a simulated load time, so that the engines' phases are no mere instants
@@ -52,8 +25,9 @@ def test_pd_deployment_serves_and_answers(submit, dev_cluster, p_nodes, d_nodes)
     st = job.wait({"serving", "failed", "cancelled"}, 90)
     assert st["phase"] == "serving", job.logs()
     # written as it starts serving, then Slurm's queue wait beside it
-    _check_startup(job.wait_until(lambda s: (s.get("startup") or {}).get("queue_wait_s")
-                                  is not None, 10), job)
+    # (SGLang 0.5.23's lines, printed by its stand-in)
+    check_startup(job.wait_until(lambda s: (s.get("startup") or {}).get("queue_wait_s")
+                                 is not None, 10), job.dir, "Load weight end. ")
     # state.json told the truth at each phase, in order, with the endpoint once the router was up
     assert _phases(st) == ORDER
     assert st["engines_ready_count"] == st["engines_total"] == 2

@@ -1,6 +1,6 @@
 """The real-engine tier: vLLM's CPU release (scripts/setup-vllm-cpu.sh, built once per version and
-kept) serving weight-less tiny models that hpcserve writes itself, launched by `hpcserve submit` on
-the real test cluster. A setup failure FAILS these tests: they must not skip where CI runs them."""
+kept) serving tiny models that hpcserve writes itself (weight-less, and one llama with a real
+checkpoint), launched by `hpcserve submit` on the real test cluster. A setup failure FAILS these tests: they must not skip where CI runs them."""
 
 from __future__ import annotations
 
@@ -43,6 +43,16 @@ def tiny_models(vllm_cpu, dev_cluster) -> dict[str, str]:
                        timeout=120)
         out[shape] = str(d)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_weights(vllm_cpu, dev_cluster) -> str:
+    """The tiny llama with a real (tiny, patterned) checkpoint, for the test that loads weights:
+    vLLM's dummy loader logs no weights line, its default loader does."""
+    d = Path(dev_cluster.state_dir).parent / "models" / "tiny-llama-weights"
+    subprocess.run([str(vllm_cpu), str(TINY), str(d), "--shape", "llama", "--weights"],
+                   check=True, timeout=120)
+    return str(d)
 
 
 @pytest.fixture

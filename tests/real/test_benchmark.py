@@ -21,6 +21,8 @@ import yaml
 from conftest import hpcserve_runner, real_deployment, write_deployment
 from test_vllm_cpu import _job_id, _status, read_state, wait_no_job_processes, wait_state
 
+from jobkit import check_startup  # tests/jobs, on sys.path since test_vllm_cpu's import
+
 pytestmark = [pytest.mark.slurm, pytest.mark.real_engine]
 
 POINTS = [1, 4]
@@ -83,12 +85,16 @@ def test_the_gate_fails_a_benchmark_that_proves_nothing(hs_module, dev_cluster, 
 
 
 def test_a_real_vllm_on_cpu_benchmarked_by_its_own_client_then_the_job_ends(
-        hs, dev_cluster, tiny_models, tmp_path):
-    """The real engine, its own `vllm bench serve` from the same environment (the site's engine
-    python), then `then: stop`: the job ends done, the report draws it."""
+        hs, dev_cluster, tiny_llama_weights, tmp_path):
+    """The real engine loading a real (tiny) checkpoint, its start-up in phases from its own
+    lines, its own `vllm bench serve` from the same environment (the site's engine python), then
+    `then: stop`: the job ends done, the report draws it."""
     jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
-    dep = real_deployment("real-bench", tiny_models["llama"], "tiny-llama", jobs, {},
+    dep = real_deployment("real-bench", tiny_llama_weights, "tiny-llama", jobs, {},
                           str(Path(dev_cluster.state_dir).parent / "inductor-cache"))
+    # vLLM's default loader reads model.safetensors and logs "Loading weights took"
+    # (model_loader/default_loader.py, 0.32.0); the dummy loader logs no such line
+    del dep["roles"]["worker"]["args"]["load-format"]
     dep["benchmark"] = {"input_tokens": IN, "output_tokens": OUT, "concurrency": POINTS,
                         "prompts_per_point": PROMPTS, "warmup": 1}
     out = hs("submit", str(write_deployment(tmp_path, dep)), check=False).stdout
@@ -101,7 +107,11 @@ def test_a_real_vllm_on_cpu_benchmarked_by_its_own_client_then_the_job_ends(
     assert [(p["label"], p["completed"], p["output_tokens"]) for p in b["points"]] == [
         (f"c{c}", PROMPTS, PROMPTS * OUT) for c in POINTS]
     raw = json.loads((job_dir / "bench" / "c4.json").read_text())
-    assert raw["backend"] == "openai" and raw["tokenizer_id"] == tiny_models["llama"]
+    assert raw["backend"] == "openai" and raw["tokenizer_id"] == tiny_llama_weights
+    check_startup(st, job_dir, "Loading weights took ")
+    (inst,) = st["startup"]["instances"].values()
+    for phases in (st["startup"]["phases"], inst["phases"]):
+        assert phases["engine_load"] > 0 and phases["engine_warmup"] > 0, st["startup"]
     # the real engine's own metrics, scraped while it ran
     assert "vllm:generation_tokens_total" in (job_dir / "bench" / "metrics" /
                                               "worker-0.prom").read_text()
