@@ -193,10 +193,13 @@ def test_report_writes_the_table_the_plots_and_a_page_a_browser_renders(passed_j
     for name in ("throughput.png", "latency.png"):
         w, h = _png_size(tmp_path / "r" / name)
         assert (w, h) == (700, 450)
+    # the job's start-up in phases (state.json) is drawn too: one bar, so a low figure
+    w, h = _png_size(tmp_path / "r" / "startup.png")
+    assert w == 700 and 100 < h < 450, (w, h)
     _plot_points_are_the_results(tmp_path / "r", got)
     page = tmp_path / "r" / "report.html"
     dom, shot = _chromium(page, tmp_path)
-    assert "<table id=\"results\">" in dom and dom.count("data:image/png;base64,") == 2
+    assert "<table id=\"results\">" in dom and dom.count("data:image/png;base64,") == 3
     for c in POINTS:
         assert f"<td>c{c}</td>" in dom
     assert _png_size(shot) == (1000, 1400) and shot.stat().st_size > 20_000
