@@ -336,12 +336,24 @@ def _short_job(file, sets, what: str, **only) -> tuple:
     return rc, ops.job_state(runner, res.job_dir)
 
 
+def _short_job_options(record: str):
+    """FILE, --set, --json and --in-allocation: the options of a command that runs FILE as a
+    short job of its own (preflight, stage)."""
+    def wrap(f):
+        for option in reversed((
+                _file_arg, _set_opt,
+                click.option("--json", "as_json", is_flag=True,
+                             help=f"print state.json's {record}"),
+                click.option("--in-allocation", is_flag=True,
+                             help="run as steps of the allocation this shell is in (salloc, "
+                                  "your batch script)"))):
+            f = option(f)
+        return f
+    return wrap
+
+
 @main.command(short_help="Run FILE's node checks as a short job before a long one.")
-@_file_arg
-@_set_opt
-@click.option("--json", "as_json", is_flag=True, help="print state.json's preflight block")
-@click.option("--in-allocation", is_flag=True,
-              help="run as steps of the allocation this shell is in (salloc, your batch script)")
+@_short_job_options("preflight block")
 def preflight(file, sets, as_json, in_allocation):
     """Run FILE's preflight checks as a short job of its own, before a long one: the same
     allocation, ten minutes, no engines. Prints one row per node; exit 1 if a check failed.
@@ -362,11 +374,7 @@ def preflight(file, sets, as_json, in_allocation):
 
 
 @main.command(short_help="Copy FILE's model to its nodes' stage cache as a job of its own.")
-@_file_arg
-@_set_opt
-@click.option("--json", "as_json", is_flag=True, help="print state.json's stage record")
-@click.option("--in-allocation", is_flag=True,
-              help="run as steps of the allocation this shell is in (salloc, your batch script)")
+@_short_job_options("stage record")
 def stage(file, sets, as_json, in_allocation):
     """Stage FILE's model on its nodes ahead of time (model.stage, as a job of its own: the same
     allocation, no engines): each node's stage cache (site.paths.stage_dir) gets a copy checked
@@ -382,10 +390,11 @@ def stage(file, sets, as_json, in_allocation):
     if as_json:
         click.echo(json.dumps(result, indent=1))
     elif result:
-        click.echo("node outcome read_shared_bytes took_s")
-        for node, r in result["nodes"].items():
-            click.echo(f"{node} {r['outcome']} {r.get('read_shared', 0)} {r.get('took_s', '-')}"
-                       + (f"  {r['detail']}" if r.get("detail") else ""))
+        from .table import columns
+        rows = [("node", "outcome", "bytes read from the shared path", "took s", "detail")]
+        rows += [(node, r["outcome"], f"{r.get('read_shared', 0):,}", str(r.get("took_s", "-")),
+                  r.get("detail") or "") for node, r in result["nodes"].items()]
+        click.echo("\n".join(columns(rows)))
     sys.exit(rc)
 
 

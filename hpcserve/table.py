@@ -58,7 +58,8 @@ def _ports(i) -> str:
     return ",".join([str(i.port)] + [f"{k}={v}" for k, v in i.port_labels if k != "http"])
 
 
-def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+def columns(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows with every column padded to its widest cell, trailing spaces cut."""
     widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
@@ -78,7 +79,7 @@ def topology(p: Plan) -> list[str]:
                          f"{p.router.port},metrics={p.router.prometheus_port}"))
         rows += [(str(c.index), str(n), "(idle)", "-", "-", "-", "-")
                  for n in range(c.nodes) if n not in used]
-    return _columns(rows)
+    return columns(rows)
 
 
 _SHELL_WORD = re.compile(r"""(?:'[^']*'|"(?:[^"\\]|\\.)*"|[^\s'"])+""")
@@ -138,7 +139,7 @@ def _legend(names: list[str]) -> list[str]:
         rows.append((f"  ${n}", VARIABLES.get(n) or (
             f"the address of {role.lower()}-{k[:-3]}'s node rank 0" if per_role
             else "set by the launch script")))
-    return [head + ", which sets:", *_columns(rows)]
+    return [head + ", which sets:", *columns(rows)]
 
 
 def commands(p: Plan) -> list[str]:
@@ -214,7 +215,7 @@ def plan_argv(p: Plan) -> str:
                         for i in p.instances}
                 rows.append((str(c.index), str(n), "router", "-", "-", str(p.router.port),
                              p.router.name + " " + " ".join(show(w, vals) for w in p.router.argv)))
-    out += _columns(rows)
+    out += columns(rows)
     out += [f"note: {n}" for n in p.notes]
     out += fit_table(list(p.fits)) if p.fits else []
     return "\n".join(out)

@@ -150,7 +150,8 @@ def _two_jobs_at_once(procs, hs, env, jobs_dir, model, stage_dir, staged, tmp_pa
                      site={"slurm": {"extra_directives": {"nodelist": "node1"}}})
             f = tmp_path / f"{name}.yaml"
             f.write_text(json.dumps(d))
-            procs[name] = subprocess.Popen([hs, "stage", str(f), "--json"], env=env,
+            json_out = ["--json"] if name == "t-stage-a" else []   # b prints its table
+            procs[name] = subprocess.Popen([hs, "stage", str(f), *json_out], env=env,
                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                            text=True)
 
@@ -161,6 +162,8 @@ def _two_jobs_at_once(procs, hs, env, jobs_dir, model, stage_dir, staged, tmp_pa
               why=lambda: "\n".join(str(p) for p in jobs_dir.glob("*/logs/*")))
     outs = {n: p.communicate(timeout=90) for n, p in procs.items()}
     assert all(p.returncode == 0 for p in procs.values()), outs
-    got = sorted(json.loads(out)["nodes"]["node1"]["outcome"] for out, _ in outs.values())
+    head, row = outs["t-stage-b"][0].splitlines()   # the table: a header and node1's row
+    assert head.split()[:2] == ["node", "outcome"] and row.split()[0] == "node1", outs
+    got = sorted([json.loads(outs["t-stage-a"][0])["nodes"]["node1"]["outcome"], row.split()[1]])
     assert got == ["copied", "waited"], outs
     _copy_matches(stage_dir / staged.name)
