@@ -506,6 +506,19 @@ def startup_line(v: View) -> str | None:
     return "; ".join(words)
 
 
+def caches_line(v: View) -> str | None:
+    """Whether the compile caches kept between jobs were warm as the instances first started
+    (state.json's caches, runtime/caches.py): how many of every node's caches, and where they
+    live; None where the site keeps none or before the instances are up."""
+    c = v.state.get("caches") if isinstance(v.state, dict) else None
+    if not isinstance(c, dict) or not c.get("instances"):
+        return None
+    verdicts = [w for nodes in c["instances"].values() for caches in nodes.values()
+                for w in caches.values()]
+    return (f"  compile caches ({c['storage']} {c['dir']}): {verdicts.count('warm')} of "
+            f"{len(verdicts)} warm")
+
+
 def failure_detail(v: View, lines: int = 10) -> str:
     """For a failed deployment: which log holds the cause, and its last lines."""
     f = v.failure or {}
@@ -530,8 +543,8 @@ def status_table(views: list[View], instances: bool = False) -> str:
     head, *lines = _columns(rows)
     out = [head]
     for v, line in zip(views, lines):
-        start = startup_line(v) if instances else None
-        out += [line] + ([start] if start else []) + (instance_lines(v) if instances else [])
+        more = [w for w in (startup_line(v), caches_line(v)) if w] if instances else []
+        out += [line] + more + (instance_lines(v) if instances else [])
     return "\n".join(out)
 
 

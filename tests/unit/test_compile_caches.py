@@ -106,3 +106,17 @@ def test_the_launch_script_reports_each_cache_cold_then_warm(tmp_path):
     spec = json.loads((job / "plan.json").read_text())["caches"]
     assert spec["storage"] == "node-local" and spec["dir"] == str(cache)
     assert caches.words({"n1": got}).startswith("n1: vllm warm, triton warm")
+
+
+def test_status_says_how_many_caches_were_warm_and_where_they_live():
+    from hpcserve.ops import View, caches_line, status_table
+    v = View("7", "d", "/j", None)
+    v.state = {}
+    assert caches_line(v) is None                      # a site that keeps no caches
+    v.state = {"phase": "serving", "caches": {
+        "dir": "/raid/hpcserve-cache", "storage": "node-local", "instances": {
+            "worker-0": {"n1": {"vllm": "warm", "triton": "cold"}},
+            "worker-1": {"n2": {"vllm": "warm", "triton": "warm"}}}}}
+    assert caches_line(v) == "  compile caches (node-local /raid/hpcserve-cache): 3 of 4 warm"
+    assert caches_line(v) in status_table([v], instances=True).splitlines()
+    assert caches_line(v) not in status_table([v])     # the one-line-per-job table stays so
