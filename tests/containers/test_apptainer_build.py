@@ -150,8 +150,9 @@ def test_each_job_builds_once_a_later_job_reuses_and_two_at_once_build_once(tmp_
     two = [_job(jobs, n) for n in ("a", "b")]
     monkeypatch.setenv("HPCSERVE_FAKE_APPTAINER_BUILD_SECONDS", "1.0")
     procs = [j.discovery.start_image_import() for j in two]
-    seen_partial = False
+    seen_partial, end = False, time.time() + 60   # each build takes 1 s
     while any(p.poll() is None for p in procs):
+        assert time.time() < end, "the two image builds did not end within 60 s"
         # whoever looks meanwhile finds no file or a whole one, never apptainer's partial output
         seen_partial |= sif.exists() and not whole(fakes, sif)
         time.sleep(0.05)
