@@ -116,13 +116,13 @@ class Recovery:
         return all(r.status == "serving" for r in self.recs.values())
 
     def kept(self, role: str | None = None) -> list[Rec]:
-        """The instances not drained on request (of `role`)."""
+        """The instances (of `role`) that are not leaving on request (draining or removed)."""
         return [r for r in self.recs.values()
-                if r.status != "removed" and role in (None, r.role)]
+                if r.status not in ("draining", "removed") and role in (None, r.role)]
 
     @staticmethod
     def needed(pol: dict, kept: list[Rec]) -> int:
-        """The role's minimum of serving instances, lowered by the ones drained on request."""
+        """The role's minimum of serving instances, lowered by those leaving on request."""
         return min(pol["min_serving"], len(kept))
 
     # -- a failure
