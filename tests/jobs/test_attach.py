@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import urllib.request
 
 import pytest
@@ -130,7 +131,9 @@ def test_a_cancelled_instance_job_leaves_the_front_router_before_its_engine_stop
     assert ist["phase"] == "serving", inst.logs()
     mine = f"http://{inst.node_rows('worker-0')[0][2]}:30000"
     assert mine in _workers(url)
-    inst.scancel()
+    # as `hpcserve cancel` stops a job: its orchestrator alone is signalled (a plain scancel
+    # signals every step at once, so nothing could leave the router first)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", inst.id], env=inst.env, check=True)
     assert inst.wait({"cancelled", "failed", "done"}, 30)["phase"] == "cancelled", inst.logs()
     assert mine not in _workers(url)
     log = (inst.dir / "logs" / "hpcserve-job.log").read_text()
