@@ -17,7 +17,8 @@ tick at a time, so that the others are probed and served meanwhile:
 The deployment's phase says how it serves meanwhile: degraded (an instance is out), recovering
 (a role has fewer serving instances than its minimum), failed only once an instance that its
 role needs has spent its restarts. state.json's "instances" keeps each instance's status and
-every attempt.
+every attempt. An instance drained on request (drain.py) leaves through the same steps, without
+a restart, and no longer counts against its role's minimum.
 """
 
 from __future__ import annotations
@@ -137,12 +138,11 @@ class Recovery:
         if rec.status in ("out", "failed", "removed"):
             return  # already out: a second word on the same failure
         job, at = self.job, now()
+        self.end_attempt(rec, reason, failure, at)
         if rec.status == "draining":  # out of the router already, and not to be restarted
-            self.end_attempt(rec, reason, failure, at)
             job.log(f"{name} {reason} while draining")
             self.stop_step(rec)
             return
-        self.end_attempt(rec, reason, failure, at)
         where = f" on node {failure['node']}" if failure.get("node") else ""
         job.log(f"{name} {reason}{where}: taking it out")
         if rec.status == "serving":
