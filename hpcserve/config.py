@@ -665,11 +665,13 @@ SOURCE_HEAD = ("# The deployment this job was rendered from, as submitted (--set
                "job itself.\n")
 
 
-def source_text(cfg: Resolved) -> str:
-    """The text of SOURCE_FILE: the configuration's source document, which load() reads back."""
+def source_text(source: dict) -> str:
+    """The text of SOURCE_FILE: a configuration's source document, which load() reads back.
+    YAML (PyYAML's dumper quotes what its loader would read as another type), not JSON, whose
+    1e-05 a YAML 1.1 loader reads as a string."""
     import yaml
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    return SOURCE_HEAD + yaml.dump(cfg.source, Dumper=dumper, sort_keys=False,
+    return SOURCE_HEAD + yaml.dump(source, Dumper=dumper, sort_keys=False,
                                    default_flow_style=False, allow_unicode=True)
 
 

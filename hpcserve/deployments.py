@@ -136,14 +136,3 @@ def instance_jobs(front: Entry, among: Iterable[Entry] | None = None) -> list[En
     return [e for e in (entries() if among is None else among)
             if e.front and e.front.rstrip("/") == jd and e.remote == front.remote]
 
-
-def front_of(entry: Entry) -> Entry:
-    """The front of the deployment `entry` belongs to: itself, or an instance job's front
-    (named by its job directory; an entry made up for it where the index has none)."""
-    if not entry.front:
-        return entry
-    found = find(entry.front, entry.remote)
-    if found is not None:
-        return found
-    name = entry.name.rsplit("-", 2)[0]  # <deployment>-<role>-<seq>
-    return Entry("?", name, entry.front, entry.remote, cluster=entry.cluster)

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import bench_sweep, engines, fit
 from .compile_caches import plan_caches
-from .config import Resolved, merged_settings, source_text
+from .config import Resolved, merged_settings
 from .engines.base import EngineAdapter, Layout, Net, RoleContext, gpus_from
 from .engines.bench_clients import CLIENTS, BenchPoint
 from .engines.flags import FlagError, Release
@@ -170,7 +170,9 @@ class Plan:
     startup_lines: tuple = ()
     # an instance job (`hpcserve scale`): plan.json's attach, the running router it joins
     attach: dict | None = None
-    source: str = ""   # the deployment's source document (config.SOURCE_FILE), kept in the job
+    # the deployment's source document (config.SOURCE_FILE), kept in the job directory; written
+    # out only by the render (a plan is built many times over when its ports are moved)
+    source: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 
@@ -698,7 +700,7 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
              "prefill_s_per_token": dep.engine.sim_prefill_s_per_token,
              "decode_s_per_token": dep.engine.sim_decode_s_per_token},
         startup_lines=tuple(a.startup_lines(d.rel).items()),
-        source=source_text(cfg) if cfg.source else "",
+        source=cfg.source,
         warnings=tuple(d.warnings), notes=tuple(d.notes))
 
 

@@ -64,10 +64,10 @@ class Drain:
 def front(job: str, remote: str | None, runner, role: str) -> Front:
     """The serving front of JOB's deployment (an instance job named leads to its front), once
     it is known to have `role`; refused in one line otherwise."""
-    e = deployments.front_of(ops.resolve(job, remote, runner))
+    e = ops.resolve(job, remote, runner)
     spec = read_json(runner, posixpath.join(e.job_dir, "plan.json"))
     att = spec.get("attach") if isinstance(spec, dict) else None
-    if att:  # an instance job Slurm named (submitted elsewhere): its plan names its front
+    if att:  # an instance job: its plan names its front (which the index may not hold)
         e = deployments.find(att["front_job_dir"], e.remote) or deployments.Entry(
             att["front_job_id"], att["deployment"], att["front_job_dir"], e.remote)
         spec = read_json(runner, posixpath.join(e.job_dir, "plan.json"))

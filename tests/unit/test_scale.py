@@ -69,7 +69,7 @@ def test_an_instance_job_runs_one_role_no_router_and_names_the_front_s_router():
     assert not [k for k in files if "router" in k and not k.startswith("hpcserve_runtime/")]
     assert spec["benchmark"] is None
     # the front's deployment file travels on: a later `scale` of this job's front reads it
-    assert files[config.SOURCE_FILE][0] == plan.build(cfg).source
+    assert files[config.SOURCE_FILE][0] == config.source_text(cfg.source)
 
 
 def test_an_instance_job_moves_every_port_the_file_sets_too(tmp_path):
