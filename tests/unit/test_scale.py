@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import jsonschema
@@ -275,7 +276,7 @@ def test_remove_drains_the_newest_instance_job_s_instances_before_the_front_s(sc
                                      f"draining decode-0 of job 42 ({jd})"]
     for where, name in ((se.job_dir, "decode-1"), (se.job_dir, "decode-0"), (jd, "decode-0")):
         req = json.loads(Path(where, "run", "control", f"drain-{name}.json").read_text())
-        assert req["timeout_s"] == 45 and abs(req["requested_at"] - __import__("time").time()) < 60
+        assert req["timeout_s"] == 45 and abs(req["requested_at"] - time.time()) < 60
     assert sorted(p.name for p in Path(se.job_dir, "run", "control").iterdir()) == [
         "drain-decode-0.json", "drain-decode-1.json"]  # no temporary file left
     # requested already: not picked a second time, and none is left to drain
