@@ -2,7 +2,7 @@
 """Staging a model directory to 4 nodes (model.stage), on the local Slurm cluster (needs root;
 starts and stops its own cluster):
 
-    .venv/bin/python bench/bench_stage.py [runs] [MiB]
+    .venv/bin/python bench/bench_stage.py [runs] [MiB] [--shared-mibps B]
 
 Three ways, alternately in each of `runs` rounds (default 5) inside one 4-node allocation, each
 timed as the whole srun step (process start to exit), the model's pages dropped from the page
@@ -15,6 +15,13 @@ cache before each (posix_fadvise DONTNEED on every file: the shared path is read
 Reported: median seconds of each, its ratio to `own` measured in the same run, and the bytes read
 from the shared path. The model: 4 files of MiB/4 (default 512 MiB in all), random bytes. Each
 node's stage directory is its own (its slurmd in a private mount namespace, bind-mounted).
+
+--shared-mibps B emulates a parallel file system whose bandwidth, B MiB/s, all readers share:
+the model lives on an ext4 image on a loop device whose reads the kernel throttles to B MiB/s
+(cgroup v1 blkio.throttle.read_bps_device), and each node mounts it read-only through a loop
+device of its own (direct I/O onto the throttled one), so each node has its own page cache, as
+separate machines do, while every byte any node reads from the shared path passes the one
+throttle. Without it the shared path is this host's disk, read through one page cache.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -66,13 +74,68 @@ if comm.rank == 0:
 
 
 def drop_cache(model: Path) -> None:
-    for f in model.rglob("*"):
+    for f in sorted(model.rglob("*")):
         if f.is_file():
             fd = os.open(f, os.O_RDONLY)
             try:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
+
+
+class SharedFS:
+    """The model on a throttled loop device, mounted once per node (see the module's text)."""
+
+    THROTTLE = "/sys/fs/cgroup/blkio/blkio.throttle.read_bps_device"
+
+    def __init__(self, base: Path, mibps: int) -> None:
+        self.base, self.mibps = base, mibps
+        self.devices: list = []
+        self.mounts: list = []
+
+    def _sh(self, *argv: str) -> str:
+        return subprocess.run(argv, check=True, capture_output=True, text=True).stdout.strip()
+
+    def create(self, mib: int, fill) -> None:
+        """An ext4 image holding the model (written by `fill(directory)`), then one read-only
+        mount per node under base/shared/NODE, all reads throttled on the image's device."""
+        image = self.base / "shared.img"
+        self._sh("truncate", "-s", f"{mib + 64 + mib // 8}M", str(image))
+        self._sh("mkfs.ext4", "-q", "-F", str(image))
+        self.devices.append(self._sh("losetup", "-f", "--show", str(image)))
+        writer = self.base / "shared-write"
+        writer.mkdir()
+        self._mount(self.devices[0], writer, "rw")
+        shutil.rmtree(writer / "lost+found")  # mkfs's, not the model's
+        fill(writer)
+        self._umount(writer)
+        majmin = self._sh("lsblk", "-dno", "MAJ:MIN", self.devices[0]).strip()
+        Path(self.THROTTLE).write_text(f"{majmin} {self.mibps << 20}\n")
+        self.majmin = majmin
+        for n in NODES:
+            dev = self._sh("losetup", "-f", "--show", "-r", "--direct-io=on", self.devices[0])
+            self.devices.append(dev)
+            (self.base / "shared" / n).mkdir(parents=True)
+            self._mount(dev, self.base / "shared" / n, "ro,noload")
+
+    def node_dir(self, node: str) -> Path:
+        return self.base / "shared" / node
+
+    def _mount(self, dev: str, at: Path, opts: str) -> None:
+        self._sh("mount", "-o", opts, dev, str(at))
+        self.mounts.append(at)
+
+    def _umount(self, at: Path) -> None:
+        self._sh("umount", str(at))
+        self.mounts.remove(at)
+
+    def remove(self) -> None:
+        for at in list(self.mounts):
+            subprocess.run(["umount", str(at)], check=False)
+        if getattr(self, "majmin", None):
+            Path(self.THROTTLE).write_text(f"{self.majmin} 0\n")
+        for dev in reversed(self.devices):
+            subprocess.run(["losetup", "-d", dev], check=False)
 
 
 def timed(argv: list, env: dict) -> tuple:
@@ -84,8 +147,9 @@ def timed(argv: list, env: dict) -> tuple:
     return took, p.stdout
 
 
-def inner(job_dir: str, model: str, stage_dir: str, runs: int) -> None:
-    """In the allocation: the three ways, `runs` rounds."""
+def inner(job_dir: str, model: str, stage_dir: str, runs: int, caches: list) -> None:
+    """In the allocation: the three ways, `runs` rounds. `caches`: the directories whose page
+    cache is the shared path's (one per node with --shared-mibps)."""
     env = dict(os.environ)
     srun = ["srun", "--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "--overlap"]
     spec = json.load(open(os.path.join(job_dir, "plan.json")))["stage"]
@@ -102,7 +166,8 @@ def inner(job_dir: str, model: str, stage_dir: str, runs: int) -> None:
     for _ in range(runs):
         for way in ("own", "chain", "mpi"):
             subprocess.run(clear, env=env, check=True)
-            drop_cache(Path(model))
+            for c in caches:
+                drop_cache(Path(c))
             if way == "own":
                 t, _ = timed(srun + ["cp", "-r", model, f"{stage_dir}/own"], env)
                 out["read"]["own"] = 4 * total
@@ -126,30 +191,52 @@ def inner(job_dir: str, model: str, stage_dir: str, runs: int) -> None:
 
 def main() -> None:
     if sys.argv[1:2] == ["--inner"]:
-        return inner(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+        return inner(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]),
+                     sys.argv[6].split(","))
     from hpcserve import config, plan
     from hpcserve.devcluster.cluster import DevCluster
     from hpcserve.render import render_files, write_job
-    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-    mib = int(sys.argv[2]) if len(sys.argv) > 2 else 512
+    args = sys.argv[1:]
+    mibps = 0
+    if "--shared-mibps" in args:
+        i = args.index("--shared-mibps")
+        mibps = int(args[i + 1])
+        del args[i:i + 2]
+    # SIGTERM (timeout, kill) ends through the `finally` below: the cluster, mounts, loop
+    # devices and the throttle are this run's and go with it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    runs = int(args[0]) if args else 5
+    mib = int(args[1]) if len(args) > 1 else 512
     cluster = DevCluster(str(BASE / "cluster"), nodes=4, subnet="10.253.9.0/24", prefix="hss",
                          pin_cpus=False)
     cluster.down()
     cluster.up()
     env = cluster.client_env()
     env["PATH"] = str(Path(sys.executable).parent) + ":" + env["PATH"]
+    shared = SharedFS(BASE, mibps)
     try:
         model, stage_dir = BASE / "model", BASE / "stage"
         model.mkdir(parents=True, exist_ok=True)
         stage_dir.mkdir(exist_ok=True)
-        for i in range(4):
-            with open(model / f"model-{i + 1:05d}-of-00004.safetensors", "wb") as f:
-                for _ in range(mib // 4):
-                    f.write(os.urandom(1 << 20))
+
+        def fill(directory: Path) -> None:
+            for i in range(4):
+                with open(directory / f"model-{i + 1:05d}-of-00004.safetensors", "wb") as f:
+                    for _ in range(mib // 4):
+                        f.write(os.urandom(1 << 20))
+        if mibps:
+            shared.create(mib, fill)
+            caches = [str(shared.node_dir(n)) for n in NODES]
+        else:
+            fill(model)
+            caches = [str(model)]
         for n in NODES:
             (BASE / "local" / n).mkdir(parents=True, exist_ok=True)
+            binds = {str(stage_dir): str(BASE / "local" / n)}
+            if mibps:
+                binds[str(model)] = str(shared.node_dir(n))
             cluster.crash_node(n)
-            cluster.restart_node(n, binds={str(stage_dir): str(BASE / "local" / n)})
+            cluster.restart_node(n, binds=binds)
         f = BASE / "d.yaml"
         f.write_text(json.dumps({
             "name": "bench-stage", "site": {"base": "local", "paths": {
@@ -162,7 +249,7 @@ def main() -> None:
         p = subprocess.run(["sbatch", "--wait", "-N4", "-p", "local", "-t", "60", "-o",
                             str(BASE / "bench.out"), "--wrap",
                             f"{sys.executable} {Path(__file__).resolve()} --inner {job} {model} "
-                            f"{stage_dir} {runs}"], env=env, capture_output=True, text=True)
+                            f"{stage_dir} {runs} {','.join(caches)}"], env=env, capture_output=True, text=True)
         text = (BASE / "bench.out").read_text()
         if p.returncode != 0 or "RESULT " not in text:
             raise SystemExit(f"the bench job failed: {p.stderr}{text[-3000:]}")
@@ -171,10 +258,14 @@ def main() -> None:
         for n in NODES:
             cluster.crash_node(n)
         cluster.down()
+        shared.remove()
         shutil.rmtree(BASE, ignore_errors=True)
     med = statistics.median
     own = med(res["own"])
-    print(f"model: {res['model_bytes'] / 2**20:.0f} MiB in 4 files, 4 nodes, {runs} rounds")
+    where = (f"a shared path of {mibps} MiB/s for all readers together" if mibps
+             else "the shared path on this host's disk")
+    print(f"model: {res['model_bytes'] / 2**20:.0f} MiB in 4 files, 4 nodes, {runs} rounds, "
+          f"{where}")
     for way in ("own", "chain", "mpi"):
         m = med(res[way])
         print(f"{way:6s} {m:6.2f} s (median; min {min(res[way]):.2f}, max {max(res[way]):.2f})"

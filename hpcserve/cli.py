@@ -18,7 +18,8 @@ from .records import record
 # here is listed under "other" (tests/unit/test_cli_help.py refuses that).
 SECTIONS = (
     ("author a deployment", ("plan", "render", "schema", "profiles")),
-    ("run and operate", ("preflight", "stage", "submit", "status", "list", "logs", "cancel")),
+    ("run and operate", ("preflight", "stage", "submit", "status", "list", "logs", "scale",
+                         "cancel")),
     ("measure", ("bench", "report")),
     ("local test cluster", ("dev-cluster",)),
 )
@@ -425,6 +426,7 @@ def status(jobs, as_json, probe, follow):
 
     if jobs:
         entries = [ops.resolve(j, remote, runner_of(remote)) for j in jobs]
+        entries += [s for e in entries for s in deployments.instance_jobs(e) if s not in entries]
     else:
         entries = [e for e in deployments.entries() if not remote or e.remote == remote]
     if follow:
@@ -442,7 +444,9 @@ def status(jobs, as_json, probe, follow):
                 click.echo(detail)
     else:
         click.echo("no deployments")
-    failed = [v for v in views if v.summary_phase == "failed" or v.ended]
+    # an instance job listed under its front decides the exit code only where it was named
+    failed = [v for v in views if (v.summary_phase == "failed" or v.ended)
+              and (not v.front or v.job_id in jobs)]
     sys.exit(1 if failed and jobs else 0)
 
 
@@ -652,21 +656,75 @@ def report(jobs, as_json, out):
     sys.exit(0 if all(j.bench["passed"] for j in loaded) else 1)
 
 
+@main.command(short_help="Add or drain instances of a serving deployment's role.")
+@click.argument("job")
+@click.option("--role", required=True, help="the role to scale: prefill, decode or worker")
+@click.option("--add", type=int, metavar="N", help="submit an instance job of N instances")
+@click.option("--remove", type=int, metavar="N", help="drain N serving instances")
+@click.option("--drain-timeout", type=click.FloatRange(0, min_open=True), default=300.0,
+              show_default=True, metavar="S",
+              help="--remove: how long each drained instance's requests may take to finish")
+@click.option("--wait", "-w", is_flag=True,
+              help="--remove: wait until each instance is removed (drain timeout + 30 s)")
+def scale(job, role, add, remove, drain_timeout, wait):
+    """Change a serving deployment's capacity. --add N submits an instance job of N instances of
+    ROLE (the deployment as submitted, under <job dir>/scale/<role>-<seq>/): each joins the
+    router once it answers its smoke request. --remove N drains N serving instances, the newest
+    instance job's first: out of the router, in-flight requests finished, then stopped; an
+    instance job left with none ends.
+
+    \b
+    Example:
+      hpcserve scale 12345 --role decode --add 2
+      hpcserve --remote me@login.example.org scale 12345 --role decode --remove 1 --wait
+    """
+    from . import scale as sc
+    if (add is None) == (remove is None):
+        raise HpcserveError("give one of --add N or --remove N")
+    if (add if add is not None else remove) < 1:
+        raise HpcserveError(f"--{'add' if add is not None else 'remove'} takes a number of "
+                            "instances of 1 or more")
+    ssh = _ssh()
+    f = sc.front(job, ssh.remote, ssh.runner(ssh.remote), role)
+    runner = ssh.runner(f.entry.remote)  # where the deployment was submitted
+    if add is not None:
+        res = sc.add(f, runner, f.entry.remote, role, add)
+        click.echo(f"submitted job {res.job_id}: {res.name}, {add} {role} instance(s) joining "
+                   f"{f.view.endpoint}")
+        click.echo(f"job directory: {res.job_dir}")
+        return
+    drains = sc.pick(f, runner, role, remove)
+    sc.request(runner, drains, drain_timeout)
+    for d in drains:
+        click.echo(f"draining {d.instance} of job {d.entry.job_id} ({d.entry.job_dir})")
+    if wait:
+        sys.exit(sc.wait_removed(runner, drains, drain_timeout, click.echo))
+
+
 @main.command(short_help="Stop a deployment gracefully: router first, then engines.")
 @click.argument("job")
 @click.option("--wait", "-w", is_flag=True, help="wait until the teardown is complete")
 def cancel(job, wait):
-    """Stop a deployment through its own graceful path (router first, then engines).
+    """Stop a deployment through its own graceful path (router first, then engines), then
+    each of its instance jobs (`hpcserve scale`) that still runs. An instance job named stops
+    alone (its instances leave the router first).
 
     \b
     Example:
       hpcserve cancel 12345 --wait
     """
-    from . import ops
+    from . import deployments, ops
+    from .runtime.contract import TERMINAL_PHASES
     ssh = _ssh()
     e = ops.resolve(job, ssh.remote, ssh.runner(ssh.remote))
     runner = ssh.runner(e.remote)  # where the job was submitted
-    sys.exit(ops.cancel(e, runner, wait=wait, echo=click.echo))
+    rc = ops.cancel(e, runner, wait=wait, echo=click.echo)
+    rest = [] if e.front else deployments.instance_jobs(e)
+    for v in ops.status(rest, lambda _r: runner) if rest else []:
+        if v.summary_phase not in TERMINAL_PHASES and not v.ended:
+            sub = next(x for x in rest if x.job_dir == v.job_dir)
+            rc = max(rc, ops.cancel(sub, runner, wait=wait, echo=click.echo))
+    sys.exit(rc)
 
 
 def run() -> None:

@@ -647,6 +647,41 @@ class Resolved:
     site_file: str | None
     profile_file: str
     positions: Positions = field(compare=False, repr=False)
+    # The deployment as submitted, as one document that load() rebuilds it from (source_text).
+    source: dict = field(default_factory=dict, compare=False, repr=False)
+
+
+# The job directory keeps the deployment it was rendered from (render.py: deployment.yaml), so
+# `hpcserve scale` rebuilds the same configuration after the user's file changed or went away.
+# Kept as one canonical document rather than the file's text, the --set list and a base
+# directory: that document has the --set values applied, the site merged in as a mapping (a site
+# file edited since cannot change it) and a profile given as a path made absolute, so it loads
+# alone, anywhere. The keys it holds are exactly those the file and the --set gave (no defaults
+# filled in), so what the file sets (its ports, say) stays told apart from a default on reload.
+# Secrets never reach it: load() refuses a secret value (from_env names a variable instead).
+SOURCE_FILE = "deployment.yaml"
+SOURCE_HEAD = ("# The deployment this job was rendered from, as submitted (--set applied, the site "
+               "merged in):\n# `hpcserve scale` rebuilds instance jobs from it. Not read by the "
+               "job itself.\n")
+
+
+def source_text(source: dict) -> str:
+    """The text of SOURCE_FILE: a configuration's source document, which load() reads back.
+    YAML (PyYAML's dumper quotes what its loader would read as another type), not JSON, whose
+    1e-05 a YAML 1.1 loader reads as a string."""
+    import yaml
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return SOURCE_HEAD + yaml.dump(source, Dumper=dumper, sort_keys=False,
+                                   default_flow_style=False, allow_unicode=True)
+
+
+def _source(raw: dict, site_doc: dict, profile_named: str, profile_file: str) -> dict:
+    """The deployment's canonical source document (see SOURCE_FILE)."""
+    out = copy.deepcopy(raw)
+    out["site"] = copy.deepcopy(site_doc)
+    if "/" in profile_named or profile_named.endswith((".yaml", ".yml")):
+        out["model"]["profile"] = str(Path(profile_file).resolve())
+    return out
 
 
 def set_source(expr: str) -> str:
@@ -830,7 +865,8 @@ def load(deploy_file: str | Path, sets: list[str] | tuple[str, ...] = ()) -> Res
     profile, profile_file = load_profile(dep.model.profile, pos.lookup(("model", "profile")),
                                          dpath.parent)
     return Resolved(deployment=dep, site=site, profile=profile, deploy_file=str(dpath),
-                    site_file=site_file, profile_file=profile_file, positions=pos)
+                    site_file=site_file, profile_file=profile_file, positions=pos,
+                    source=_source(raw, site_doc, dep.model.profile, profile_file))
 
 
 def schemas() -> dict[str, dict]:

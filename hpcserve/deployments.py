@@ -41,6 +41,9 @@ class Entry:
     submitted_at: float = 0.0
     cluster: str | None = None   # Slurm's ClusterName (None: not known, an older entry)
     allocation: str | None = None  # run as steps of this allocation (job_id is the same)
+    # An instance job (`hpcserve scale`): its deployment's front job directory. None: a front
+    # (the deployment as submitted). An instance job is keyed by its own job directory.
+    front: str | None = None
 
     @property
     def handle(self) -> str:
@@ -120,6 +123,16 @@ def reference(entry: Entry) -> str:
 
 
 def new_entry(job_id: str, name: str, job_dir: str, remote: str | None,
-              cluster: str | None = None, allocation: str | None = None) -> Entry:
+              cluster: str | None = None, allocation: str | None = None,
+              front: str | None = None) -> Entry:
     return Entry(job_id=job_id, name=name, job_dir=job_dir, remote=remote,
-                 submitted_at=time.time(), cluster=cluster, allocation=allocation)
+                 submitted_at=time.time(), cluster=cluster, allocation=allocation, front=front)
+
+
+def instance_jobs(front: Entry, among: Iterable[Entry] | None = None) -> list[Entry]:
+    """The instance jobs `hpcserve scale` submitted for the deployment whose front is `front`,
+    oldest first."""
+    jd = front.job_dir.rstrip("/")
+    return [e for e in (entries() if among is None else among)
+            if e.front and e.front.rstrip("/") == jd and e.remote == front.remote]
+

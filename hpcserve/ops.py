@@ -96,6 +96,14 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
                 if remote is not None:
                     runner.run(["rm", "-rf", "--", target], check=False)
         return (res.err or res.out).strip()
+    return submit_files(p.name, files, job_dir, runner=runner, remote=remote)
+
+
+def submit_files(name: str, files: dict, job_dir: str, *, runner, remote: str | None,
+                 front: str | None = None) -> Submitted:
+    """Write a rendered job directory where the runner runs, sbatch it, and record it in the
+    index (`front`: the front job directory of the deployment an instance job joins)."""
+    from .render import write_job
     if remote is None:
         write_job(files, job_dir)
     else:
@@ -109,9 +117,9 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
         cluster = cluster_name(runner)
     except SlurmUnreachable:
         cluster = None  # the job is queued: record it all the same, as a cluster not named
-    entry = deployments.new_entry(job_id, p.name, job_dir, remote, cluster)
+    entry = deployments.new_entry(job_id, name, job_dir, remote, cluster, front=front)
     deployments.record(entry)
-    return Submitted(job_id, job_dir, p.name, remote, entry)
+    return Submitted(job_id, job_dir, name, remote, entry)
 
 
 def _rendered(p, cfg, *, runner, remote: str | None, out: str | None,
@@ -195,14 +203,22 @@ def ports_in_use(runner, remote: str | None) -> set[int]:
         text = runner.read_text(posixpath.join(e.job_dir, "plan.json")) if q and \
             q.state in ACTIVE_SLURM else None
         try:
-            spec = json.loads(text) if text else {}
-            for i in spec.get("instances", []):
-                used |= {int(i["port"]), *map(int, i.get("ports", {}).values())}
-            r = spec.get("router") or {}
-            used |= {int(r[k]) for k in ("port", "prometheus_port") if r.get(k)}
-        except (ValueError, TypeError, KeyError, AttributeError):
+            used |= spec_ports(json.loads(text) if text else {})
+        except ValueError:
             continue  # not a plan we can read: nothing known about its ports
     return used
+
+
+def spec_ports(spec: dict) -> set[int]:
+    """The ports a plan.json binds: its engines' and its router's (ValueError: not a plan)."""
+    try:
+        used = set()
+        for i in spec.get("instances", []):
+            used |= {int(i["port"]), *map(int, i.get("ports", {}).values())}
+        r = spec.get("router") or {}
+        return used | {int(r[k]) for k in ("port", "prometheus_port") if r.get(k)}
+    except (TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"not a plan: {e}") from None
 
 
 def clear_of_my_other_deployments(p, cfg, runner, remote: str | None, warn):
@@ -268,6 +284,7 @@ class View:
     engines: str | None = None
     health: str | None = None
     allocation: str | None = None  # in an allocation the user holds: its job id
+    front: str | None = None       # an instance job: its deployment's front job directory
     driver: str | None = None      # its driver process: running, gone, elsewhere
     state: dict = field(default_factory=dict)
 
@@ -332,7 +349,7 @@ def status(entries: list[deployments.Entry], runner_of: Callable[[str | None], A
         queue = _squeue(runner)  # one call for every job on this cluster
         here = _listed_here(runner, es)
         for e in es:
-            v = View(e.job_id, e.name, e.job_dir, remote, allocation=e.allocation)
+            v = View(e.job_id, e.name, e.job_dir, remote, allocation=e.allocation, front=e.front)
             j = queue.get(e.job_id) if e in here or e.allocation else None
             if j is not None and j.name != e.name and not e.allocation:
                 j = None  # the id went to another job of this user's since
@@ -536,10 +553,29 @@ def _slurm_cell(v: View) -> str:
     return f"alloc {v.slurm_state or '-'}" if v.allocation else v.slurm_state or "-"
 
 
+def grouped(views: list[View]) -> list[tuple[View, bool]]:
+    """The views with each deployment's instance jobs (`hpcserve scale`) right under its front,
+    marked True; an instance job whose front is not among them stays where it was."""
+    under: dict[str, list[View]] = {}
+    for v in views:
+        if v.front:
+            under.setdefault(v.front.rstrip("/"), []).append(v)
+    out = []
+    for v in views:
+        if not v.front:
+            out += [(v, False)] + [(w, True) for w in under.pop((v.job_dir or "").rstrip("/"), [])]
+    left = {id(w) for ws in under.values() for w in ws}
+    return out + [(v, False) for v in views if id(v) in left]
+
+
 def status_table(views: list[View], instances: bool = False) -> str:
-    """One row per job; with `instances`, each serving job's instance lines under its row."""
+    """One row per job, a deployment's instance jobs indented under its front; with
+    `instances`, each serving job's instance lines under its row."""
+    order = grouped(views)
+    views = [v for v, _ in order]
     rows = [("JOB", "NAME", "SLURM", "PHASE")] + [
-        (v.job_id, v.name, _slurm_cell(v), describe(v)) for v in views]
+        (("  " if sub else "") + v.job_id, v.name, _slurm_cell(v), describe(v))
+        for v, sub in order]
     head, *lines = _columns(rows)
     out = [head]
     for v, line in zip(views, lines):

@@ -168,6 +168,11 @@ class Plan:
     sim: dict = field(default_factory=dict)
     # the engine release's start-up lines: (weights_loaded, regex or None), (ready, ...)
     startup_lines: tuple = ()
+    # an instance job (`hpcserve scale`): plan.json's attach, the running router it joins
+    attach: dict | None = None
+    # the deployment's source document (config.SOURCE_FILE), kept in the job directory; written
+    # out only by the render (a plan is built many times over when its ports are moved)
+    source: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 
@@ -296,6 +301,7 @@ class _Draft:
     files: dict[str, str] = field(default_factory=dict)  # job-dir path -> text
     fits: list = field(default_factory=list)             # fit.RoleFit per role
     port_shift: int = 0
+    shift_set_ports: bool = False   # an instance job: the ports the file sets move too
     router_port: int | None = None
     recovery: dict[str, dict] = field(default_factory=dict)  # role -> plan.json's block
     caches: tuple = ()                                   # compile_caches.CachePlan
@@ -318,6 +324,24 @@ def build(cfg: Resolved, port_shift: int = 0) -> Plan:
     router = _plan_router(d)
     _check_node_limit(d)
     return _finish(d, router)
+
+
+def instance_job(cfg: Resolved, role: str, count: int, seq: int, port_shift: int,
+                 attach: dict) -> Plan:
+    """An instance job of a running deployment (`hpcserve scale --add`): only `role`, `count`
+    instances of it, no router of its own (plan.json's attach names the front's), named
+    <name>-<role>-<seq>. It may land on nodes the front's or another instance job's engines
+    use, so every port moves by `port_shift`, those the file sets as well. No benchmark: the
+    deployment's is the front's."""
+    dep = cfg.deployment
+    roles = {role: replace(dep.roles[role], instances=count)}
+    cfg = replace(cfg, deployment=replace(dep, name=f"{dep.name}-{role}-{seq}", roles=roles,
+                                          benchmark=None))
+    d = _start(cfg)
+    d.roles, d.port_shift, d.shift_set_ports = [role], port_shift, True
+    _plan_role(d, 0, role)
+    _check_node_limit(d)
+    return replace(_finish(d, None), attach=attach)
 
 
 def _start(cfg: Resolved) -> _Draft:
@@ -367,7 +391,7 @@ def _reserve_router_ports(d: _Draft) -> None:
 
 def _shift_unless_set(d: _Draft, path: tuple) -> int:
     """The port shift, for a port the deployment file does not name."""
-    return 0 if path in d.cfg.positions.table else d.port_shift
+    return 0 if path in d.cfg.positions.table and not d.shift_set_ports else d.port_shift
 
 
 def _role_context(d: _Draft, role: str) -> tuple[RoleContext, int, int]:
@@ -523,7 +547,9 @@ def _plan_role(d: _Draft, ci: int, role: str) -> None:
         span = range(off, off + ctx.nodes)
         ports, labels = {}, []
         for req in a.ports(ctx, layout):
-            first = (getattr(r, req.field) if req.field else None) or req.preferred + d.port_shift
+            own = getattr(r, req.field) if req.field else None
+            first = ((own + d.port_shift if d.shift_set_ports else own) if own
+                     else req.preferred + d.port_shift)
             ports[req.kind] = d.ports.take(ci, span, first, stride=req.stride, width=req.width)
             if req.label:
                 labels.append((req.label, ports[req.kind]))
@@ -674,6 +700,7 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
              "prefill_s_per_token": dep.engine.sim_prefill_s_per_token,
              "decode_s_per_token": dep.engine.sim_decode_s_per_token},
         startup_lines=tuple(a.startup_lines(d.rel).items()),
+        source=cfg.source,
         warnings=tuple(d.warnings), notes=tuple(d.notes))
 
 

@@ -82,6 +82,9 @@ def job_spec(plan, job_dir: str) -> dict:
                        for c in plan.components],
         "instances": [_instance(plan, i) for i in plan.instances],
         "router": _router(plan),
+        # an instance job (`hpcserve scale`): the front's running router it registers its
+        # instances with; null for a deployment's front job
+        "attach": plan.attach,
         # the site's Prometheus file-SD directory (runtime/file_sd.py), or None
         "file_sd_dir": plan.file_sd_dir,
         # the compile caches kept between jobs (compile_caches.py), or None
@@ -244,6 +247,10 @@ SCHEMA = {
             "command": {"type": "array", "items": _WORD},
             "argv": {"type": "array", "items": _WORD},
             "env": {"type": "array", "items": {"type": "array", "prefixItems": [_STR, _WORD]}}})]},
+        "attach": {"anyOf": [{"type": "null"}, _obj({
+            "router_url": _STR, "workers_api": {"enum": ["queued", "direct"]},
+            "api_key_env": _OPT_STR, "front_job_id": _STR, "front_job_dir": _STR,
+            "deployment": _STR})]},
         "file_sd_dir": _OPT_STR,
         "caches": {"anyOf": [{"type": "null"}, _obj({
             "dir": _STR, "storage": {"enum": ["node-local", "shared"]},

@@ -17,6 +17,7 @@ from .compile_caches import CACHE_REPORTS
 from .containers import container_files, wrap_task
 from .engines.bench_clients import CLIENTS, BenchClient
 from .errors import HpcserveError
+from .config import SOURCE_FILE, source_text
 from .plan import Instance, Plan
 from .plan_json import dumps as spec_dumps
 from .plan_json import job_spec
@@ -235,6 +236,8 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
         files[path] = (text, 0o644)
     files.update(container_files(plan, jd))
     files["plan.json"] = (spec_dumps(job_spec(plan, jd)), 0o644)
+    if plan.source:  # `hpcserve scale` rebuilds the deployment from it (config.SOURCE_FILE)
+        files[SOURCE_FILE] = (source_text(plan.source), 0o644)
     files.update(runtime_files())
     if plan.simulate:
         sim = engines.get(plan.engine).sim_source()

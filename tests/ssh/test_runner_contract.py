@@ -196,3 +196,16 @@ def test_expand_path(runner: Any, tmp_path: Path, request: pytest.FixtureRequest
     assert runner.expand_path(str(tmp_path / "link")) == real
     assert runner.expand_path(str(tmp_path / "link" / "x" / ".." / "new")) == f"{real}/new"
     assert runner.expand_path(str(tmp_path / "link") + "/") == real
+
+
+def test_write_atomically_makes_the_directory_and_leaves_no_temporary_file(runner: Any,
+                                                                          tmp_path: Path) -> None:
+    # `hpcserve scale --remove` writes its drain requests so, here and over SSH alike
+    from hpcserve.scale import write_atomically
+    target = tmp_path / "run" / "control" / "drain-decode-1.json"
+    text = '{"timeout_s": 30, "why": "it\'s $HOME; `x`"}\n'
+    write_atomically(runner, str(target), text)
+    assert target.read_text() == text
+    write_atomically(runner, str(target), "{}\n")  # a second request replaces the first whole
+    assert target.read_text() == "{}\n"
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]

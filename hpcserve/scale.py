@@ -1,0 +1,221 @@
+"""`hpcserve scale`: a serving deployment's capacity, changed while it serves.
+
+A deployment as submitted is its front job (the router, the orchestrator, its own instances).
+`--add N` submits an instance job: the same deployment (rebuilt from the front's
+deployment.yaml, config.SOURCE_FILE) with only one role, N instances and no router, whose
+plan.json `attach` names the front's running router; its orchestrator registers each instance
+there once the instance answered its smoke request (runtime/contract.py, spec 9). `--remove N`
+writes a drain request into the job directory that runs each instance picked; that job's
+orchestrator takes the instance out of the router, lets its requests finish, then stops it.
+Everything goes through the runner, so it works on the login node and over --remote alike.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from . import deployments, ops
+from .errors import HpcserveError
+from .records import record
+from .runtime.contract import SERVING_PHASES
+from .slurm.runner import read_json
+
+SCALE_DIR = "scale"          # <front job dir>/scale/<role>-<seq>/: each instance job
+CONTROL_DIR = "run/control"  # <job dir>/run/control/drain-<instance>.json: drain requests
+WAIT_MARGIN_S = 30           # --wait: the drain's own timeout, and this for the stop after it
+# Why a router's worker API (plan.json router.workers_api) cannot take a new worker while it
+# runs (runtime/workers.py says which router release answers how).
+CANNOT_ADD = {"remove-only": "it takes workers out while it runs, but adds one only by a "
+                             "restart",
+              "restart": "it learns its workers only when it starts"}
+
+
+@record
+class Front:
+    """A deployment's front job as `hpcserve scale` needs it: its entry, plan.json, and where
+    Slurm and its state.json say it stands."""
+
+    entry: deployments.Entry
+    spec: dict
+    view: ops.View
+
+    @property
+    def roles(self) -> list[str]:
+        return sorted({i["role"] for i in self.spec.get("instances", [])})
+
+
+@record
+class Drain:
+    """One instance picked to drain, and the job that runs it."""
+
+    entry: deployments.Entry
+    instance: str
+
+    @property
+    def request(self) -> str:
+        return posixpath.join(self.entry.job_dir, CONTROL_DIR, f"drain-{self.instance}.json")
+
+
+def front(job: str, remote: str | None, runner, role: str) -> Front:
+    """The serving front of JOB's deployment (an instance job named leads to its front), once
+    it is known to have `role`; refused in one line otherwise."""
+    e = ops.resolve(job, remote, runner)
+    spec = read_json(runner, posixpath.join(e.job_dir, "plan.json"))
+    att = spec.get("attach") if isinstance(spec, dict) else None
+    if att:  # an instance job: its plan names its front (which the index may not hold)
+        e = deployments.find(att["front_job_dir"], e.remote) or deployments.Entry(
+            att["front_job_id"], att["deployment"], att["front_job_dir"], e.remote)
+        spec = read_json(runner, posixpath.join(e.job_dir, "plan.json"))
+    if not isinstance(spec, dict) or "instances" not in spec:
+        raise HpcserveError(f"job {e.job_id} is not an hpcserve deployment: no plan.json in "
+                            f"{e.job_dir}")
+    (v,) = ops.status([e], lambda _r: runner)
+    f = Front(e, spec, v)
+    if role not in f.roles:
+        raise HpcserveError(f"deployment {spec.get('name', e.name)} (job {e.job_id}) has no role "
+                            f"{role!r}: its roles are {', '.join(f.roles)}")
+    if v.summary_phase not in SERVING_PHASES or not v.endpoint:
+        raise HpcserveError(f"job {e.job_id} ({e.name}) does not serve ({ops.describe(v)}): "
+                            "a deployment scales once its router serves")
+    return f
+
+
+# ---------------------------------------------------------------------------------------- add
+
+def add(f: Front, runner, remote: str | None, role: str, count: int) -> ops.Submitted:
+    """Render the instance job of `count` instances of `role` under the front's scale/ and
+    submit it as `hpcserve submit` does."""
+    from . import plan as planner
+    from .render import render_files
+    attach = attach_of(f)
+    cfg = source_config(f, runner)
+    seq = next_seq(runner, f.entry.job_dir, role)
+    taken = ops.ports_in_use(runner, remote) | ops.spec_ports(f.spec)
+    p = clear_ports(lambda shift: planner.instance_job(cfg, role, count, seq, shift, attach),
+                    seq, taken)
+    job_dir = posixpath.join(f.entry.job_dir, SCALE_DIR, f"{role}-{seq}")
+    return ops.submit_files(p.name, render_files(p, job_dir), job_dir, runner=runner,
+                            remote=remote, front=f.entry.job_dir)
+
+
+def attach_of(f: Front) -> dict:
+    """plan.json's attach of an instance job of this front (runtime/contract.py)."""
+    r = f.spec.get("router")
+    if not r:
+        raise HpcserveError(f"job {f.entry.job_id} ({f.entry.name}) runs no router: instances "
+                            "of a job of their own have no router to join")
+    why = CANNOT_ADD.get(r["workers_api"])
+    if why:
+        raise HpcserveError(f"the router of job {f.entry.job_id}, {r['name']}, cannot add "
+                            f"workers while it runs ({r['workers_api']}: {why}); --add needs a "
+                            "router with a worker API that adds, --remove still works")
+    return {"router_url": f.view.endpoint, "workers_api": r["workers_api"],
+            "api_key_env": r.get("api_key_env"), "front_job_id": f.entry.job_id,
+            "front_job_dir": f.entry.job_dir,
+            "deployment": f.spec.get("name", f.entry.name)}
+
+
+def source_config(f: Front, runner):
+    """The deployment as submitted, rebuilt from the front's deployment.yaml."""
+    from . import config
+    where = posixpath.join(f.entry.job_dir, config.SOURCE_FILE)
+    text = runner.read_text(where)
+    if text is None:
+        raise HpcserveError(f"job {f.entry.job_id} has no {where} (rendered by an hpcserve "
+                            "older than `hpcserve scale`): the deployment cannot be rebuilt")
+    with tempfile.TemporaryDirectory(prefix="hpcserve-scale-") as tmp:
+        local = Path(tmp) / config.SOURCE_FILE
+        local.write_text(text, encoding="utf-8")
+        return config.load(local)
+
+
+def next_seq(runner, front_dir: str, role: str) -> int:
+    """1 + the highest <role>-<seq> under the front's scale/ (1 for the first)."""
+    seqs = [int(n.rpartition("-")[2]) for n in runner.list_dir(
+        posixpath.join(front_dir, SCALE_DIR)) if n.rpartition("-")[0] == role
+        and n.rpartition("-")[2].isdigit()]
+    return max(seqs, default=0) + 1
+
+
+def clear_ports(plan_at: Callable[[int], object], seq: int, taken: set[int]):
+    """An instance job's own port block: its deployment's ports moved by seq x PORT_SHIFT_STEP
+    (so two instance jobs on one node, or one beside the front's engines, differ), or by the
+    next multiple that clears every port `taken` (this user's running deployments and the
+    front's); the one that clashes least where none clears."""
+    from . import plan as planner
+    n = planner.PORT_SHIFTS - 1
+    best, clashes = None, None
+    for k in range(n):
+        p = plan_at(((seq - 1 + k) % n + 1) * planner.PORT_SHIFT_STEP)
+        left = len(taken & ops.plan_ports(p))
+        if best is None or left < clashes:
+            best, clashes = p, left
+        if not left:
+            break
+    return best
+
+
+# ------------------------------------------------------------------------------------- remove
+
+def pick(f: Front, runner, role: str, count: int) -> list[Drain]:
+    """`count` serving instances of `role` to drain: the newest instance job's first, the
+    front's own last; one with a drain request pending is not picked again."""
+    jobs = list(reversed(deployments.instance_jobs(f.entry))) + [f.entry]
+    views = {v.job_dir: v for v in ops.status(jobs[:-1], lambda _r: runner)}
+    views[f.entry.job_dir] = f.view
+    found = []
+    for e in jobs:
+        v = views[e.job_dir]
+        if v.summary_phase not in SERVING_PHASES:
+            continue
+        pending = set(runner.list_dir(posixpath.join(e.job_dir, CONTROL_DIR)))
+        mine = [(i.get("index", 0), n) for n, i in v.instances.items()
+                if i.get("role") == role and i.get("status") == "serving"
+                and f"drain-{n}.json" not in pending]
+        found += [Drain(e, n) for _, n in sorted(mine, reverse=True)]
+    if len(found) < count:
+        raise HpcserveError(f"--remove {count}: only {len(found)} {role} instance(s) of "
+                            f"{f.entry.name} serve")
+    return found[:count]
+
+
+def request(runner, drains: list[Drain], timeout_s: float) -> None:
+    """Write each drain request (runtime/contract.py): a temporary file renamed into place, so
+    the orchestrator never reads half of one."""
+    for d in drains:
+        body = json.dumps({"timeout_s": timeout_s, "requested_at": time.time()})
+        write_atomically(runner, d.request, body + "\n")
+
+
+def write_atomically(runner, path: str, text: str) -> None:
+    """`text` into `path` where the runner runs (here or over SSH): its directory made, then a
+    temporary file beside it renamed over it."""
+    tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.tmp")
+    script = 'mkdir -p -- "$1" && printf %s "$2" > "$3" && mv -f -- "$3" "$4"'
+    runner.run(["sh", "-c", script, "sh", posixpath.dirname(path), text, tmp, path])
+
+
+def wait_removed(runner, drains: list[Drain], timeout_s: float,
+                 echo: Callable[[str], None], interval: float = 0.5) -> int:
+    """0 once every instance drained is "removed" in its job's state.json; 1 past the drain's
+    timeout + WAIT_MARGIN_S, naming those that were not."""
+    left = list(drains)
+    end = time.time() + timeout_s + WAIT_MARGIN_S
+    while left:
+        for d in list(left):
+            inst = (ops.job_state(runner, d.entry.job_dir).get("instances") or {}).get(d.instance)
+            if isinstance(inst, dict) and inst.get("status") == "removed":
+                echo(f"{d.instance} of job {d.entry.job_id}: removed")
+                left.remove(d)
+        if left and time.time() >= end:
+            echo("not removed within {:.0f} s: {}".format(timeout_s + WAIT_MARGIN_S, ", ".join(
+                f"{d.instance} of job {d.entry.job_id}" for d in left)))
+            return 1
+        if left:
+            time.sleep(interval)
+    return 0
