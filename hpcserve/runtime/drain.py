@@ -111,7 +111,7 @@ class Drains:
         self._rename(path, ".taken")
         job.log(f"draining {name}: out of the router, then up to {timeout_s:g} s for its "
                 "in-flight requests")
-        recovery.set_status(rec, "draining", f"drain requested (timeout {timeout_s:g} s)")
+        recovery.set_status(rec, "draining", f"on request, timeout {timeout_s:g} s")
         self.under_way[name] = Drain(name, timeout_s, recovery.deregister(rec))
 
     def _refuse(self, path: str, name: str, why: str) -> None:

@@ -1,52 +1,64 @@
-"""An instance job that joins a running deployment (plan.json attach), on the real test cluster
-with the real sglang-router: its instance is registered with the front job's router only after
-its smoke request, takes requests through that router, and a drain request takes it out without
-failing a request; the instance job then ends "done"."""
+"""Instance jobs that join a running deployment (`hpcserve scale`, plan.json attach), on the real
+test cluster with the real sglang-router: an instance is registered with the front job's router
+only after its smoke request, takes requests through that router, and `--remove` drains it
+without failing a request (the instance job then ends "done"); a cancelled instance job leaves
+the router before its engine is signalled."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
+import sys
 import urllib.request
+from pathlib import Path
 
 import pytest
 
-from hpcserve.runtime.contract import SCALED_IN, drain_request_path
-from jobkit import Load, deployment, requests_in, until
+from hpcserve.runtime.contract import SCALED_IN
+from jobkit import Job, Load, deployment, requests_in, until
 
 pytestmark = pytest.mark.slurm
 
+HPCSERVE = str(Path(sys.executable).parent / "hpcserve")
 FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1}
 ENGINE = {"name": "sglang", "version": "0.5.23", "simulate": True,
           "sim_decode_s_per_token": 0.02}  # 8 tokens: 0.16 s in flight, so a drain waits
 
 
-def _worker_dep(name: str) -> dict:
-    dep = deployment(name=name, liveness=FAST, engine=ENGINE)
+@pytest.fixture
+def front(submit):
+    """A serving front job: simulated SGLang, one plain `worker`, the real sglang-router."""
+    dep = deployment(name="t-front", liveness=FAST, engine=ENGINE)
     dep["roles"] = {"worker": {"nodes": 1}}
-    return dep
+    job = submit(dep)
+    st = job.wait({"serving", "failed", "cancelled"}, 60)
+    assert st["phase"] == "serving", job.logs()
+    return job
 
 
-def _attach_to(front, front_st: dict, avoid: str):
-    """An edit for the submit fixture: the rendered job made an instance job of `front`'s
-    deployment (what `hpcserve scale --add` renders), kept off the front's node (the local site
-    shares nodes: the same engine port would clash there)."""
-    def edit(job_dir):
-        p = job_dir / "plan.json"
-        plan = json.loads(p.read_text())
-        front_plan = json.loads((front.dir / "plan.json").read_text())
-        plan["router"] = None
-        plan["attach"] = {"router_url": front_st["endpoint"],
-                          "workers_api": front_plan["router"]["workers_api"],
-                          "api_key_env": None, "front_job_id": front.id,
-                          "front_job_dir": str(front.dir), "deployment": front_plan["name"]}
-        p.write_text(json.dumps(plan, indent=1))
-        sb = job_dir / "job.sbatch"
-        sb.write_text(re.sub(r"(?m)^#SBATCH --nodes=1$",
-                             lambda m: f"{m.group()}\n#SBATCH --exclude={avoid}", sb.read_text()))
-    return edit
+@pytest.fixture
+def cli(front, tmp_path):
+    """`hpcserve ARGS...` as a user runs it (the cluster's Slurm, an index of this test's own);
+    the instance jobs it submitted are cancelled at the end."""
+    env = {**front.env, "HPCSERVE_STATE_DIR": str(tmp_path / "state")}
+    made: list[Job] = []
+
+    def run(*args: str) -> str:
+        r = subprocess.run([HPCSERVE, *args], env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, (args, r.stdout, r.stderr)
+        m = re.search(r"submitted job (\d+).*\njob directory: (\S+)", r.stdout)
+        if m:
+            made.append(Job(front.cluster, Path(m.group(2)), m.group(1), env))
+        return r.stdout
+
+    run.jobs = made
+    yield run
+    for j in made:
+        subprocess.run(["scancel", j.id], env=env, capture_output=True)
+    for j in made:
+        j.squeue_gone(60)
 
 
 def _workers(router_url: str) -> list[str]:
@@ -54,13 +66,16 @@ def _workers(router_url: str) -> list[str]:
         return [w["url"] for w in json.load(r)["workers"]]
 
 
-def test_an_instance_job_joins_after_its_smoke_request_and_a_drain_fails_no_request(submit):
-    front = submit(_worker_dep("t-front"))
-    fst = front.wait({"serving", "failed", "cancelled"}, 60)
-    assert fst["phase"] == "serving", front.logs()
-    url = fst["endpoint"]
-    front_node = front.node_rows("worker-0")[0][1]
-    inst = submit(_worker_dep("t-inst"), edit=_attach_to(front, fst, front_node))
+def _worker_url(job: Job) -> str:
+    port = json.loads((job.dir / "plan.json").read_text())["instances"][0]["port"]
+    return f"http://{job.node_rows('worker-0')[0][2]}:{port}"
+
+
+def test_scale_add_joins_after_the_smoke_request_and_remove_fails_no_request(front, cli):
+    url = front.state()["endpoint"]
+    cli("scale", str(front.id), "--role", "worker", "--add", "1")
+    inst = cli.jobs[0]
+    assert inst.dir.parent.parent == front.dir  # <front job dir>/scale/worker-<seq>/
     job_log = inst.dir / "logs" / "hpcserve-job.log"
     smoke_line = "worker-0 answered its smoke request"
 
@@ -68,10 +83,9 @@ def test_an_instance_job_joins_after_its_smoke_request_and_a_drain_fails_no_requ
         """Its URL once the front's router lists it; the smoke line is in its job log by then."""
         if inst.state().get("phase") in ("failed", "cancelled", "done"):
             raise AssertionError(inst.logs())
-        rows = (inst.dir / "run" / "worker-0.nodes")
-        if not rows.exists():
+        if not (inst.dir / "run" / "worker-0.nodes").exists():
             return None
-        mine = f"http://{inst.node_rows('worker-0')[0][2]}:30000"
+        mine = _worker_url(inst)
         if mine not in _workers(url):
             return None
         assert smoke_line in job_log.read_text(), "registered before its smoke request"
@@ -82,7 +96,6 @@ def test_an_instance_job_joins_after_its_smoke_request_and_a_drain_fails_no_requ
     ist = inst.wait({"serving", "failed"}, 30)
     assert ist["phase"] == "serving" and ist["endpoint"] == url, ist
     assert ist["attach"]["front_job_id"] == front.id, ist
-    assert inst.node_rows("worker-0")[0][1] != front_node
     lines = job_log.read_text().splitlines()
     order = [next(i for i, ln in enumerate(lines) if w in ln)
              for w in (smoke_line, f"worker-0 registered with the router at {url}",
@@ -95,11 +108,10 @@ def test_an_instance_job_joins_after_its_smoke_request_and_a_drain_fails_no_requ
         # requests through the front's router reach the instance job's engine (its own log)
         until("a request served by the instance job's engine",
               lambda: requests_in(engine_log) >= 3, 30, why=inst.logs)
-        drain = drain_request_path(str(inst.dir), "worker-0")
-        os.makedirs(os.path.dirname(drain), exist_ok=True)
-        with open(drain + ".tmp", "w") as f:  # atomically, as the CLI writes it
-            json.dump({"timeout_s": 30, "requested_at": 0}, f)
-        os.replace(drain + ".tmp", drain)
+        # the newest instance job's instance is the one drained
+        out = cli("scale", str(front.id), "--role", "worker", "--remove", "1", "--drain-timeout", "30",
+                  "--wait")
+        assert f"draining worker-0 of job {inst.id}" in out, out
         ist = inst.wait({"done", "failed", "cancelled"}, 40)
         assert mine not in _workers(url)
         served_before = load.ok_between(0, float("inf"))
@@ -111,32 +123,27 @@ def test_an_instance_job_joins_after_its_smoke_request_and_a_drain_fails_no_requ
     # leaving on request is no failure: the job never counted itself short of an instance
     assert not {"degraded", "recovering"} & {h["phase"] for h in ist["history"]}, ist
     assert not load.failures(), load.failures()[:3]
-    assert os.path.exists(drain[:-len(".json")] + ".taken")
+    assert (inst.dir / "run" / "control" / "drain-worker-0.taken").exists()
     log = job_log.read_text()
-    out = log.index("worker-0 removed from the router")
+    left = log.index("worker-0 removed from the router")
     settled = re.search(r"worker-0: no request in flight [\d.]+ s after it left the router", log)
-    assert settled and out < settled.start(), log
+    assert settled and left < settled.start(), log
     assert log.index("worker-0 removed: drained on request") > settled.start(), log
     assert front.state()["phase"] == "serving"
 
 
-def test_a_cancelled_instance_job_leaves_the_front_router_before_its_engine_stops(submit):
-    front = submit(_worker_dep("t-front2"))
-    fst = front.wait({"serving", "failed", "cancelled"}, 60)
-    assert fst["phase"] == "serving", front.logs()
-    url = fst["endpoint"]
-    inst = submit(_worker_dep("t-inst2"),
-                  edit=_attach_to(front, fst, front.node_rows("worker-0")[0][1]))
+def test_a_cancelled_instance_job_leaves_the_front_router_before_its_engine_stops(front, cli):
+    url = front.state()["endpoint"]
+    cli("scale", str(front.id), "--role", "worker", "--add", "1")
+    inst = cli.jobs[0]
     ist = inst.wait({"serving", "failed"}, 60)
     assert ist["phase"] == "serving", inst.logs()
-    mine = f"http://{inst.node_rows('worker-0')[0][2]}:30000"
+    mine = _worker_url(inst)
     assert mine in _workers(url)
-    # as `hpcserve cancel` stops a job: its orchestrator alone is signalled (a plain scancel
-    # signals every step at once, so nothing could leave the router first)
-    subprocess.run(["scancel", "--batch", "--signal=USR1", inst.id], env=inst.env, check=True)
+    cli("cancel", inst.id, "--wait")  # an instance job named stops alone
     assert inst.wait({"cancelled", "failed", "done"}, 30)["phase"] == "cancelled", inst.logs()
     assert mine not in _workers(url)
     log = (inst.dir / "logs" / "hpcserve-job.log").read_text()
-    out = log.index(f"worker-0 removed from the router ({mine})")
-    assert out < log.index("SIGTERM to worker-0"), log
+    assert log.index(f"worker-0 removed from the router ({mine})") < \
+        log.index("SIGTERM to worker-0"), log
     assert front.state()["phase"] == "serving"
