@@ -19,7 +19,11 @@ lines, null where the pinned release's line is not known), stage (model.stage: t
 directory copied to every node before the engines start, or null), caches (the compile caches
 kept between jobs under site.paths.cache_dir), and state.json's startup (the start-up in phases,
 runtime/startup.py), stage record (each node's outcome and the bytes read from the shared path)
-and caches (whether each was warm as each instance started).
+and caches (whether each was warm as each instance started); 9 adds attach (an instance job
+that registers its instances with a running deployment's router instead of starting its own, or
+null), run/control/drain-<instance>.json (a request to drain one instance: out of the router,
+in-flight requests finished, its step stopped), the instance statuses draining and removed, and
+state.json's attach (plan.json's, copied).
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ PHASES = ("pending", "starting", "engines_ready", "router_ready", "serving", "de
 # speaks each): over its worker API (a queued job, or a direct call), removing only, or by a
 # restart with the new set.
 WORKERS_APIS = ("queued", "direct", "remove-only", "restart")
-# An instance's own status while the deployment serves.
-INSTANCE_STATUSES = ("serving", "out", "restarting", "failed")
+# An instance's own status while the deployment serves; draining: a drain request took it out
+# of the router and its in-flight requests finish; removed: drained and stopped, for good.
+INSTANCE_STATUSES = ("serving", "out", "restarting", "failed", "draining", "removed")
 # A phase the job never leaves: state.json's last word on the deployment.
 TERMINAL_PHASES = frozenset({"done", "cancelled", "failed"})
 # Phases in which the deployment's endpoint answers.
@@ -147,6 +152,20 @@ STAGE_SCHEMA = {
     },
 }
 
+# plan.json's attach, copied into state.json: the running router an instance job joins (its
+# front job's endpoint and worker API), null for a front job.
+ATTACH_SCHEMA = {
+    "type": ["object", "null"],
+    "required": ["router_url", "workers_api", "api_key_env", "front_job_id", "front_job_dir",
+                 "deployment"],
+    "properties": {
+        "router_url": {"type": "string"}, "workers_api": {"enum": list(WORKERS_APIS)},
+        "api_key_env": _STR_OR_NULL, "front_job_id": {"type": "string"},
+        "front_job_dir": {"type": "string"}, "deployment": {"type": "string"},
+    },
+    "additionalProperties": False,
+}
+
 STATE_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": f"hpcserve job state (state.json, spec {SPEC_VERSION})",
@@ -179,6 +198,7 @@ STATE_SCHEMA = {
         "instances": {"type": "object", "additionalProperties": INSTANCE_SCHEMA},
         "excluded_nodes": {"type": "array", "items": {"type": "string"}},
         "startup": STARTUP_SCHEMA,
+        "attach": ATTACH_SCHEMA,
         # the compile caches kept between jobs, as each instance's first start found them
         "caches": {"type": "object", "required": ["dir", "storage", "instances"],
                    "additionalProperties": False,
@@ -189,6 +209,20 @@ STATE_SCHEMA = {
     },
     "additionalProperties": False,
 }
+
+
+# Requests to a running job from the operator commands: files its orchestrator looks for once a
+# liveness round. run/control/drain-<instance>.json ({"timeout_s": number, "requested_at": unix
+# time}, written atomically: a temp file, then a rename) drains that instance; the orchestrator
+# renames it to drain-<instance>.taken once it acted on it, .refused where it did not.
+CONTROL_DIR = os.path.join("run", "control")
+DRAIN_PREFIX, DRAIN_SUFFIX = "drain-", ".json"
+# The reason of an instance job whose every instance was drained (its phase is "done").
+SCALED_IN = "scaled in: every instance drained"
+
+
+def drain_request_path(job_dir: str, instance: str) -> str:
+    return os.path.join(job_dir, CONTROL_DIR, f"{DRAIN_PREFIX}{instance}{DRAIN_SUFFIX}")
 
 
 class SpecError(Exception):

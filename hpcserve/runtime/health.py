@@ -54,10 +54,17 @@ def probe(url: str, timeout: float) -> tuple[str | None, str]:
         return "unreachable", str(e)
 
 
+def front_router(plan: dict) -> dict | None:
+    """The router this job's instances serve behind: its own (plan.json router), or the running
+    router of the deployment it joins (plan.json attach); both name workers_api and
+    api_key_env."""
+    return plan.get("router") or plan.get("attach")
+
+
 def router_auth(plan: dict) -> dict:
     """The header a router started with --api-key {from_env: NAME} wants: NAME read from the
     job's environment (sbatch exported it), never from a file."""
-    key_env = (plan.get("router") or {}).get("api_key_env")
+    key_env = (front_router(plan) or {}).get("api_key_env")
     return {"Authorization": f"Bearer {os.environ.get(key_env, '')}"} if key_env else {}
 
 
@@ -287,24 +294,34 @@ class Liveness:
             if not job.recovery.serving(i["name"]):
                 self.tracks.pop(i["name"], None)  # its next attempt's counters start at 0
                 continue
-            m = i.get("metrics")
-            murl = m and f"http://{inst.heads[i['name']]}:{i['port']}{m['path']}"
-            out.append((i["name"], inst.health_url(inst.heads, i), m and {**m, "url": murl}))
+            out.append((i["name"], inst.health_url(inst.heads, i), self.metrics_of(i)))
         if router_url:
             out.append(("router", router_url + job.plan["router"]["readiness"]["path"], None))
         return out
 
+    def metrics_of(self, spec: dict) -> dict | None:
+        """The instance's metrics (plan.json: path, progress and pending names) with the URL
+        of its leader's; None where its engine has none."""
+        m = spec.get("metrics")
+        if not m:
+            return None
+        return {**m, "url": f"http://{self.job.instances.heads[spec['name']]}:{spec['port']}"
+                            f"{m['path']}"}
+
     def watch(self, router_url: str | None, tick) -> None:
         """While serving: every round, all targets probed at once (each bounded by `timeout`),
         the engines' metrics read beside their health; Slurm asked about the nodes now and then;
-        tick() once a round (the benchmark's). One instance that fails `failures` rounds in a
-        row is recovery's (recovery.py); the router's failure, a signal or a lost router node
-        end the deployment by raising Stop."""
+        drain requests taken and tick() called once a round (the benchmark's). One instance that
+        fails `failures` rounds in a row is recovery's (recovery.py); the router's failure, a
+        signal or a lost router node end the deployment by raising Stop. `router_url` is the
+        job's own router only: an instance job (attach) probes its engines, and the router it
+        joined is its front job's to watch."""
         job = self.job
         lv = job.plan["liveness"]
         next_nodes = now() + lv["node_interval"]
         while True:
             self._pause(lv["interval"])
+            job.drains.scan()
             tick()
             for name, url, res in self._round(self.targets(router_url), lv["timeout"]):
                 self._judge(name, url, res, lv)
@@ -323,6 +340,7 @@ class Liveness:
         while True:
             job.check()
             job.recovery.tick()
+            job.drains.tick()
             if now() >= end:
                 return
             time.sleep(min(0.1, max(0.0, end - now())))

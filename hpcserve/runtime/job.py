@@ -17,9 +17,11 @@ import time
 
 from . import caches
 from .allocation import InAllocation, own_steps
+from .attach import LEAVE_S, Attach
 from .bench_step import BenchStep
 from .contract import SpecError, load_spec
 from .discovery import Discovery, cmd_discover, discover_args
+from .drain import Drains
 from .failures import Stop
 from .file_sd import FileSD
 from .health import Liveness, Readiness
@@ -59,6 +61,8 @@ class Job:
         self.readiness = Readiness(self)
         self.liveness = Liveness(self)
         self.recovery = Recovery(self)
+        self.drains = Drains(self)
+        self.attach = Attach(self)
         self.file_sd = FileSD(self)
         self.bench = BenchStep(self)
         self.staging = Staging(self)
@@ -132,7 +136,9 @@ class Job:
         self.state.update("engines_ready")
         self.state.update(health_urls={i["name"]: self.instances.health_url(heads, i)
                                        for i in plan["instances"]})
-        url = self.start_router(found, rd) if plan.get("router") else None
+        # an instance job joins the running router of its deployment instead of starting one
+        url = self.start_router(found, rd) if plan.get("router") else \
+            self.attach.join() if plan.get("attach") else None
         serving_at = now()
         self.state.update("serving", endpoint=url,
                           **({"serving_after_s": round(serving_at - self.t0, 3)} if url else {}))
@@ -142,7 +148,8 @@ class Job:
         first = plan["instances"][0]
         self.bench.start(found, url or f"http://{heads[first['name']]}:{first['port']}")
         self.recovery.begin(url)
-        self.liveness.watch(url, lambda: self.bench.tick(self.instances.heads))
+        self.liveness.watch(url if plan.get("router") else None,
+                            lambda: self.bench.tick(self.instances.heads))
 
     def _clear_port_verdicts(self) -> None:
         ports_dir = os.path.join(self.dir, "run", "ports")
@@ -205,7 +212,8 @@ class Job:
                               reason=None, finished_at=None, smoke_tokens=None,
                               serving_after_s=None, engines_ready_count=0,
                               restarts=int(os.environ.get("SLURM_RESTART_COUNT") or 0),
-                              instances={}, excluded_nodes=[], startup=None)
+                              instances={}, excluded_nodes=[], startup=None,
+                              attach=self.plan.get("attach"))
             self.serve()
             stop = Stop("done", "finished")  # not reached: serve() raises
         except Stop as s:
@@ -220,6 +228,12 @@ class Job:
         phase, reason, failure = self._cause(stop)
         self.log(f"stopping: {reason}")
         self.state.record(self.log, "stopping", reason=reason, failure=failure)
+        try:  # an instance job's engines leave its deployment's router before they go away
+            if self.attach.spec:
+                # within the teardown's budget too: after a scancel Slurm KILLs after KillWait
+                self.attach.leave(min(LEAVE_S, self.teardown.budget()[0] / 2))
+        except Exception as e:
+            self.log(f"leaving the router: {e!r}")
         try:
             self.teardown.run()
         except Exception as e:

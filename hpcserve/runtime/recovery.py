@@ -17,7 +17,8 @@ tick at a time, so that the others are probed and served meanwhile:
 The deployment's phase says how it serves meanwhile: degraded (an instance is out), recovering
 (a role has fewer serving instances than its minimum), failed only once an instance that its
 role needs has spent its restarts. state.json's "instances" keeps each instance's status and
-every attempt.
+every attempt. An instance drained on request (drain.py) leaves through the same steps, without
+a restart, and no longer counts against its role's minimum.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from . import caches
 from .failures import Stop, step_identity
-from .health import http_json, probe, router_auth
+from .health import front_router, http_json, probe, router_auth
 from .state import now
 from .workers import RouterWorkers, WorkerApiError
 
@@ -85,11 +86,17 @@ class Recovery:
                 rec.attempts[-1]["caches"] = caches.read(job.dir, rec.name)
             self.recs[spec["name"]] = rec
         if router_url:
-            # a router started with --api-key wants the key on its worker API too
-            self.router = RouterWorkers(job.plan["router"]["workers_api"], router_url,
-                                        headers=router_auth(job.plan))
+            self.connect(router_url)
         self.active = True
         self._save()
+
+    def connect(self, router_url: str) -> RouterWorkers:
+        """The worker API of the router the instances serve behind: the job's own, or the
+        running one it joins (attach)."""
+        # a router started with --api-key wants the key on its worker API too
+        self.router = RouterWorkers(front_router(self.job.plan)["workers_api"], router_url,
+                                    headers=router_auth(self.job.plan))
+        return self.router
 
     def take_out(self, name: str) -> None:
         """Out of the router now (its failure is judged next): a serving instance whose step
@@ -97,7 +104,7 @@ class Recovery:
         rec = self.recs.get(name) if self.active else None
         if rec is not None and rec.status == "serving" and not rec.taken_out:
             rec.taken_out = True
-            self._deregister(rec)
+            self.deregister(rec)
 
     def handles(self, name: str | None) -> bool:
         return self.active and name in self.recs
@@ -106,7 +113,18 @@ class Recovery:
         return self.recs[name].status == "serving" if name in self.recs else True
 
     def all_serving(self) -> bool:
+        """Every instance serves: the router's readiness counts them all."""
         return all(r.status == "serving" for r in self.recs.values())
+
+    def kept(self, role: str | None = None) -> list[Rec]:
+        """The instances (of `role`) that are not leaving on request (draining or removed)."""
+        return [r for r in self.recs.values()
+                if r.status not in ("draining", "removed") and role in (None, r.role)]
+
+    @staticmethod
+    def needed(pol: dict, kept: list[Rec]) -> int:
+        """The role's minimum of serving instances, lowered by those leaving on request."""
+        return min(pol["min_serving"], len(kept))
 
     # -- a failure
     def failed(self, name: str, reason: str, failure: dict) -> None:
@@ -117,27 +135,31 @@ class Recovery:
         rec.lost |= lost
         for node in lost:
             self._drain(node, failure.get("slurm_state") or "its slurmd does not answer")
-        if rec.status in ("out", "failed"):
+        if rec.status in ("out", "failed", "removed"):
             return  # already out: a second word on the same failure
         job, at = self.job, now()
-        self._end_attempt(rec, reason, failure, at)
+        self.end_attempt(rec, reason, failure, at)
+        if rec.status == "draining":  # out of the router already, and not to be restarted
+            job.log(f"{name} {reason} while draining")
+            self.stop_step(rec)
+            return
         where = f" on node {failure['node']}" if failure.get("node") else ""
         job.log(f"{name} {reason}{where}: taking it out")
         if rec.status == "serving":
             rec.failed_at = at
         rec.why_first = reason
         if not rec.taken_out:
-            self._deregister(rec)
+            self.deregister(rec)
         rec.taken_out = False
-        self._stop_step(rec)
+        self.stop_step(rec)
         pol = job.plan["recovery"][rec.role]
         if not pol["restart"] or rec.restarts >= pol["max_restarts"]:
             spent = (f"its {pol['max_restarts']} restart(s) are spent" if pol["restart"]
                      else "restart: false")
-            self._set(rec, "failed", f"{reason}; {spent}")
+            self.set_status(rec, "failed", f"{reason}; {spent}")
         else:
             rec.next_try_at = at + pol["backoff_s"] * 2 ** rec.restarts
-            self._set(rec, "out", reason)
+            self.set_status(rec, "out", reason)
         self._judge(rec, failure)
 
     def node_lost(self, node: str, state: str) -> None:
@@ -187,7 +209,7 @@ class Recovery:
             # instance cannot come back in this job (a requeue may, on other nodes).
             self.job.log(f"{rec.name} cannot restart: {why}")
             rec.stage = None
-            self._set(rec, "failed", f"{rec.why_first}; {why}")
+            self.set_status(rec, "failed", f"{rec.why_first}; {why}")
             self._judge(rec, rec.attempts[-1]["failure"] or step_identity(rec.name))
             return
         self._start_attempt(rec)
@@ -214,7 +236,7 @@ class Recovery:
         rec.deadline = now() + job.plan["readiness"]["engine_timeout"]
         rec.stage = "starting"
         job.log(f"{rec.name}: attempt {rec.attempt} on {', '.join(rec.nodes)}")
-        self._set(rec, "restarting", f"attempt {rec.attempt} starting")
+        self.set_status(rec, "restarting", f"attempt {rec.attempt} starting")
 
     def _starting(self, rec: Rec) -> None:
         """Its leader's health path, polled every readiness.poll_interval, until it answers as
@@ -243,7 +265,7 @@ class Recovery:
         if ours:
             job.log(f"{rec.name}: attempt {rec.attempt} healthy")
             rec.stage = "checking"
-            rec.task = self.pool.submit(self._smoke, rec.name)
+            rec.task = self.pool.submit(self.smoke, rec.name)
 
     def _checking(self, rec: Rec) -> None:
         if not rec.task.done():
@@ -266,7 +288,7 @@ class Recovery:
                     "detail": e.reason})
                 return
         rec.stage = "registering"
-        rec.task = self.pool.submit(self._register, rec.name)
+        rec.task = self.pool.submit(self.register, rec.name)
 
     def _registering(self, rec: Rec) -> None:
         if not rec.task.done():
@@ -287,7 +309,7 @@ class Recovery:
         rec.stage = None
         self.job.log(f"{rec.name} serves again (attempt {rec.attempt}, "
                      f"{rec.recover_s} s after it failed)")
-        self._set(rec, "serving", None)
+        self.set_status(rec, "serving", None)
 
     # -- the parts of a failure
     def _attempt_entry(self, rec: Rec, at: float) -> dict:
@@ -298,7 +320,7 @@ class Recovery:
                 "log": inst.log_file(rec.name, 0, first[1]),
                 "srun_log": self.job.steps.srun_log_rel(rec.name)}
 
-    def _end_attempt(self, rec: Rec, reason: str, failure: dict, at: float) -> None:
+    def end_attempt(self, rec: Rec, reason: str, failure: dict, at: float) -> None:
         last = rec.attempts[-1]
         if last["ended_at"] is None:
             last.update(ended_at=round(at, 3), end=reason, failure=failure)
@@ -308,24 +330,28 @@ class Recovery:
         return {failure["node"]} if failure.get("reason") == "node lost" and \
             failure.get("node") else set()
 
-    def _deregister(self, rec: Rec) -> None:
-        """Out of the router before anything else: no new request may reach it."""
+    def deregister(self, rec: Rec) -> Future | None:
+        """Out of the router before anything else: no new request may reach it. The removal's
+        future (its result: whether the router took it out), None without a router to ask."""
         if self.router is None or not self.router.removes:
-            return
-        url = self._worker_url(rec.name)
+            return None
+        url = self.worker_url(rec.name)
         log = self.job.log
 
-        def remove() -> None:  # in the pool: a queued removal may take seconds to be done
+        def remove() -> bool:  # in the pool: a queued removal may take seconds to be done
             try:
                 self.router.remove(url)
                 log(f"{rec.name} removed from the router ({url})")
+                return True
             except WorkerApiError as e:
                 log(f"{rec.name}: the router did not remove {url}: {e}")
+                return False
 
-        self.pool.submit(remove)
+        return self.pool.submit(remove)
 
-    def _stop_step(self, rec: Rec) -> None:
-        """Its step ended through Slurm (by step id; through its srun client on a lost node)."""
+    def stop_step(self, rec: Rec, sig: str | None = None) -> None:
+        """Its step ended through Slurm (by step id; through its srun client on a lost node):
+        `sig`, else KILL for a hung engine (it answers no TERM), TERM for any other."""
         job = self.job
         rec.task = None
         if rec.name not in job.steps:
@@ -333,23 +359,24 @@ class Recovery:
         proc = job.steps[rec.name]
         if proc.poll() is None:
             lost = job.supervisor.lost_steps if rec.lost else set()
-            job.steps.signal([rec.name], "KILL" if rec.why_first == "hung" else "TERM",
+            sig = sig or ("KILL" if rec.why_first == "hung" else "TERM")
+            job.steps.signal([rec.name], sig,
                              job.step_ids(errors=Exception), lost, job.slurm, job.log)
         rec.old = job.steps.retire(rec.name)
         rec.deadline = now() + STOP_WAIT_S
         rec.stage = "stopping"
 
-    def _set(self, rec: Rec, status: str, why: str | None) -> None:
+    def set_status(self, rec: Rec, status: str, why: str | None) -> None:
         rec.status, rec.why, rec.since = status, why, now()
         self._save()
 
     def _judge(self, rec: Rec, failure: dict) -> None:
         """The deployment fails once a role is below its minimum with nothing left to restart."""
         pol = self.job.plan["recovery"][rec.role]
-        mine = [r for r in self.recs.values() if r.role == rec.role]
+        mine = self.kept(rec.role)
         serving = sum(r.status == "serving" for r in mine)
-        if serving >= pol["min_serving"] or any(r.status != "failed" for r in mine
-                                                if r.status != "serving"):
+        if serving >= self.needed(pol, mine) or any(r.status != "failed" for r in mine
+                                                    if r.status != "serving"):
             return
         node = failure.get("node")
         where = f" (node {node} lost)" if failure.get("reason") == "node lost" and node else ""
@@ -358,12 +385,14 @@ class Recovery:
                    {**failure, **step_identity(rec.name)})
 
     def phase(self) -> str:
-        """serving, degraded (an instance is out) or recovering (a role below its minimum)."""
+        """serving, degraded (an instance is out) or recovering (a role below its minimum); an
+        instance drained on request is neither."""
         below = False
         for role, pol in self.job.plan["recovery"].items():
-            n = sum(r.status == "serving" for r in self.recs.values() if r.role == role)
-            below |= n < pol["min_serving"]
-        return "recovering" if below else "serving" if self.all_serving() else "degraded"
+            mine = self.kept(role)
+            below |= sum(r.status == "serving" for r in mine) < self.needed(pol, mine)
+        kept_serving = all(r.status == "serving" for r in self.kept())
+        return "recovering" if below else "serving" if kept_serving else "degraded"
 
     def _save(self) -> None:
         job = self.job
@@ -390,17 +419,17 @@ class Recovery:
                      f"node {node} not drained (the site does not let this user): {err}")
 
     # -- in the pool's threads: what may take seconds
-    def _worker_url(self, name: str) -> str:
+    def worker_url(self, name: str) -> str:
         inst = self.job.instances
         return f"http://{inst.heads[name]}:{inst.spec(name)['port']}"
 
-    def _smoke(self, name: str) -> str | None:
+    def smoke(self, name: str) -> str | None:
         """One request to the instance itself (the engine's instance smoke): its error words,
         or None."""
         job = self.job
         spec = job.instances.spec(name)
         smoke = spec.get("smoke") or {"kind": "get", "path": spec["health_path"]}
-        url = self._worker_url(name) + smoke["path"]
+        url = self.worker_url(name) + smoke["path"]
         tokens = max(1, job.plan["readiness"]["smoke_tokens"])
         try:
             if smoke["kind"] == "get":
@@ -414,13 +443,13 @@ class Recovery:
         got = ((resp or {}).get("usage") or {}).get("completion_tokens") or 0
         return None if got > 0 else f"{url} returned {got} tokens"
 
-    def _register(self, name: str) -> str | None:
+    def register(self, name: str) -> str | None:
         """Back into the router through its worker API: its error words, or None."""
         if self.router is None or not self.router.live:
             return None
         spec = self.job.instances.spec(name)
         try:
-            self.router.add(self._worker_url(name), spec["role"], spec["ports"].get("bootstrap"))
+            self.router.add(self.worker_url(name), spec["role"], spec["ports"].get("bootstrap"))
         except WorkerApiError as e:
             return str(e)
         return None

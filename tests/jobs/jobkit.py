@@ -7,6 +7,7 @@ import json
 import re
 import shlex
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -296,3 +297,46 @@ def check_startup(st: dict, job_dir: Path, weights_line: str) -> None:
     assert slow["phase_s"] == max(s["instances"][slow["instance"]]["phases"].values())
     log = (job_dir / "logs" / "hpcserve-job.log").read_text()
     assert f"slowest instance: {slow['instance']}" in log
+
+
+class Load:
+    """Chat requests through the router from `clients` threads, one after another each: every
+    request's start, end, and error (None when it returned its tokens)."""
+
+    def __init__(self, url: str, clients: int = 2, tokens: int = 8):
+        self.url, self.tokens = url, tokens
+        self.results: list[tuple[float, float, str | None]] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
+
+    def __enter__(self) -> "Load":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.time()
+            try:
+                got = chat(self.url, self.tokens, timeout=20)["usage"]["completion_tokens"]
+                err = None if got == self.tokens else f"{got} tokens"
+            except Exception as e:  # every failure is counted, whatever it is
+                err = repr(e)
+            self.results.append((t0, time.time(), err))
+
+    def failures(self) -> list[tuple[float, float, str]]:
+        return [r for r in self.results if r[2] is not None]
+
+    def ok_between(self, t0: float, t1: float) -> int:
+        return sum(1 for s, e, err in self.results if err is None and s >= t0 and e <= t1)
+
+
+def requests_in(log_path) -> int:
+    """Generation requests an engine's own log shows."""
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    return sum(1 for ln in text.splitlines() if '"POST ' in ln or "POST /" in ln)

@@ -7,54 +7,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 
 import pytest
 
-from jobkit import deployment, find_pid, scrape, until, wait_no_job_processes
+from jobkit import (Load, deployment, find_pid, requests_in, scrape, until,
+                    wait_no_job_processes)
 
 pytestmark = pytest.mark.slurm
 
 FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1}
-
-
-class Load:
-    """Chat requests through the router from `clients` threads, one after another each: every
-    request's start, end, and error (None when it returned its tokens)."""
-
-    def __init__(self, url: str, clients: int = 2, tokens: int = 8):
-        self.url, self.tokens = url, tokens
-        self.results: list[tuple[float, float, str | None]] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
-
-    def __enter__(self) -> "Load":
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(30)
-
-    def _run(self) -> None:
-        from jobkit import chat
-        while not self._stop.is_set():
-            t0 = time.time()
-            try:
-                got = chat(self.url, self.tokens, timeout=20)["usage"]["completion_tokens"]
-                err = None if got == self.tokens else f"{got} tokens"
-            except Exception as e:  # every failure is counted, whatever it is
-                err = repr(e)
-            self.results.append((t0, time.time(), err))
-
-    def failures(self) -> list[tuple[float, float, str]]:
-        return [r for r in self.results if r[2] is not None]
-
-    def ok_between(self, t0: float, t1: float) -> int:
-        return sum(1 for s, e, err in self.results if err is None and s >= t0 and e <= t1)
 
 
 def _rounds(job, n: int, timeout: float) -> None:
@@ -69,12 +31,6 @@ def _serving(job) -> dict:
     st = job.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", job.logs()
     return st
-
-
-def _requests_in(log_path) -> int:
-    """Generation requests an engine's own log shows."""
-    text = log_path.read_text(errors="replace") if log_path.exists() else ""
-    return sum(1 for ln in text.splitlines() if '"POST ' in ln or "POST /" in ln)
 
 
 def test_a_killed_decode_engine_is_replaced_while_the_other_decode_serves(submit, dev_cluster):
@@ -101,7 +57,7 @@ def test_a_killed_decode_engine_is_replaced_while_the_other_decode_serves(submit
         t_back = time.time()
         assert st["phase"] == "serving", st
         # later requests, with decode-1 back in the router
-        until("request on the restarted decode-1", lambda: _requests_in(new_log) > 0, 30)
+        until("request on the restarted decode-1", lambda: requests_in(new_log) > 0, 30)
     back = st["instances"]["decode-1"]
     assert back["restarts"] == 1 and back["recover_s"] > 0, back
     assert [a["attempt"] for a in back["attempts"]] == [0, 1], back
@@ -112,7 +68,7 @@ def test_a_killed_decode_engine_is_replaced_while_the_other_decode_serves(submit
     assert not late, (f"{len(load.failures())} failed, {len(late)} after decode-1 was out",
                       late[:3])
     assert load.ok_between(t_kill, t_back) > 0, "no request succeeded while decode-1 was out"
-    assert _requests_in(new_log) > 0, "the restarted decode-1 served no request:\n" + job.logs()
+    assert requests_in(new_log) > 0, "the restarted decode-1 served no request:\n" + job.logs()
 
 
 def _file_sd(sd_dir, job, pred, timeout: float) -> dict:
@@ -330,4 +286,4 @@ def test_vllm_pd_router_takes_the_dead_decode_out_and_restarts_with_its_replacem
     assert "restarting the router with the instances' addresses now" in log, log
     assert chat(st["endpoint"], 5)["usage"]["completion_tokens"] == 5
     new_log = job.dir / "logs" / f"decode-0.attempt1.node0.{leader[1]}.log"
-    assert _requests_in(new_log) > 0, new_log.read_text()
+    assert requests_in(new_log) > 0, new_log.read_text()

@@ -4,9 +4,11 @@ that a signal cuts short, and the removal of leftover enroot containers (with th
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,10 +17,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from hpcserve import config, plan, render
 from hpcserve.runtime import contract, discovery, ownport
+from hpcserve.runtime import drain as drainmod
 from hpcserve.runtime import health as healthmod
 from hpcserve.runtime import job as jobmod
 from hpcserve.runtime.failures import Stop, task_ids
@@ -483,14 +487,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def server():
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+@contextlib.contextmanager
+def _served(handler):
+    """An HTTP server of `handler` on a free port of this host, in a thread: its port."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     srv.daemon_threads = True
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    try:
+        yield srv.server_address[1]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.fixture
+def server():
+    with _served(_Handler) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def test_runtime_http_ignores_the_submitters_proxy(server, monkeypatch):
@@ -627,12 +640,8 @@ class _Health(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def health():
     _Health.mode = "ok"
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv.server_address[1]
-    srv.shutdown()
-    srv.server_close()
+    with _served(_Health) as port:
+        yield port
 
 
 def _closed_port() -> int:
@@ -899,3 +908,160 @@ def test_metrics_totals_sums_the_named_series_over_their_labels(tmp_path):
     finally:
         srv.shutdown()
     assert healthmod.metrics_totals("http://127.0.0.1:9/metrics", m, 0.5) is None
+
+
+# ---------------------------------------------------------------------- drain requests, attach
+
+@pytest.mark.parametrize("content, why", [
+    ("{", "not a JSON drain request"),
+    ("[]", "not a JSON object"),
+    ('{"requested_at": 1}', "timeout_s must be a number >= 0, not None"),
+    ('{"timeout_s": -1}', "timeout_s must be a number >= 0, not -1"),
+    ('{"timeout_s": true}', "timeout_s must be a number >= 0, not True"),
+    ('{"timeout_s": NaN}', "timeout_s must be a number >= 0, not nan"),
+    ('{"timeout_s": 5, "requested_at": "now"}', "requested_at must be a number >= 0"),
+])
+def test_a_bad_drain_request_is_refused_naming_file_and_field(tmp_path, content, why):
+    p = tmp_path / "drain-decode-0.json"
+    p.write_text(content)
+    with pytest.raises(drainmod.DrainRequestError) as e:
+        drainmod.read_request(str(p))
+    assert str(e.value).startswith(f"{p}: ") and why in str(e.value), e.value
+
+
+def test_drain_requests_are_the_json_files_named_for_an_instance(tmp_path):
+    assert drainmod.read_request(_write(tmp_path / "x.json", {"timeout_s": 2.5})) == 2.5
+    for f in ("drain-decode-1.json", "drain-decode-0.json", "drain-decode-2.taken",
+              "drain-decode-3.refused", "drain-decode-4.json.tmp", "drain-.json", "other.json"):
+        (tmp_path / f).write_text("{}")
+    assert drainmod.requests_in(str(tmp_path)) == [
+        ("decode-0", str(tmp_path / "drain-decode-0.json")),
+        ("decode-1", str(tmp_path / "drain-decode-1.json"))]
+    assert drainmod.requests_in(str(tmp_path / "none")) == []
+
+
+def _write(path: Path, obj) -> str:
+    path.write_text(json.dumps(obj))
+    return str(path)
+
+
+class _Engine(http.server.BaseHTTPRequestHandler):
+    """An engine's /metrics: `pending` requests held (Prometheus text)."""
+    pending = 0
+
+    def do_GET(self):
+        body = (f"# TYPE eng:running gauge\neng:running{{model=\"m\"}} {_Engine.pending}\n"
+                "eng:tokens_total 7\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def engine():
+    with _served(_Engine) as port:
+        yield port
+
+
+def _serving_job(make_job, port: int, attach: dict | None, n: int = 1):
+    """A job serving `n` worker instances on this host (each a `sleep` standing for its srun
+    client, the engine's metrics on `port`), recovery begun without a router."""
+    insts = [{"name": f"worker-{i}", "role": "worker", "index": i, "component": 0,
+              "node_offset": 0, "nodes": 1, "port": port, "health_path": "/health",
+              "stop_signal": "TERM", "metrics": {"path": "/metrics", "progress": ["eng:tokens_total"],
+                                                 "pending": ["eng:running"]}}
+             for i in range(n)]
+    job = make_job([], instances=insts, attach=attach, caches=None,
+                   liveness={"interval": 0.1, "timeout": 1, "failures": 3, "node_interval": 60},
+                   recovery={"worker": {"restart": True, "max_restarts": 1, "backoff_s": 1,
+                                        "min_serving": n, "spares": 0}})
+    for i in insts:
+        job.instances.nodes[i["name"]] = [["0", "n1", "127.0.0.1", "eth0", "-"]]
+        job.instances.heads[i["name"]] = "127.0.0.1"
+        job.steps.procs[i["name"]] = subprocess.Popen(["sleep", "60"])
+    job.state.update("serving", attach=attach)
+    job.recovery.begin(None)
+    return job
+
+
+def _drain(job, name: str, timeout_s: float) -> Path:
+    d = Path(job.dir) / contract.CONTROL_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    _write(d / f"drain-{name}.json", {"timeout_s": timeout_s, "requested_at": time.time()})
+    job.drains.scan()
+    return d
+
+
+def _ticks(job, until, timeout: float = 10):
+    end = time.time() + timeout
+    while not until():
+        assert time.time() < end, (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
+        job.recovery.tick()
+        job.drains.tick()
+        time.sleep(0.02)
+
+
+ATTACH = {"router_url": "http://127.0.0.1:9", "workers_api": "queued", "api_key_env": None,
+          "front_job_id": "41", "front_job_dir": "/jobs/front", "deployment": "t"}
+
+
+def test_a_drain_waits_for_the_pending_gauges_then_stops_the_step_and_the_job_ends(make_job,
+                                                                                   engine):
+    _Engine.pending = 2
+    job = _serving_job(make_job, engine, ATTACH)
+    client = job.steps.procs["worker-0"]
+    ctl = _drain(job, "worker-0", 30)
+    assert (ctl / "drain-worker-0.taken").exists() and not (ctl / "drain-worker-0.json").exists()
+    rec = job.recovery.recs["worker-0"]
+    assert rec.status == "draining" and job.recovery.phase() == "serving"
+    assert not any(t[0] == "worker-0" for t in job.liveness.targets(None))  # not probed
+    _ticks(job, lambda: job.drains.under_way["worker-0"].pending == 2)  # read: 2 held
+    assert client.poll() is None  # held requests: not stopped
+    _Engine.pending = 0
+    with pytest.raises(Stop) as e:
+        _ticks(job, lambda: False)
+    assert (e.value.phase, e.value.reason) == ("done", contract.SCALED_IN)
+    assert client.wait(5) == -signal.SIGTERM and rec.status == "removed"
+    assert rec.attempts[-1]["end"] == "drained"
+    log = (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
+    assert re.search(r"worker-0: no request in flight [\d.]+ s after it left the router", log)
+    st = json.loads((Path(job.dir) / "state.json").read_text())
+    assert st["instances"]["worker-0"]["status"] == "removed"
+    jsonschema.validate(st, contract.STATE_SCHEMA)
+    # once removed, a new request for it is refused, and said why
+    _drain(job, "worker-0", 1)
+    assert (ctl / "drain-worker-0.refused").exists()
+    assert "drain request for worker-0 refused: worker-0 is removed, not serving" in \
+        (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
+
+
+def test_a_drain_stops_at_its_timeout_and_a_front_job_keeps_serving(make_job, engine):
+    _Engine.pending = 1  # a request that never ends
+    job = _serving_job(make_job, engine, None, n=2)
+    _drain(job, "worker-1", 0.3)
+    _drain(job, "nope-0", 1)
+    _ticks(job, lambda: job.recovery.recs["worker-1"].status == "removed")
+    log = (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
+    assert "worker-1: 1 request(s) still in flight after its drain timeout (0.3 s)" in log
+    assert "drain request for nope-0 refused: this job has no instance nope-0" in log
+    # the role's minimum (2) counts the instances kept: still serving, not recovering
+    assert job.recovery.phase() == "serving"
+    _Engine.pending = 0
+    _drain(job, "worker-0", 1)
+    _ticks(job, lambda: job.recovery.recs["worker-0"].status == "removed")
+    job.drains.tick()  # a front job with every instance removed serves on: no Stop
+    assert job.recovery.phase() == "serving"
+
+
+def test_an_attached_job_leaving_a_router_that_is_gone_says_so_and_goes_on(make_job):
+    job = _serving_job(make_job, _closed_port(), {**ATTACH, "router_url":
+                                                  f"http://127.0.0.1:{_closed_port()}"})
+    job.recovery.connect(job.plan["attach"]["router_url"])
+    job.attach.leave(1.0)
+    log = (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
+    assert "taking this job's instances out of the router at http://127.0.0.1:" in log
+    assert "no answer from the router" in log, log
