@@ -28,10 +28,9 @@ ENGINE = {"name": "sglang", "version": "0.5.23", "simulate": True,
 
 @pytest.fixture
 def front(submit):
-    """A serving front job: simulated SGLang, one plain `worker`, the real sglang-router."""
-    dep = deployment(name="t-front", liveness=FAST, engine=ENGINE)
-    dep["roles"] = {"worker": {"nodes": 1}}
-    job = submit(dep)
+    """A serving front job: simulated SGLang, one prefill and one decode instance, the real
+    sglang-router in PD mode."""
+    job = submit(deployment(name="t-front", liveness=FAST, engine=ENGINE))
     st = job.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", job.logs()
     return job
@@ -61,29 +60,34 @@ def cli(front, tmp_path):
         j.squeue_gone(60)
 
 
-def _workers(router_url: str) -> list[str]:
+def _listed(router_url: str) -> dict[str, dict]:
+    """The router's workers by URL (GET /workers: worker_type, bootstrap_port, ...)."""
     with urllib.request.urlopen(router_url + "/workers", timeout=5) as r:
-        return [w["url"] for w in json.load(r)["workers"]]
+        return {w["url"]: w for w in json.load(r)["workers"]}
 
 
-def _worker_url(job: Job) -> str:
+def _workers(router_url: str) -> list[str]:
+    return list(_listed(router_url))
+
+
+def _worker_url(job: Job, inst: str = "decode-0") -> str:
     port = json.loads((job.dir / "plan.json").read_text())["instances"][0]["port"]
-    return f"http://{job.node_rows('worker-0')[0][2]}:{port}"
+    return f"http://{job.node_rows(inst)[0][2]}:{port}"
 
 
-def test_scale_add_joins_after_the_smoke_request_and_remove_fails_no_request(front, cli):
+def test_scale_add_decode_joins_after_the_smoke_request_and_remove_fails_no_request(front, cli):
     url = front.state()["endpoint"]
-    cli("scale", str(front.id), "--role", "worker", "--add", "1")
+    cli("scale", str(front.id), "--role", "decode", "--add", "1")
     inst = cli.jobs[0]
-    assert inst.dir.parent.parent == front.dir  # <front job dir>/scale/worker-<seq>/
+    assert inst.dir.parent.parent == front.dir  # <front job dir>/scale/decode-<seq>/
     job_log = inst.dir / "logs" / "hpcserve-job.log"
-    smoke_line = "worker-0 answered its smoke request"
+    smoke_line = "decode-0 answered its smoke request"
 
     def listed_after_smoke():
         """Its URL once the front's router lists it; the smoke line is in its job log by then."""
         if inst.state().get("phase") in ("failed", "cancelled", "done"):
             raise AssertionError(inst.logs())
-        if not (inst.dir / "run" / "worker-0.nodes").exists():
+        if not (inst.dir / "run" / "decode-0.nodes").exists():
             return None
         mine = _worker_url(inst)
         if mine not in _workers(url):
@@ -91,59 +95,66 @@ def test_scale_add_joins_after_the_smoke_request_and_remove_fails_no_request(fro
         assert smoke_line in job_log.read_text(), "registered before its smoke request"
         return mine
 
-    mine = until("the instance job's worker in the front's router", listed_after_smoke, 60,
+    mine = until("the instance job's decode in the front's router", listed_after_smoke, 60,
                  why=inst.logs)
+    assert _listed(url)[mine]["worker_type"] == "decode", _listed(url)  # its role, told
     ist = inst.wait({"serving", "failed"}, 30)
     assert ist["phase"] == "serving" and ist["endpoint"] == url, ist
     assert ist["attach"]["front_job_id"] == front.id, ist
     lines = job_log.read_text().splitlines()
     order = [next(i for i, ln in enumerate(lines) if w in ln)
-             for w in (smoke_line, f"worker-0 registered with the router at {url}",
+             for w in (smoke_line, f"decode-0 registered with the router at {url}",
                        f"serving at {url}")]
     assert order == sorted(order), lines
-    ist = inst.wait_until(lambda s: "worker-0" in s["health"], 10)  # a liveness round
+    ist = inst.wait_until(lambda s: "decode-0" in s["health"], 10)  # a liveness round
     assert "router" not in ist["health"], ist  # no router of its own to probe
-    engine_log = inst.dir / ist["startup"]["instances"]["worker-0"]["log"]
+    engine_log = inst.dir / ist["startup"]["instances"]["decode-0"]["log"]
     with Load(url) as load:
         # requests through the front's router reach the instance job's engine (its own log)
         until("a request served by the instance job's engine",
               lambda: requests_in(engine_log) >= 3, 30, why=inst.logs)
         # the newest instance job's instance is the one drained
-        out = cli("scale", str(front.id), "--role", "worker", "--remove", "1", "--drain-timeout", "30",
-                  "--wait")
-        assert f"draining worker-0 of job {inst.id}" in out, out
+        out = cli("scale", str(front.id), "--role", "decode", "--remove", "1",
+                  "--drain-timeout", "30", "--wait")
+        assert f"draining decode-0 of job {inst.id}" in out, out
         ist = inst.wait({"done", "failed", "cancelled"}, 40)
         assert mine not in _workers(url)
         served_before = load.ok_between(0, float("inf"))
-        # the front serves on with its own instance alone
+        # the front serves on with its own decode alone
         until("requests after the drain", lambda: load.ok_between(0, float("inf")) >=
               served_before + 4, 20)
     assert (ist["phase"], ist["reason"]) == ("done", SCALED_IN), ist
-    assert ist["instances"]["worker-0"]["status"] == "removed", ist
+    assert ist["instances"]["decode-0"]["status"] == "removed", ist
     # leaving on request is no failure: the job never counted itself short of an instance
     assert not {"degraded", "recovering"} & {h["phase"] for h in ist["history"]}, ist
     assert not load.failures(), load.failures()[:3]
-    assert (inst.dir / "run" / "control" / "drain-worker-0.taken").exists()
+    assert (inst.dir / "run" / "control" / "drain-decode-0.taken").exists()
     log = job_log.read_text()
-    left = log.index("worker-0 removed from the router")
-    settled = re.search(r"worker-0: no request in flight [\d.]+ s after it left the router", log)
+    left = log.index("decode-0 removed from the router")
+    settled = re.search(r"decode-0: no request in flight [\d.]+ s after it left the router", log)
     assert settled and left < settled.start(), log
-    assert log.index("worker-0 removed: drained on request") > settled.start(), log
+    assert log.index("decode-0 removed: drained on request") > settled.start(), log
     assert front.state()["phase"] == "serving"
 
 
-def test_a_cancelled_instance_job_leaves_the_front_router_before_its_engine_stops(front, cli):
+def test_a_cancelled_prefill_instance_job_leaves_the_front_router_before_its_engine_stops(
+        front, cli):
     url = front.state()["endpoint"]
-    cli("scale", str(front.id), "--role", "worker", "--add", "1")
+    cli("scale", str(front.id), "--role", "prefill", "--add", "1")
     inst = cli.jobs[0]
     ist = inst.wait({"serving", "failed"}, 60)
     assert ist["phase"] == "serving", inst.logs()
-    mine = _worker_url(inst)
-    assert mine in _workers(url)
+    mine = _worker_url(inst, "prefill-0")
+    # a prefill joins as one, with its own bootstrap port (shifted with the job's port block)
+    spec = json.loads((inst.dir / "plan.json").read_text())["instances"][0]
+    got = _listed(url)[mine]
+    assert (got["worker_type"], got["bootstrap_port"]) == ("prefill", spec["ports"]["bootstrap"])
+    front_spec = json.loads((front.dir / "plan.json").read_text())["instances"][0]
+    assert spec["ports"]["bootstrap"] != front_spec["ports"]["bootstrap"], (spec, front_spec)
     cli("cancel", inst.id, "--wait")  # an instance job named stops alone
     assert inst.wait({"cancelled", "failed", "done"}, 30)["phase"] == "cancelled", inst.logs()
     assert mine not in _workers(url)
     log = (inst.dir / "logs" / "hpcserve-job.log").read_text()
-    assert log.index(f"worker-0 removed from the router ({mine})") < \
-        log.index("SIGTERM to worker-0"), log
+    assert log.index(f"prefill-0 removed from the router ({mine})") < \
+        log.index("SIGTERM to prefill-0"), log
     assert front.state()["phase"] == "serving"
