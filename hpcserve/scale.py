@@ -22,11 +22,10 @@ from typing import Callable
 from . import deployments, ops
 from .errors import HpcserveError
 from .records import record
-from .runtime.contract import SERVING_PHASES
+from .runtime.contract import CONTROL_DIR, SERVING_PHASES, drain_request_path
 from .slurm.runner import read_json
 
 SCALE_DIR = "scale"          # <front job dir>/scale/<role>-<seq>/: each instance job
-CONTROL_DIR = "run/control"  # <job dir>/run/control/drain-<instance>.json: drain requests
 WAIT_MARGIN_S = 30           # --wait: the drain's own timeout, and this for the stop after it
 # Why a router's worker API (plan.json router.workers_api) cannot take a new worker while it
 # runs (runtime/workers.py says which router release answers how).
@@ -58,7 +57,7 @@ class Drain:
 
     @property
     def request(self) -> str:
-        return posixpath.join(self.entry.job_dir, CONTROL_DIR, f"drain-{self.instance}.json")
+        return drain_request_path(self.entry.job_dir, self.instance)
 
 
 def front(job: str, remote: str | None, runner, role: str) -> Front:
@@ -176,7 +175,7 @@ def pick(f: Front, runner, role: str, count: int) -> list[Drain]:
         pending = set(runner.list_dir(posixpath.join(e.job_dir, CONTROL_DIR)))
         mine = [(i.get("index", 0), n) for n, i in v.instances.items()
                 if i.get("role") == role and i.get("status") == "serving"
-                and f"drain-{n}.json" not in pending]
+                and posixpath.basename(drain_request_path("", n)) not in pending]
         found += [Drain(e, n) for _, n in sorted(mine, reverse=True)]
     if len(found) < count:
         raise HpcserveError(f"--remove {count}: only {len(found)} {role} instance(s) of "

@@ -244,11 +244,13 @@ class CacheVar:
 class Metrics:
     """The engine's Prometheus metrics, read while serving to tell a hung engine from a busy
     one: `progress` counters move while it works; `pending` gauges count the requests it
-    holds."""
+    holds. A drain (`hpcserve scale --remove`) waits for those and for the `queued` gauges:
+    requests it holds that wait (for memory, or for their KV), which its stop would fail."""
 
     path: str
     progress: tuple[str, ...]
     pending: tuple[str, ...]
+    queued: tuple[str, ...] = ()
 
 
 class RouterAdapter:

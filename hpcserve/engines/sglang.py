@@ -199,10 +199,13 @@ class SGLang(EngineAdapter):
     caches = CACHES
     # sglang/srt/metrics/collector.py (0.5.23): on the server port with --enable-metrics. The
     # forward time moves with every batch, prefill chunks included; only running requests count
-    # as held (a queued one may wait for memory or for its KV from a prefill).
+    # as held (a queued one may wait for memory or for its KV from a prefill); a drain waits
+    # for the queued ones too, PD's transfer queues included (the same collector).
     metrics = Metrics("/metrics", ("sglang:generation_tokens_total", "sglang:prompt_tokens_total",
                                    "sglang:forward_execution_seconds_total"),
-                      ("sglang:num_running_reqs",))
+                      ("sglang:num_running_reqs",),
+                      ("sglang:num_queue_reqs", "sglang:num_prefill_inflight_queue_reqs",
+                       "sglang:num_decode_transfer_queue_reqs"))
     port_fields = {"bootstrap_port": "first PD bootstrap port (prefill)",
                    "dist_init_port": "first torch.distributed init port"}
     # Read in each pinned release's wheel (0.4.6.post5 to 0.5.23): ModelRunner.load_model logs

@@ -225,7 +225,8 @@ class VLLM(EngineAdapter):
     # waiting request (for memory, or for its KV from a prefill) is not held.
     metrics = Metrics("/metrics", ("vllm:iteration_tokens_total_count",
                                    "vllm:generation_tokens_total", "vllm:prompt_tokens_total"),
-                      ("vllm:num_requests_running",))
+                      ("vllm:num_requests_running",),
+                      ("vllm:num_requests_waiting",))  # the scheduler's waiting queue: drains
     port_fields = {"master_port": "first torch.distributed port of multi-node TP/PP "
                                   "(--master-port)",
                    "dp_rpc_port": "first DP handshake port (--data-parallel-rpc-port)",

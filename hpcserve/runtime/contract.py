@@ -22,8 +22,9 @@ runtime/startup.py), stage record (each node's outcome and the bytes read from t
 and caches (whether each was warm as each instance started); 9 adds attach (an instance job
 that registers its instances with a running deployment's router instead of starting its own, or
 null), run/control/drain-<instance>.json (a request to drain one instance: out of the router,
-in-flight requests finished, its step stopped), the instance statuses draining and removed, and
-state.json's attach (plan.json's, copied).
+in-flight requests finished, its step stopped), each instance's metrics.queued (the gauges of
+requests waiting in the engine, which a drain waits for too), the instance statuses draining and
+removed, and state.json's attach (plan.json's, copied).
 """
 
 from __future__ import annotations

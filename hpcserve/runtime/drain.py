@@ -7,8 +7,9 @@ in the job log) and moves the instance through these stages, one tick at a time 
 serve and are probed:
 
   leaving:   out of the router (its worker API), so that no new request reaches it;
-  settling:  its in-flight requests finish: its engine's `pending` gauges (plan.json's instance
-             metrics, read as liveness reads them) read 0 twice in a row, or the request's
+  settling:  its in-flight requests finish: its engine's `pending` and `queued` gauges
+             (plan.json's instance metrics, read as liveness reads them) read 0 twice in a
+             row, or the request's
              timeout_s passes; the log says which;
   stopping:  its step ended through Slurm (its engine's stop signal, TERM, as recovery stops a
              failed attempt; KILL after a grace).
@@ -165,6 +166,8 @@ class Drains:
             return self._stop(d, rec)
         m = job.liveness.metrics_of(job.instances.spec(d.name))
         if m and now() >= d.next_poll:
+            # what it runs and what waits in it: its stop would fail either
+            m = {**m, "pending": list(m["pending"]) + list(m.get("queued", []))}
             d.task = job.recovery.pool.submit(metrics_totals, m["url"], m,
                                               job.plan["liveness"]["timeout"])
             d.next_poll = now() + POLL_S

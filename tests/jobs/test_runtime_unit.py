@@ -946,12 +946,13 @@ def _write(path: Path, obj) -> str:
 
 
 class _Engine(http.server.BaseHTTPRequestHandler):
-    """An engine's /metrics: `pending` requests held (Prometheus text)."""
+    """An engine's /metrics: `pending` requests held, `queued` waiting (Prometheus text)."""
     pending = 0
+    queued = 0
 
     def do_GET(self):
         body = (f"# TYPE eng:running gauge\neng:running{{model=\"m\"}} {_Engine.pending}\n"
-                "eng:tokens_total 7\n").encode()
+                f"eng:waiting{{model=\"m\"}} {_Engine.queued}\neng:tokens_total 7\n").encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -973,7 +974,8 @@ def _serving_job(make_job, port: int, attach: dict | None, n: int = 1):
     insts = [{"name": f"worker-{i}", "role": "worker", "index": i, "component": 0,
               "node_offset": 0, "nodes": 1, "port": port, "health_path": "/health",
               "stop_signal": "TERM", "metrics": {"path": "/metrics", "progress": ["eng:tokens_total"],
-                                                 "pending": ["eng:running"]}}
+                                                 "pending": ["eng:running"],
+                                                 "queued": ["eng:waiting"]}}
              for i in range(n)]
     job = make_job([], instances=insts, attach=attach, caches=None,
                    liveness={"interval": 0.1, "timeout": 1, "failures": 3, "node_interval": 60},
@@ -1011,7 +1013,7 @@ ATTACH = {"router_url": "http://127.0.0.1:9", "workers_api": "queued", "api_key_
 
 def test_a_drain_waits_for_the_pending_gauges_then_stops_the_step_and_the_job_ends(make_job,
                                                                                    engine):
-    _Engine.pending = 2
+    _Engine.pending, _Engine.queued = 2, 1
     job = _serving_job(make_job, engine, ATTACH)
     client = job.steps.procs["worker-0"]
     ctl = _drain(job, "worker-0", 30)
@@ -1019,9 +1021,12 @@ def test_a_drain_waits_for_the_pending_gauges_then_stops_the_step_and_the_job_en
     rec = job.recovery.recs["worker-0"]
     assert rec.status == "draining" and job.recovery.phase() == "serving"
     assert not any(t[0] == "worker-0" for t in job.liveness.targets(None))  # not probed
-    _ticks(job, lambda: job.drains.under_way["worker-0"].pending == 2)  # read: 2 held
+    _ticks(job, lambda: job.drains.under_way["worker-0"].pending == 3)  # 2 held, 1 queued
     assert client.poll() is None  # held requests: not stopped
     _Engine.pending = 0
+    _ticks(job, lambda: job.drains.under_way["worker-0"].pending == 1)  # one still queued
+    assert client.poll() is None  # a queued request would fail too: not stopped
+    _Engine.queued = 0
     with pytest.raises(Stop) as e:
         _ticks(job, lambda: False)
     assert (e.value.phase, e.value.reason) == ("done", contract.SCALED_IN)
