@@ -20,13 +20,14 @@ requests through its router all along. Each run (default 5):
    start: the router no longer lists the decode, state.json says it is removed, the CLI returns,
    the instance job has left squeue.
 Slurm's share is sbatch returned -> the batch script's first line (scheduling, the batch step's
-launch); hpcserve's is the rest of t0 -> the first request on the new engine.
+launch); hpcserve's is the rest of t0 -> the first request on the new engine. hpcserve's
+bytecode is compiled first and PYTHONDONTWRITEBYTECODE dropped, as for an installed hpcserve.
+The job directories stay under /tmp/hpcserve-bench-scale/run for their logs.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import statistics
@@ -154,6 +155,9 @@ def scale_out(env: dict, front: str, router: str, shim_log: Path) -> tuple[dict,
         raise SystemExit(f"not seen within {poll.timeout}s: {poll.at}\n{log_text(d)}")
     s0, s1 = sbatch_times(shim_log)
     st = wait(lambda: state(d) if state(d).get("phase") == "serving" else None, 30)
+    if new["url"] != worker_url(d):
+        raise SystemExit(f"the router listed {new['url']}, not the instance job's decode "
+                         f"{worker_url(d)}")
     tb = st["started_at"]  # the batch script's first line (HPCSERVE_BATCH_T0)
     up = st["startup"]  # the job's own start-up phases, from tb to serving
     w = poll.at
@@ -170,7 +174,7 @@ def scale_out(env: dict, front: str, router: str, shim_log: Path) -> tuple[dict,
 
 
 def scale_in(env: dict, front: str, router: str, inst: Path, jid: str) -> dict:
-    url = next(u for u in workers(router) or () if u not in front_urls(router, inst))
+    url = worker_url(inst)
     poll = Poll({"out": lambda: url not in (workers(router) or [url]),
                  "removed": lambda: state(inst).get("instances", {}).get("decode-0", {})
                  .get("status") == "removed"})
@@ -183,11 +187,11 @@ def scale_in(env: dict, front: str, router: str, inst: Path, jid: str) -> dict:
             "rm_cli": t_cli - t0, "rm_gone": t_gone - t0}
 
 
-def front_urls(router: str, inst: Path) -> list[str]:
-    """The router's workers that are not the instance job's decode (its address and port)."""
+def worker_url(inst: Path) -> str:
+    """The instance job's decode as the router lists it (its node's address, its port)."""
     addr = (inst / "run" / "decode-0.nodes").read_text().split()[2]
     port = json.loads((inst / "plan.json").read_text())["instances"][0]["port"]
-    return [u for u in workers(router) or () if u != f"http://{addr}:{port}"]
+    return f"http://{addr}:{port}"
 
 
 def log_text(d: Path) -> str:
