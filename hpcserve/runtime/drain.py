@@ -2,7 +2,7 @@
 --remove`), without failing a request.
 
 The operator command writes run/control/drain-<instance>.json (contract.CONTROL_DIR); the
-orchestrator takes each request once a liveness round (renamed .taken, or .refused with the reason
+orchestrator takes each request within half a second (renamed .taken, or .refused with the reason
 in the job log) and moves the instance through these stages, one tick at a time while the others
 serve and are probed:
 
@@ -89,7 +89,7 @@ class Drains:
         self.dir = os.path.join(job.dir, CONTROL_DIR)
         self.under_way: dict[str, Drain] = {}
 
-    # -- once a liveness round
+    # -- every health.SCAN_S while serving
     def scan(self) -> None:
         """Take every drain request waiting, each once."""
         for name, path in requests_in(self.dir):

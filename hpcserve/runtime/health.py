@@ -278,11 +278,15 @@ class Track:
         return kind, detail
 
 
+SCAN_S = 0.5  # s between two looks for drain requests (run/control/) while serving
+
+
 class Liveness:
     def __init__(self, job):
         self.job = job
         self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="hpcserve-probe")
         self.tracks: dict[str, Track] = {}
+        self._next_scan = 0.0
 
     def targets(self, router_url: str | None) -> list[tuple[str, str, dict | None]]:
         """(name, health URL, metrics URL and names) of every serving instance, and the
@@ -311,8 +315,8 @@ class Liveness:
     def watch(self, router_url: str | None, tick) -> None:
         """While serving: every round, all targets probed at once (each bounded by `timeout`),
         the engines' metrics read beside their health; Slurm asked about the nodes now and then;
-        drain requests taken and tick() called once a round (the benchmark's). One instance that
-        fails `failures` rounds in a row is recovery's (recovery.py); the router's failure, a
+        drain requests taken between rounds; tick() called once a round (the benchmark's). One
+        instance that fails `failures` rounds in a row is recovery's (recovery.py); the router's failure, a
         signal or a lost router node end the deployment by raising Stop. `router_url` is the
         job's own router only: an instance job (attach) probes its engines, and the router it
         joined is its front job's to watch."""
@@ -321,7 +325,6 @@ class Liveness:
         next_nodes = now() + lv["node_interval"]
         while True:
             self._pause(lv["interval"])
-            job.drains.scan()
             tick()
             for name, url, res in self._round(self.targets(router_url), lv["timeout"]):
                 self._judge(name, url, res, lv)
@@ -334,11 +337,17 @@ class Liveness:
                 next_nodes = now() + lv["node_interval"]
 
     def _pause(self, seconds: float) -> None:
-        """The wait between rounds, in which recovery moves on."""
+        """The wait between rounds, in which recovery and drains move on, and drain requests are
+        looked for every SCAN_S (not once a round: a round may be 10 s apart, and a drain request
+        should not wait for it; a listing every SCAN_S is light even on a parallel file
+        system)."""
         job = self.job
         end = now() + seconds
         while True:
             job.check()
+            if now() >= self._next_scan:
+                job.drains.scan()
+                self._next_scan = now() + SCAN_S
             job.recovery.tick()
             job.drains.tick()
             if now() >= end:
