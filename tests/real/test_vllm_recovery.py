@@ -1,11 +1,14 @@
 """Serving that heals, with the real engine: vLLM 0.32.0 on CPU, two instances behind the real
 vllm-router (plain mode, whose worker API adds and removes workers while it runs). One instance
-is killed under load; the other serves throughout; the killed one restarts and serves again."""
+is killed under load; the other serves throughout; the killed one restarts and serves again.
+Then `hpcserve scale --add 1` joins a third vLLM, an instance job of its own, to the same router,
+and `--remove 1` drains it under load (one front for both: a real vLLM start costs CI a minute)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -20,6 +23,7 @@ from test_vllm_cpu import _job_id, _post, _status, leftovers, read_state, wait_s
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 from jobkit import find_pid, until, wait_no_job_processes  # noqa: E402
 
+from hpcserve.runtime.contract import SCALED_IN  # noqa: E402
 from hpcserve.runtime.workers import RouterWorkers  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real_engine]
@@ -85,7 +89,7 @@ def _engine_cores(cluster, node: str) -> set[int]:
     return {p for p in node_processes(cluster)[node] if cmdline(p).startswith("VLLM::EngineCore")}
 
 
-def test_a_killed_vllm_instance_is_replaced_while_the_other_serves(
+def test_a_killed_vllm_instance_is_replaced_and_an_added_one_serves_then_drains(
         hs, dev_cluster, tiny_models, tmp_path):
     jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
     cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
@@ -183,6 +187,8 @@ def test_a_killed_vllm_instance_is_replaced_while_the_other_serves(
     # the other instance served all the while
     assert load.ok_between(t_kill, t_back) > 0, summary
     assert load.ok_between(t_back, t_end) > 0, summary
+    front_log = job_dir / st["instances"]["worker-0"]["attempts"][0]["log"]
+    _scale_add_then_drain(hs, job, job_dir, url, front_log)
     hs("cancel", job, "--wait")
     assert _status(hs, job)["phase"] == "cancelled"
     wait_no_job_processes(dev_cluster, 60)
@@ -209,3 +215,65 @@ def _check_caches(job_dir: Path, st: dict, node: str, cache: Path, new_log: Path
                for t in firsts), firsts[0][-3000:]
     job_log = (job_dir / "logs" / "hpcserve-job.log").read_text()
     assert f"worker-1 attempt 1 compile caches: {node}: vllm warm" in job_log, job_log[-3000:]
+
+
+def _scale_add_then_drain(hs, job: str, job_dir: Path, url: str, front_log: Path) -> None:
+    """`hpcserve scale --add 1`: an instance job whose vLLM the front's vllm-router lists only
+    once its job log says it answered its smoke request; chats through the router then reach
+    both the front's worker-0 and the new engine (each one's own log). `--remove 1 --wait`
+    under load takes it out and stops it without a failed request; the instance job ends done."""
+    out = hs("scale", job, "--role", "worker", "--add", "1").stdout
+    inst = _job_id(out)  # a Slurm job of its own
+    assert inst != job, out
+    inst_dir = Path(re.search(r"job directory: (\S+)", out).group(1))
+    assert inst_dir.parent == job_dir / "scale", out  # <front job dir>/scale/worker-<seq>
+    inst_log = inst_dir / "logs" / "hpcserve-job.log"
+    smoke = "worker-0 answered its smoke request"
+    router = RouterWorkers("direct", url)
+
+    def why() -> str:
+        return (f"instance job state: {json.dumps(read_state(inst_dir), indent=1)[-3000:]}\n"
+                f"its log: {inst_log.read_text()[-3000:] if inst_log.exists() else ''}")
+
+    def listed_after_smoke() -> str | None:
+        if read_state(inst_dir).get("phase") in ("failed", "cancelled", "done"):
+            raise AssertionError(why())
+        if not (inst_dir / "run" / "worker-0.nodes").exists():
+            return None
+        port = json.loads((inst_dir / "plan.json").read_text())["instances"][0]["port"]
+        mine = f"http://{_rows(inst_dir, 'worker-0')[0][2]}:{port}"
+        if mine not in router.listed():
+            return None
+        assert smoke in inst_log.read_text(), ("listed before its smoke request", why())
+        return mine
+
+    mine = until("the instance job's vLLM in the front's router", listed_after_smoke,
+                 RESTART_S, poll=0.1, why=why)
+    ist = wait_state(inst_dir, {"serving", "failed", "cancelled"}, 60)
+    assert ist["phase"] == "serving" and ist["endpoint"] == url, why()
+    assert ist["attach"]["front_job_id"] == job, ist["attach"]
+    assert len(router.listed()) == 3, router.listed()
+    new_log = inst_dir / ist["instances"]["worker-0"]["attempts"][0]["log"]
+    with Load(url) as load:
+        front0, new0 = _chats(front_log), _chats(new_log)  # new0: its smoke request
+        until("chats through the router on the front's worker-0 and the new engine",
+              lambda: _chats(front_log) >= front0 + 3 and _chats(new_log) >= new0 + 3, 180,
+              why=why)
+        out = hs("scale", job, "--role", "worker", "--remove", "1", "--drain-timeout", "60",
+                 "--wait").stdout
+        assert f"draining worker-0 of job {inst}" in out, out
+        ist = wait_state(inst_dir, {"done", "failed", "cancelled"}, 60)
+        assert mine not in router.listed(), router.listed()
+        served = load.ok_between(0, time.time())
+        until("requests after the drain", lambda: load.ok_between(0, time.time()) >= served + 4,
+              120, why=why)
+    assert (ist["phase"], ist["reason"]) == ("done", SCALED_IN), why()
+    assert _status(hs, inst)["phase"] == "done", _status(hs, inst)  # Slurm's view merged
+    assert ist["instances"]["worker-0"]["status"] == "removed", ist["instances"]
+    assert not load.failures(), load.failures()[:3]
+    log = inst_log.read_text()
+    left = log.index("worker-0 removed from the router")
+    settled = re.search(r"worker-0: no request in flight [\d.]+ s after it left the router", log)
+    assert settled and left < settled.start(), log[-3000:]
+    print(f"instance job {inst}: {len(load.results)} requests during the add and drain, "
+          f"{_chats(new_log) - new0} chats on its engine")
