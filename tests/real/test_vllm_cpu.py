@@ -62,7 +62,9 @@ def _serves_real_tokens(endpoint: str) -> None:
 
 
 def _status(hs, job: str) -> dict:
-    (st,) = json.loads(hs("status", job, "--json", check=False).stdout)
+    """JOB's entry in `hpcserve status JOB --json` (a front's instance jobs follow it there)."""
+    (st,) = [v for v in json.loads(hs("status", job, "--json", check=False).stdout)
+             if v["job_id"] == job]
     return st
 
 

@@ -1,15 +1,19 @@
 """Serving that heals, with the real engine: vLLM 0.32.0 on CPU, two instances behind the real
 vllm-router (plain mode, whose worker API adds and removes workers while it runs). One instance
-is killed under load; the other serves throughout; the killed one restarts and serves again."""
+is killed under load; the other serves throughout; the killed one restarts and serves again.
+Then `hpcserve scale --add 1` joins a third vLLM, an instance job of its own, to the same router,
+and `--remove 1` drains it under load (one front for both: a real vLLM start costs CI a minute)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,6 +24,7 @@ from test_vllm_cpu import _job_id, _post, _status, leftovers, read_state, wait_s
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 from jobkit import find_pid, until, wait_no_job_processes  # noqa: E402
 
+from hpcserve.runtime.contract import SCALED_IN  # noqa: E402
 from hpcserve.runtime.workers import RouterWorkers  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real_engine]
@@ -27,6 +32,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.real_engine]
 # The job's own bounds: a real vLLM on a shared 2-core machine starts in one to three minutes.
 RESTART_S = 900      # worker-1 out, restarted, checked and back (engine_timeout 600 + margin)
 CHAT = "POST /v1/chat/completions"  # uvicorn's access line for each chat vLLM answers
+LONG_TOKENS = 400  # a chat in flight on the drained engine (the tiny llama holds 512 positions)
 
 
 class Load:
@@ -85,7 +91,7 @@ def _engine_cores(cluster, node: str) -> set[int]:
     return {p for p in node_processes(cluster)[node] if cmdline(p).startswith("VLLM::EngineCore")}
 
 
-def test_a_killed_vllm_instance_is_replaced_while_the_other_serves(
+def test_a_killed_vllm_instance_is_replaced_and_an_added_one_serves_then_drains(
         hs, dev_cluster, tiny_models, tmp_path):
     jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
     cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
@@ -183,6 +189,8 @@ def test_a_killed_vllm_instance_is_replaced_while_the_other_serves(
     # the other instance served all the while
     assert load.ok_between(t_kill, t_back) > 0, summary
     assert load.ok_between(t_back, t_end) > 0, summary
+    front_log = job_dir / st["instances"]["worker-0"]["attempts"][0]["log"]
+    _scale_add_then_drain(hs, job, job_dir, url, front_log)
     hs("cancel", job, "--wait")
     assert _status(hs, job)["phase"] == "cancelled"
     wait_no_job_processes(dev_cluster, 60)
@@ -209,3 +217,120 @@ def _check_caches(job_dir: Path, st: dict, node: str, cache: Path, new_log: Path
                for t in firsts), firsts[0][-3000:]
     job_log = (job_dir / "logs" / "hpcserve-job.log").read_text()
     assert f"worker-1 attempt 1 compile caches: {node}: vllm warm" in job_log, job_log[-3000:]
+
+
+def _scale_add_then_drain(hs, job: str, job_dir: Path, url: str, front_log: Path) -> None:
+    """`hpcserve scale --add 1`, then chats through the router reach both the front's worker-0
+    and the new engine (each one's own log). `--remove 1 --wait` under load takes it out and
+    stops it without a failed request, a long chat sent to it straight finishing first; the
+    instance job ends done."""
+    inst, inst_dir, mine = _scale_add(hs, job, job_dir, url)
+    router = RouterWorkers("direct", url)
+    ist = read_state(inst_dir)
+    new_log = inst_dir / ist["instances"]["worker-0"]["attempts"][0]["log"]
+    inst_log = inst_dir / "logs" / "hpcserve-job.log"
+    why = lambda: _why(inst_dir)  # noqa: E731
+    # the drain waits on these gauges: vLLM must export them (a name it lacks would read 0)
+    metrics = json.loads((inst_dir / "plan.json").read_text())["instances"][0]["metrics"]
+    exported = _get(mine + metrics["path"])
+    assert all(re.search(rf"^{re.escape(n)}[{{ ]", exported, re.M) for n in metrics["pending"]), \
+        (metrics["pending"], exported[:3000])
+    with Load(url) as load:
+        front0, new0 = _chats(front_log), _chats(new_log)  # new0: its smoke request
+        until("chats through the router on the front's worker-0 and the new engine",
+              lambda: _chats(front_log) >= front0 + 3 and _chats(new_log) >= new0 + 3, 180,
+              why=why)
+        long = _LongChat(mine, LONG_TOKENS)
+        out = hs("scale", job, "--role", "worker", "--remove", "1", "--drain-timeout", "120",
+                 "--wait").stdout
+        t_drained = time.time()
+        assert f"draining worker-0 of job {inst}" in out, out
+        ist = wait_state(inst_dir, {"done", "failed", "cancelled"}, 60)
+        assert mine not in router.listed(), router.listed()
+        served = load.ok_between(0, time.time())
+        until("requests after the drain", lambda: load.ok_between(0, time.time()) >= served + 4,
+              120, why=why)
+    # the engine stopped only once the long chat (in flight as the drain began, or done) was
+    long.join()
+    assert long.got == {"tokens": LONG_TOKENS}, (long.got, why())
+    assert (ist["phase"], ist["reason"]) == ("done", SCALED_IN), why()
+    assert _status(hs, inst)["phase"] == "done", _status(hs, inst)  # Slurm's view merged
+    assert ist["instances"]["worker-0"]["status"] == "removed", ist["instances"]
+    assert not load.failures(), load.failures()[:3]
+    log = inst_log.read_text()
+    left = log.index("worker-0 removed from the router")
+    settled = re.search(r"worker-0: no request in flight ([\d.]+) s after it left the router",
+                        log)
+    assert settled and left < settled.start(), log[-3000:]
+    print(f"instance job {inst}: {len(load.results)} requests during the add and drain, "
+          f"{_chats(new_log) - new0} chats on its engine; the long chat ended "
+          f"{long.ended - long.started:.1f} s after it began, {t_drained - long.ended:.1f} s "
+          f"before --remove returned; {settled.group(0)}")
+
+
+def _scale_add(hs, job: str, job_dir: Path, url: str) -> tuple[str, Path, str]:
+    """`hpcserve scale --add 1`: an instance job (a Slurm job of its own under the front's
+    scale/) whose vLLM the front's vllm-router lists only once its job log says it answered its
+    smoke request. Its job id, directory and engine URL, once it serves."""
+    out = hs("scale", job, "--role", "worker", "--add", "1").stdout
+    inst = _job_id(out)
+    assert inst != job, out
+    inst_dir = Path(re.search(r"job directory: (\S+)", out).group(1))
+    assert inst_dir.parent == job_dir / "scale", out  # <front job dir>/scale/worker-<seq>
+    inst_log = inst_dir / "logs" / "hpcserve-job.log"
+    router = RouterWorkers("direct", url)
+
+    def listed_after_smoke() -> str | None:
+        if read_state(inst_dir).get("phase") in ("failed", "cancelled", "done"):
+            raise AssertionError(_why(inst_dir))
+        if not (inst_dir / "run" / "worker-0.nodes").exists():
+            return None
+        port = json.loads((inst_dir / "plan.json").read_text())["instances"][0]["port"]
+        mine = f"http://{_rows(inst_dir, 'worker-0')[0][2]}:{port}"
+        if mine not in router.listed():
+            return None
+        assert "worker-0 answered its smoke request" in inst_log.read_text(), \
+            ("listed before its smoke request", _why(inst_dir))
+        return mine
+
+    mine = until("the instance job's vLLM in the front's router", listed_after_smoke,
+                 RESTART_S, poll=0.1, why=lambda: _why(inst_dir))
+    ist = wait_state(inst_dir, {"serving", "failed", "cancelled"}, 60)
+    assert ist["phase"] == "serving" and ist["endpoint"] == url, _why(inst_dir)
+    assert ist["attach"]["front_job_id"] == job, ist["attach"]
+    assert len(router.listed()) == 3, router.listed()
+    return inst, inst_dir, mine
+
+
+def _why(job_dir: Path) -> str:
+    log = job_dir / "logs" / "hpcserve-job.log"
+    return (f"{job_dir.name} state: {json.dumps(read_state(job_dir), indent=1)[-3000:]}\n"
+            f"its log: {log.read_text()[-3000:] if log.exists() else ''}")
+
+
+def _get(url: str) -> str:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=10) as r:
+        return r.read().decode(errors="replace")
+
+
+class _LongChat(threading.Thread):
+    """A chat of exactly `tokens` tokens (vLLM's ignore_eos) sent straight to one engine: what
+    it got ({"tokens": n} or {"error": ...}), when it began and ended."""
+
+    def __init__(self, engine_url: str, tokens: int):
+        super().__init__(daemon=True)
+        self.url, self.tokens = engine_url, tokens
+        self.got: dict = {}
+        self.started = self.ended = time.time()
+        self.start()
+
+    def run(self) -> None:
+        body = {"model": "tiny", "max_tokens": self.tokens, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "Tell the cluster a long story"}]}
+        try:
+            self.got = {"tokens": json.loads(_post(self.url, body, timeout=300))["usage"][
+                "completion_tokens"]}
+        except Exception as e:  # a stopped engine's reset connection, whatever it is
+            self.got = {"error": repr(e)}
+        self.ended = time.time()
