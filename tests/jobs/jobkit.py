@@ -300,11 +300,12 @@ def check_startup(st: dict, job_dir: Path, weights_line: str) -> None:
 
 
 class Load:
-    """Chat requests through the router from `clients` threads, one after another each: every
-    request's start, end, and error (None when it returned its tokens)."""
+    """Chat requests through the router from `clients` threads, one after another each (`pause`
+    s between two of a thread): every request's start, end, and error (None when it returned
+    its tokens). one() sends one request: a subclass may send another kind."""
 
-    def __init__(self, url: str, clients: int = 2, tokens: int = 8):
-        self.url, self.tokens = url, tokens
+    def __init__(self, url: str, clients: int = 2, tokens: int = 8, pause: float = 0.0):
+        self.url, self.tokens, self.pause = url, tokens, pause
         self.results: list[tuple[float, float, str | None]] = []
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
@@ -317,17 +318,24 @@ class Load:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         for t in self._threads:
-            t.join(30)
+            t.join(self.JOIN_S)
+
+    JOIN_S = 30  # s a thread's last request may take to end (one() times out before)
+
+    def one(self) -> str | None:
+        """One request: its error, or None."""
+        got = chat(self.url, self.tokens, timeout=20)["usage"]["completion_tokens"]
+        return None if got == self.tokens else f"{got} tokens"
 
     def _run(self) -> None:
         while not self._stop.is_set():
             t0 = time.time()
             try:
-                got = chat(self.url, self.tokens, timeout=20)["usage"]["completion_tokens"]
-                err = None if got == self.tokens else f"{got} tokens"
+                err = self.one()
             except Exception as e:  # every failure is counted, whatever it is
                 err = repr(e)
             self.results.append((t0, time.time(), err))
+            self._stop.wait(self.pause)
 
     def failures(self) -> list[tuple[float, float, str]]:
         return [r for r in self.results if r[2] is not None]

@@ -22,6 +22,7 @@ from conftest import real_deployment, write_deployment
 from test_vllm_cpu import _job_id, _post, _status, leftovers, read_state, wait_state
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+import jobkit  # noqa: E402
 from jobkit import find_pid, until, wait_no_job_processes  # noqa: E402
 
 from hpcserve.runtime.contract import SCALED_IN  # noqa: E402
@@ -35,45 +36,20 @@ CHAT = "POST /v1/chat/completions"  # uvicorn's access line for each chat vLLM a
 LONG_TOKENS = 400  # a chat in flight on the drained engine (the tiny llama holds 512 positions)
 
 
-class Load:
-    """Short chat requests through the router from `clients` threads, one after another each
-    (a short pause between, so that the restarting vLLM gets some of the 2 cores): every
-    request's start, end and error (None when it returned tokens)."""
+class Load(jobkit.Load):
+    """Short chat requests to the real vLLM through the router from `clients` threads, a short
+    pause between two of a thread (so that a starting vLLM gets some of the 2 cores)."""
+
+    JOIN_S = 120  # one() waits up to 60 s for the real engine
 
     def __init__(self, url: str, clients: int = 2, pause: float = 0.25):
-        self.url, self.pause = url, pause
-        self.results: list[tuple[float, float, str | None]] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
+        super().__init__(url, clients, pause=pause)
 
-    def __enter__(self) -> "Load":
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(120)
-
-    def _run(self) -> None:
+    def one(self) -> str | None:
         body = {"model": "tiny", "max_tokens": 8,
                 "messages": [{"role": "user", "content": "Say hello to the cluster"}]}
-        while not self._stop.is_set():
-            t0 = time.time()
-            try:
-                got = json.loads(_post(self.url, body, timeout=60))["usage"]["completion_tokens"]
-                err = None if got > 0 else f"{got} tokens"
-            except Exception as e:  # every failure is counted, whatever it is
-                err = repr(e)
-            self.results.append((t0, time.time(), err))
-            self._stop.wait(self.pause)
-
-    def failures(self) -> list[tuple[float, float, str]]:
-        return [r for r in self.results if r[2] is not None]
-
-    def ok_between(self, t0: float, t1: float) -> int:
-        return sum(1 for s, e, err in self.results if err is None and s >= t0 and e <= t1)
+        got = json.loads(_post(self.url, body, timeout=60))["usage"]["completion_tokens"]
+        return None if got > 0 else f"{got} tokens"
 
 
 def _chats(log: Path) -> int:
