@@ -227,20 +227,28 @@ def clear_of_my_other_deployments(p, cfg, runner, remote: str | None, warn):
     smallest multiple of PORT_SHIFT_STEP that clears the ports the others use (or most of them,
     where the file itself sets one that is taken)."""
     from . import plan as planner
-    used = ports_in_use(runner, remote)
-    best, best_shift, clashes = p, 0, len(used & plan_ports(p))
-    for k in range(1, planner.PORT_SHIFTS):
-        if not clashes:
-            break
-        q = planner.build(cfg, port_shift=k * planner.PORT_SHIFT_STEP)
-        left = len(used & plan_ports(q))
-        if left < clashes:
-            best, best_shift, clashes = q, k * planner.PORT_SHIFT_STEP, left
+    shifts = [k * planner.PORT_SHIFT_STEP for k in range(planner.PORT_SHIFTS)]
+    best, best_shift = least_clashing(
+        ((s, planner.build(cfg, port_shift=s) if s else p) for s in shifts),
+        ports_in_use(runner, remote))
     if best_shift:
         warn(f"ports moved by +{best_shift} (those the file does not set), clear of your other "
              "deployments on these shared nodes")
     # a port the file sets that another deployment holds remains: the job names that clash
     return best
+
+
+def least_clashing(candidates, used: set[int]) -> tuple:
+    """(plan, shift) of the first (shift, plan) of `candidates` (a lazy iterable: each plan is
+    built only if asked for) whose ports clear `used`, or else of the one that clashes least."""
+    best = None
+    for shift, q in candidates:
+        left = len(used & plan_ports(q))
+        if best is None or left < best[2]:
+            best = (q, shift, left)
+        if not left:
+            break
+    return best[0], best[1]
 
 
 def check_router_python(p, runner) -> None:

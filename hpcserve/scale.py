@@ -148,15 +148,8 @@ def clear_ports(plan_at: Callable[[int], object], seq: int, taken: set[int]):
     front's); the one that clashes least where none clears."""
     from . import plan as planner
     n = planner.PORT_SHIFTS - 1
-    best, clashes = None, None
-    for k in range(n):
-        p = plan_at(((seq - 1 + k) % n + 1) * planner.PORT_SHIFT_STEP)
-        left = len(taken & ops.plan_ports(p))
-        if best is None or left < clashes:
-            best, clashes = p, left
-        if not left:
-            break
-    return best
+    shifts = [((seq - 1 + k) % n + 1) * planner.PORT_SHIFT_STEP for k in range(n)]
+    return ops.least_clashing(((s, plan_at(s)) for s in shifts), taken)[0]
 
 
 # ------------------------------------------------------------------------------------- remove
