@@ -140,6 +140,9 @@ class Job:
         url = self.start_router(found, rd) if plan.get("router") else \
             self.attach.join() if plan.get("attach") else None
         serving_at = now()
+        # state.json names every instance before it says serving: a reader that sees "serving"
+        # finds them all
+        self.recovery.begin(url)
         self.state.update("serving", endpoint=url,
                           **({"serving_after_s": round(serving_at - self.t0, 3)} if url else {}))
         if url:
@@ -147,7 +150,6 @@ class Job:
         self.startup.finish(serving_at)
         first = plan["instances"][0]
         self.bench.start(found, url or f"http://{heads[first['name']]}:{first['port']}")
-        self.recovery.begin(url)
         self.liveness.watch(url if plan.get("router") else None,
                             lambda: self.bench.tick(self.instances.heads))
 
