@@ -199,9 +199,9 @@ def log_text(d: Path) -> str:
     return p.read_text(errors="replace") if p.exists() else "(no job log)"
 
 
-def start_front(env: dict, tmp: Path) -> tuple[str, str]:
+def start_front(env: dict, tmp: Path, deploy: str = DEPLOY) -> tuple[str, str]:
     f = tmp / "deploy.yaml"
-    f.write_text(DEPLOY)
+    f.write_text(deploy)
     _, _, out = cli(env, "submit", str(f), "-o", str(tmp / "front"))
     jid = re.search(r"submitted job (\d+)", out).group(1)
     st = wait(lambda: state(tmp / "front") if state(tmp / "front").get("phase") in (
