@@ -27,9 +27,7 @@ from pathlib import Path
 
 from bench_job import wait  # bench/ is sys.path[0]; it puts the checkout on it
 from bench_recovery import _DIRECT, Load, machine
-from bench_scale import DEPLOY, ROOT, cli, squeue_gone, start_front, workers
-
-from hpcserve.devcluster.cluster import DevCluster  # noqa: E402
+from bench_scale import DEPLOY, cli, fresh, squeue_gone, start_front, started, workers
 
 BASE = Path("/tmp/hpcserve-bench-upgrade")
 RELEASES = ("0.5.22", "0.5.23")
@@ -67,21 +65,10 @@ def main() -> None:
     upgrades = int(sys.argv[1]) if len(sys.argv) > 1 else 4
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print("machine:", machine())
-    cluster = DevCluster(str(BASE / "cluster"), nodes=4, subnet="10.253.11.0/24", prefix="hsu",
-                         pin_cpus=False)
-    cluster.down()
-    subprocess.run(["rm", "-rf", str(BASE / "run")])
-    tmp = BASE / "run"
-    tmp.mkdir(parents=True)
+    cluster, tmp = fresh(BASE, "10.253.11.0/24", "hsu")
     out: list[dict] = []
     try:
-        cluster.up()
-        env = cluster.client_env()
-        env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed (bench_scale.py says why)
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "hpcserve")],
-                       check=True)
-        env["PATH"] = str(Path(sys.executable).parent) + ":" + env["PATH"]
-        env["HPCSERVE_STATE_DIR"] = str(tmp / "state")
+        env = started(cluster, tmp)
         front, router = start_front(env, tmp, deployment())
         with Load(router, CLIENTS) as load:
             time.sleep(1)  # steady load before the first upgrade
