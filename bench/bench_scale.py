@@ -199,9 +199,9 @@ def log_text(d: Path) -> str:
     return p.read_text(errors="replace") if p.exists() else "(no job log)"
 
 
-def start_front(env: dict, tmp: Path) -> tuple[str, str]:
+def start_front(env: dict, tmp: Path, deploy: str = DEPLOY) -> tuple[str, str]:
     f = tmp / "deploy.yaml"
-    f.write_text(DEPLOY)
+    f.write_text(deploy)
     _, _, out = cli(env, "submit", str(f), "-o", str(tmp / "front"))
     jid = re.search(r"submitted job (\d+)", out).group(1)
     st = wait(lambda: state(tmp / "front") if state(tmp / "front").get("phase") in (
@@ -253,31 +253,43 @@ def report(out: list[dict], runs: int, failed: int, sent: int) -> None:
     print(f"\nrequests through the router during the runs: {sent}, failed: {failed}")
 
 
+def fresh(base: Path, subnet: str, prefix: str) -> tuple[DevCluster, Path]:
+    """A 4-node local cluster (not started yet) under base/cluster, and an empty base/run.
+    Unpinned as bench_job.py: pinned nodes would serialise the batch host's runtime, the router
+    and an engine on one core and measure that instead of hpcserve."""
+    cluster = DevCluster(str(base / "cluster"), nodes=4, subnet=subnet, prefix=prefix,
+                         pin_cpus=False)
+    cluster.down()
+    subprocess.run(["rm", "-rf", str(base / "run")])
+    tmp = base / "run"
+    tmp.mkdir(parents=True)
+    return cluster, tmp
+
+
+def started(cluster: DevCluster, tmp: Path) -> dict:
+    """The cluster up, and the environment the hpcserve commands run in: as installed,
+    hpcserve's bytecode compiled (as pip does), and the jobs' runtime may write its own (a
+    checkout run under PYTHONDONTWRITEBYTECODE compiles every module of every process again);
+    this checkout's hpcserve on PATH, an index of its own under tmp/state."""
+    cluster.up()
+    env = cluster.client_env()
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "hpcserve")],
+                   check=True)
+    env["PATH"] = str(Path(sys.executable).parent) + ":" + env["PATH"]
+    env["HPCSERVE_STATE_DIR"] = str(tmp / "state")
+    return env
+
+
 def main() -> None:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     # SIGTERM (timeout, kill) ends through the `finally` below: the cluster comes down
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print("machine:", machine())
-    # Unpinned as bench_job.py: pinned nodes would serialise the batch host's runtime, the router
-    # and an engine on one core and measure that instead of hpcserve.
-    cluster = DevCluster(str(BASE / "cluster"), nodes=4, subnet="10.253.10.0/24", prefix="hsc",
-                         pin_cpus=False)
-    cluster.down()
-    subprocess.run(["rm", "-rf", str(BASE / "run")])
-    tmp = BASE / "run"
-    tmp.mkdir(parents=True)
+    cluster, tmp = fresh(BASE, "10.253.10.0/24", "hsc")
     out: list[dict] = []
     try:
-        cluster.up()
-        env = cluster.client_env()
-        # as installed: hpcserve's bytecode compiled (as pip does), and the jobs' runtime may
-        # write its own (a checkout run under PYTHONDONTWRITEBYTECODE compiles every module of
-        # every process again)
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "hpcserve")],
-                       check=True)
-        env["PATH"] = str(Path(sys.executable).parent) + ":" + env["PATH"]
-        env["HPCSERVE_STATE_DIR"] = str(tmp / "state")
+        env = started(cluster, tmp)
         shim_log = shimmed(env, tmp)
         front, router = start_front(env, tmp)
         with Load(router, CLIENTS) as load:

@@ -19,7 +19,7 @@ from .records import record
 SECTIONS = (
     ("author a deployment", ("plan", "render", "schema", "profiles")),
     ("run and operate", ("preflight", "stage", "submit", "status", "list", "logs", "scale",
-                         "cancel")),
+                         "upgrade", "cancel")),
     ("measure", ("bench", "report")),
     ("local test cluster", ("dev-cluster",)),
 )
@@ -699,6 +699,43 @@ def scale(job, role, add, remove, drain_timeout, wait):
         click.echo(f"draining {d.instance} of job {d.entry.job_id} ({d.entry.job_dir})")
     if wait:
         sys.exit(sc.wait_removed(runner, drains, drain_timeout, click.echo))
+
+
+@main.command(short_help="Move a serving deployment to another engine release, an instance "
+                          "at a time.")
+@click.argument("job")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="engine.version=X and/or engine.image=IMAGE: the new release")
+@click.option("--drain-timeout", type=click.FloatRange(0, min_open=True), default=300.0,
+              show_default=True, metavar="S",
+              help="how long each old instance's requests may take to finish")
+@click.option("--start-timeout", type=click.FloatRange(0, min_open=True), default=1800.0,
+              show_default=True, metavar="S",
+              help="how long each new instance may take from sbatch to serving (queue wait "
+                   "and cold start)")
+def upgrade(job, sets, drain_timeout, start_timeout):
+    """Move a serving deployment to another engine release without a failed request: for each
+    instance (the front's own and every instance job's), one at a time, an instance job of one
+    instance at the new release joins the router after its smoke request, then the old one is
+    drained. A failure stops it with the deployment serving; run it again to go on. A
+    prefill/decode deployment changes release only between releases whose prefill and decode
+    work together.
+
+    \b
+    Example:
+      hpcserve upgrade 12345 --set engine.version=0.5.23
+      hpcserve --remote me@login.example.org upgrade 12345 --set engine.image=/images/sgl.sqsh
+    """
+    from . import scale as sc
+    from . import upgrade as up
+    up.check_sets(sets)
+    ssh = _ssh()
+    f = sc.front(job, ssh.remote, ssh.runner(ssh.remote), None)
+    runner = ssh.runner(f.entry.remote)  # where the deployment was submitted
+    new = up.target(f, runner, sets)
+    todo = up.olds(f, runner, new)
+    sys.exit(up.run(f, runner, f.entry.remote, new, todo, drain_timeout=drain_timeout,
+                    start_timeout=start_timeout, echo=click.echo))
 
 
 @main.command(short_help="Stop a deployment gracefully: router first, then engines.")

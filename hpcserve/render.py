@@ -306,7 +306,8 @@ def _sim_env(plan: Plan, inst: Instance) -> list[tuple[str, Word]]:
         ("HPCSERVE_SIM_STARTUP_DELAY", repr(float(s["startup_delay"]))),
         ("HPCSERVE_SIM_PREFILL_S_PER_TOKEN", repr(float(s["prefill_s_per_token"]))),
         ("HPCSERVE_SIM_DECODE_S_PER_TOKEN", repr(float(s["decode_s_per_token"]))),
-        ("HPCSERVE_SIM_INIT_TIMEOUT", str(min(60, plan.readiness.engine_timeout)))]
+        ("HPCSERVE_SIM_INIT_TIMEOUT", str(min(60, plan.readiness.engine_timeout))),
+        ("HPCSERVE_SIM_VERSION", plan.version)]  # what it reports: a rolling upgrade's proof
     f = inst.fault
     if f is not None:
         spec = {"exit": f"exit:{f.exit_code}:{f.after:g}", "hang": f"hang:{f.after:g}",

@@ -60,9 +60,9 @@ class Drain:
         return drain_request_path(self.entry.job_dir, self.instance)
 
 
-def front(job: str, remote: str | None, runner, role: str) -> Front:
+def front(job: str, remote: str | None, runner, role: str | None) -> Front:
     """The serving front of JOB's deployment (an instance job named leads to its front), once
-    it is known to have `role`; refused in one line otherwise."""
+    it is known to have `role` (None: any); refused in one line otherwise."""
     e = ops.resolve(job, remote, runner)
     spec = read_json(runner, posixpath.join(e.job_dir, "plan.json"))
     att = spec.get("attach") if isinstance(spec, dict) else None
@@ -75,7 +75,7 @@ def front(job: str, remote: str | None, runner, role: str) -> Front:
                             f"{e.job_dir}")
     (v,) = ops.status([e], lambda _r: runner)
     f = Front(e, spec, v)
-    if role not in f.roles:
+    if role is not None and role not in f.roles:
         raise HpcserveError(f"deployment {spec.get('name', e.name)} (job {e.job_id}) has no role "
                             f"{role!r}: its roles are {', '.join(f.roles)}")
     if v.summary_phase not in SERVING_PHASES or not v.endpoint:
@@ -86,13 +86,15 @@ def front(job: str, remote: str | None, runner, role: str) -> Front:
 
 # ---------------------------------------------------------------------------------------- add
 
-def add(f: Front, runner, remote: str | None, role: str, count: int) -> ops.Submitted:
+def add(f: Front, runner, remote: str | None, role: str, count: int,
+        cfg=None) -> ops.Submitted:
     """Render the instance job of `count` instances of `role` under the front's scale/ and
-    submit it as `hpcserve submit` does."""
+    submit it as `hpcserve submit` does; `cfg`: the deployment to render it from (default: as
+    submitted; `hpcserve upgrade` gives its new release)."""
     from . import plan as planner
     from .render import render_files
     attach = attach_of(f)
-    cfg = source_config(f, runner)
+    cfg = cfg or source_config(f, runner)
     seq = next_seq(runner, f.entry.job_dir, role)
     taken = ops.ports_in_use(runner, remote) | ops.spec_ports(f.spec)
     p = clear_ports(lambda shift: planner.instance_job(cfg, role, count, seq, shift, attach),
@@ -119,8 +121,9 @@ def attach_of(f: Front) -> dict:
             "deployment": f.spec.get("name", f.entry.name)}
 
 
-def source_config(f: Front, runner):
-    """The deployment as submitted, rebuilt from the front's deployment.yaml."""
+def source_config(f: Front, runner, sets: tuple[str, ...] = ()):
+    """The deployment as submitted, rebuilt from the front's deployment.yaml (`sets`: --set
+    values applied to it)."""
     from . import config
     where = posixpath.join(f.entry.job_dir, config.SOURCE_FILE)
     text = runner.read_text(where)
@@ -130,7 +133,7 @@ def source_config(f: Front, runner):
     with tempfile.TemporaryDirectory(prefix="hpcserve-scale-") as tmp:
         local = Path(tmp) / config.SOURCE_FILE
         local.write_text(text, encoding="utf-8")
-        return config.load(local)
+        return config.load(local, sets)
 
 
 def next_seq(runner, front_dir: str, role: str) -> int:

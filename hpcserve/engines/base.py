@@ -360,6 +360,18 @@ class EngineAdapter:
     # The caches the engine's releases read (CacheVar), each read in the release it names.
     caches: tuple = ()
 
+    # Releases whose prefill and decode instances hand KV caches to each other, each group one
+    # set (a rolling upgrade of a PD deployment serves old and new ones side by side). Empty:
+    # a release talks only to itself. No engine's docs promise a KV transfer across releases:
+    # SGLang's PD disaggregation guide and its Mooncake/NIXL backends name none, and vLLM's
+    # NixlConnector refuses a peer whose handshake hash differs, which hashes the vLLM version
+    # (vllm/distributed/kv_transfer/kv_connector/v1/nixl: compute_nixl_compatibility_hash).
+    pd_release_groups: tuple[frozenset[str], ...] = ()
+
+    def pd_talks(self, a: str, b: str) -> bool:
+        """Whether prefill at release `a` and decode at `b` (or the other way) work together."""
+        return a == b or any({a, b} <= g for g in self.pd_release_groups)
+
     def cache_vars(self, rel: Release) -> tuple:
         """The caches of `rel`: those read in its release or an earlier one."""
         return tuple(c for c in self.caches if rel.at_least(c.since))

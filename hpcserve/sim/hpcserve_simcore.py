@@ -12,6 +12,11 @@ Shared knobs (environment):
                                      NCCL watchdog does; so srun reports the dead node first (0.5)
   HPCSERVE_SIM_PREFILL_S_PER_TOKEN   prefill compute time per prompt token (default 0)
   HPCSERVE_SIM_DECODE_S_PER_TOKEN    time per output token (default 0)
+  HPCSERVE_SIM_VERSION               the engine release the stand-in reports (SGLang's
+                                     /get_server_info "version", vLLM's /version, its log's
+                                     first line): the deployment's engine.version, so a rolling
+                                     upgrade can be shown to start the new release (default:
+                                     the newest release the stand-in was written against)
   HPCSERVE_SIM_FAULT                 one fault (AFTER_S counts from process start):
     exit:CODE:AFTER_S     the process exits with CODE, saying goodbye to no peer
     hang:AFTER_S          the engine core wedges: no request progresses, counters stand still and
@@ -48,6 +53,11 @@ TAG = ["sim"]  # log prefix (role and node rank), set by the engine's main()
 
 class ThreadingHTTPServer(ThreadingMixIn, HTTPServer):  # http.server has it only from 3.7 on
     daemon_threads = True
+
+
+def release(default):
+    """The engine release this stand-in reports: HPCSERVE_SIM_VERSION, else `default`."""
+    return os.environ.get("HPCSERVE_SIM_VERSION") or default
 
 
 def log(msg):

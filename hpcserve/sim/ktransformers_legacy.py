@@ -21,9 +21,9 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hpcserve_simcore import (TAG, EngineBase, HandlerBase, bind_socket,  # noqa: E402
-                              fatal, log, self_check, serve_http)
+                              fatal, log, release, self_check, serve_http)
 
-KT_VERSION = "0.4.1"
+KT_VERSION = release("0.4.1")
 
 # The server's options in 0.4.1 (tools/extract_ktransformers_flags.py; a test keeps this table
 # equal to hpcserve's) and those that take no value.

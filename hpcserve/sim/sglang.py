@@ -28,9 +28,9 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hpcserve_simcore import (TAG, BadRequest, EngineBase, HandlerBase,  # noqa: E402
                               KVTransferError, Rendezvous, bind_socket, count_tokens, env_float,
-                              fatal, first_int, log, prometheus, self_check, serve_http)
+                              fatal, first_int, log, release, prometheus, self_check, serve_http)
 
-SGLANG_VERSION = "0.5.23"
+SGLANG_VERSION = release("0.5.23")
 
 
 def parse_args(argv):

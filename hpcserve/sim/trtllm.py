@@ -37,10 +37,10 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hpcserve_simcore import (TAG, BadRequest, EngineBase, HandlerBase,  # noqa: E402
-                              KVTransferError, bind_socket, env_float, fatal, log, self_check,
-                              serve_http)
+                              KVTransferError, bind_socket, env_float, fatal, log, release,
+                              self_check, serve_http)
 
-TRTLLM_VERSION = "1.3.0rc3"
+TRTLLM_VERSION = release("1.3.0rc3")
 
 # trtllm-serve serve's options and those of them that take no value (tools/
 # extract_trtllm_flags.py; a test keeps these tables equal to hpcserve's).

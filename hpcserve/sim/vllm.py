@@ -43,9 +43,9 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hpcserve_simcore import (TAG, EngineBase, HandlerBase,  # noqa: E402
                               KVTransferError, Rendezvous, bind_socket, env_float, fatal, log,
-                              prometheus, read_msg, self_check, send_msg, serve_http)
+                              prometheus, read_msg, release, self_check, send_msg, serve_http)
 
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = release("0.33.0")
 
 
 def parse_args(argv):

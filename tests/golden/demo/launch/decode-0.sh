@@ -34,6 +34,7 @@ export HPCSERVE_SIM_STARTUP_DELAY=1.0
 export HPCSERVE_SIM_PREFILL_S_PER_TOKEN=0.0
 export HPCSERVE_SIM_DECODE_S_PER_TOKEN=0.01
 export HPCSERVE_SIM_INIT_TIMEOUT=60
+export HPCSERVE_SIM_VERSION=0.5.23
 
 if [ "$NODE_RANK" = 0 ]; then
   # Where the instance serves, another deployment sharing the node could hold its ports and
