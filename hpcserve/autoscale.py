@@ -119,3 +119,28 @@ def _clear(plan_at, k: int, taken: set[int]):
     that clears `taken` (the front's and the earlier slots')."""
     from .scale import clear_ports
     return clear_ports(plan_at, k, taken)
+
+
+def slot_jobs(front, runner) -> list:
+    """The slot jobs the front's orchestrator submitted (deployments.Entry each, with `front`
+    set), from its state.json autoscale record: the login node's index never saw them."""
+    from . import deployments, ops
+    got = (ops.job_state(runner, front.job_dir).get("autoscale") or {})
+    out = []
+    for role in got.values():
+        for name, s in sorted((role.get("slots") or {}).items()):
+            if s.get("job_id") and s.get("status") != "free":
+                out.append(deployments.new_entry(
+                    s["job_id"], f"{front.name}-{name}", s["dir"], front.remote,
+                    front.cluster, front=front.job_dir))
+    return out
+
+
+def with_slot_jobs(entries: list, runner_of) -> list:
+    """`entries` and, after each front among them, its slot jobs not listed already."""
+    out = list(entries)
+    dirs = {e.job_dir for e in entries}
+    for e in entries:
+        if not e.front:
+            out += [s for s in slot_jobs(e, runner_of(e.remote)) if s.job_dir not in dirs]
+    return out
