@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import posixpath
 
+from .ports import clear_ports, plan_ports
 from .records import record, replace
+from .runtime.contract import CANNOT_ADD, SCALE_DIR
 
 SLOT_PREFIX = "s"   # <role>-s<k>: a slot, beside `hpcserve scale`'s <role>-<seq>
 
@@ -39,7 +41,6 @@ def slot_name(role: str, k: int) -> str:
 
 def slot_dir(front_dir: str, name: str) -> str:
     """A slot's job directory: <front job dir>/scale/<name>."""
-    from .scale import SCALE_DIR
     return posixpath.join(front_dir.rstrip("/") or "/", SCALE_DIR, name)
 
 
@@ -51,25 +52,26 @@ def signal_metrics(metrics, signal: str) -> tuple[str, ...]:
                   "kv_usage": metrics.kv_usage}[signal])
 
 
-def with_slots(cfg, front):
-    """`front` (plan.Plan of the deployment) with its autoscaled roles' slots planned; the
-    front itself unchanged where no role autoscales. Refuses (ConfigError at the role's
-    autoscale key) bounds the role's instances break, a signal the engine does not expose and
-    a router that cannot take a worker while it runs."""
-    from . import plan as planner
+def with_slots(cfg, front, instance_job, err, step: int, shifts: int):
+    """`front` (plan.Plan of the deployment) with its autoscaled roles' slots planned (each by
+    `instance_job`, the planner's, its ports in multiples of `step`); the front itself unchanged
+    where no role autoscales. Refuses (`err`: a ConfigError at the role's autoscale key) bounds
+    the role's instances break, a signal the engine does not expose and a router that cannot
+    take a worker while it runs."""
     from .config import duration_s
     scaled = {r: v.autoscale for r, v in cfg.deployment.roles.items() if v.autoscale}
     if not scaled:
         return front
-    taken = _ports(front)
+    taken = plan_ports(front)
     out = {}
     for role, a in sorted(scaled.items()):
-        _check(cfg, front, role, a)
+        _check(cfg, front, role, a, err)
         slots = []
         for k in range(1, a.max - cfg.deployment.roles[role].instances + 1):
-            p = _clear(lambda shift, k=k: planner.instance_job(
-                cfg, role, 1, f"{SLOT_PREFIX}{k}", shift, slot_attach(front)), k, taken)
-            taken |= _ports(p)
+            p = clear_ports(lambda shift, k=k: instance_job(
+                cfg, role, 1, f"{SLOT_PREFIX}{k}", shift, slot_attach(front)), k, taken,
+                step, shifts)
+            taken |= plan_ports(p)
             slots.append((slot_name(role, k), p))
         out[role] = RoleScaling(a.min, a.max, a.signal, signal_metrics(front.metrics, a.signal),
                                 a.target, duration_s(a.cool_down), a.interval,
@@ -86,9 +88,7 @@ def slot_attach(front) -> dict:
             "front_job_id": None, "front_job_dir": None, "deployment": front.name}
 
 
-def _check(cfg, front, role: str, a) -> None:
-    from .plan import _err
-    from .scale import CANNOT_ADD
+def _check(cfg, front, role: str, a, _err) -> None:
     n = cfg.deployment.roles[role].instances
     at = ("roles", role, "autoscale")
     if not a.min <= n <= a.max:
@@ -108,39 +108,3 @@ def _check(cfg, front, role: str, a) -> None:
         raise _err(cfg, at, f"{r.name} cannot add a worker while it runs ({r.workers_api}: "
                             f"{CANNOT_ADD[r.workers_api]})")
 
-
-def _ports(p) -> set[int]:
-    from .ops import plan_ports
-    return plan_ports(p)
-
-
-def _clear(plan_at, k: int, taken: set[int]):
-    """Slot k's plan: its ports moved by the first multiple of PORT_SHIFT_STEP, from k's own,
-    that clears `taken` (the front's and the earlier slots')."""
-    from .scale import clear_ports
-    return clear_ports(plan_at, k, taken)
-
-
-def slot_jobs(front, runner) -> list:
-    """The slot jobs the front's orchestrator submitted (deployments.Entry each, with `front`
-    set), from its state.json autoscale record: the login node's index never saw them."""
-    from . import deployments, ops
-    got = (ops.job_state(runner, front.job_dir).get("autoscale") or {})
-    out = []
-    for role in got.values():
-        for name, s in sorted((role.get("slots") or {}).items()):
-            if s.get("job_id") and s.get("status") != "free":
-                out.append(deployments.new_entry(
-                    s["job_id"], f"{front.name}-{name}", s["dir"], front.remote,
-                    front.cluster, front=front.job_dir))
-    return out
-
-
-def with_slot_jobs(entries: list, runner_of) -> list:
-    """`entries` and, after each front among them, its slot jobs not listed already."""
-    out = list(entries)
-    dirs = {e.job_dir for e in entries}
-    for e in entries:
-        if not e.front:
-            out += [s for s in slot_jobs(e, runner_of(e.remote)) if s.job_dir not in dirs]
-    return out

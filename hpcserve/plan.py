@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from . import bench_sweep, engines, fit
+from .autoscale import with_slots
 from .compile_caches import plan_caches
 from .config import Resolved, merged_settings
 from .engines.base import EngineAdapter, Layout, Net, RoleContext, gpus_from
@@ -325,8 +326,8 @@ def build(cfg: Resolved, port_shift: int = 0) -> Plan:
         _plan_role(d, ci, role)
     router = _plan_router(d)
     _check_node_limit(d)
-    from .autoscale import with_slots
-    return with_slots(cfg, _finish(d, router))
+    return with_slots(cfg, _finish(d, router), instance_job, _err, PORT_SHIFT_STEP,
+                      PORT_SHIFTS)
 
 
 def instance_job(cfg: Resolved, role: str, count: int, seq: int, port_shift: int,

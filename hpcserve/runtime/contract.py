@@ -49,6 +49,14 @@ PHASES = ("pending", "starting", "engines_ready", "router_ready", "serving", "de
 # speaks each): over its worker API (a queued job, or a direct call), removing only, or by a
 # restart with the new set.
 WORKERS_APIS = ("queued", "direct", "remove-only", "restart")
+# Why a router's worker API cannot take a new worker while it runs (runtime/workers.py says
+# which router release answers how): `hpcserve scale --add` and autoscale refuse those.
+CANNOT_ADD = {"remove-only": "it takes workers out while it runs, but adds one only by a "
+                             "restart",
+              "restart": "it learns its workers only when it starts"}
+# <front job dir>/scale/: each instance job of the deployment (`hpcserve scale`: <role>-<seq>,
+# autoscale's slots: <role>-s<k>)
+SCALE_DIR = "scale"
 # An instance's own status while the deployment serves; draining: a drain request took it out
 # of the router and its in-flight requests finish; removed: drained and stopped, for good.
 INSTANCE_STATUSES = ("serving", "out", "restarting", "failed", "draining", "removed")

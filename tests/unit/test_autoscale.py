@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from hpcserve import autoscale, deployments, ops
+from hpcserve import deployments, ops, slot_jobs
 from hpcserve.cli import main
 from hpcserve.plan_json import SCHEMA
 from hpcserve.runtime.contract import STATE_SCHEMA
@@ -99,6 +99,6 @@ def test_status_and_cancel_find_the_slot_jobs_in_the_front_s_state(tmp_path):
     jsonschema.validate(st, STATE_SCHEMA)
     (tmp_path / "state.json").write_text(json.dumps(st))
     from hpcserve.slurm.runner import LocalRunner
-    got = autoscale.slot_jobs(front, LocalRunner())
+    got = slot_jobs.slot_jobs(front, LocalRunner())
     assert [(e.job_id, e.job_dir, e.front) for e in got] == \
         [("9", f"{tmp_path}/scale/decode-s1", str(tmp_path))]  # an ended slot is not listed
