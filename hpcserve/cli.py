@@ -414,7 +414,7 @@ def status(jobs, as_json, probe, follow):
       hpcserve status 12345 --probe
       hpcserve --remote me@login.example.org status
     """
-    from . import deployments, ops
+    from . import deployments, ops, slot_jobs
     ssh = _ssh()
     remote = ssh.remote
     runners = {}
@@ -429,6 +429,7 @@ def status(jobs, as_json, probe, follow):
         entries += [s for e in entries for s in deployments.instance_jobs(e) if s not in entries]
     else:
         entries = [e for e in deployments.entries() if not remote or e.remote == remote]
+    entries = slot_jobs.with_slot_jobs(entries, runner_of)  # submitted by a front, on load
     if follow:
         if len(entries) != 1:
             raise HpcserveError("--follow takes exactly one job")
@@ -750,13 +751,13 @@ def cancel(job, wait):
     Example:
       hpcserve cancel 12345 --wait
     """
-    from . import deployments, ops
+    from . import deployments, ops, slot_jobs
     from .runtime.contract import TERMINAL_PHASES
     ssh = _ssh()
     e = ops.resolve(job, ssh.remote, ssh.runner(ssh.remote))
     runner = ssh.runner(e.remote)  # where the job was submitted
     rc = ops.cancel(e, runner, wait=wait, echo=click.echo)
-    rest = [] if e.front else deployments.instance_jobs(e)
+    rest = [] if e.front else deployments.instance_jobs(e) + slot_jobs.slot_jobs(e, runner)
     for v in ops.status(rest, lambda _r: runner) if rest else []:
         if v.summary_phase not in TERMINAL_PHASES and not v.ended:
             sub = next(x for x in rest if x.job_dir == v.job_dir)

@@ -276,6 +276,54 @@ class Recovery:
         "deployment fails when fewer serve and no restart is left", ge=0, le=100_000))
 
 
+# autoscale.signal: what the orchestrator reads per serving instance from its engine's own
+# Prometheus metrics (the names per engine: engines/*.py Metrics).
+AUTOSCALE_SIGNALS = ("queued", "running", "kv_usage")
+DURATION = r"[0-9]+(\.[0-9]+)?(s|m|h)?"
+DURATION_HELP = "seconds, or a duration such as 90s, 5m or 1h"
+
+
+def duration_s(v: float | str) -> float:
+    """Seconds of a duration field: a number, or a number with s, m or h."""
+    if not isinstance(v, str):
+        return float(v)
+    scale = {"s": 1, "m": 60, "h": 3600}.get(v[-1:], 1)
+    return float(v.rstrip("smh")) * scale
+
+
+@record
+class Autoscale:
+    """Instances of the role added and removed on load while the deployment serves: each one an
+    instance job of its own, rendered at submit (spare "slots" under the job directory's
+    scale/), submitted when the signal per instance is above `target` and drained when one
+    fewer would still be below it; never past min/max, never twice within `cool_down`."""
+
+    min: int = field(metadata=doc("fewest instances of the role (a slot is added below it)",
+                                  ge=0, le=100_000))
+    max: int = field(metadata=doc("most instances of the role, the front's own included",
+                                  ge=1, le=100_000))
+    signal: Literal[AUTOSCALE_SIGNALS] = field(default="queued", metadata=doc(
+        "queued: requests waiting in the engine; running: requests it runs; kv_usage: its "
+        "KV-cache usage (0 to 1); per serving instance"))
+    target: float = field(default=4.0, metadata=doc(
+        "the signal per instance the role is sized for", ge=0, le=1e9))
+    cool_down: float | str = field(default="60s", metadata=doc(
+        "no decision within this long after the last one", pattern=DURATION,
+        pattern_help=DURATION_HELP))
+    interval: float = field(default=5.0, metadata=doc("seconds between two readings",
+                                                      ge=0.1, le=3600))
+    drain_timeout: float = field(default=120.0, metadata=doc(
+        "seconds a removed instance's in-flight requests may take", ge=0, le=86400))
+
+    def validate(self) -> None:
+        if self.min > self.max:
+            raise FieldProblem("min", f"must be at most max ({self.max}), got {self.min}")
+        if not isinstance(self.cool_down, str) and self.cool_down < 0:
+            raise FieldProblem("cool_down", f"must be at least 0, got {self.cool_down}")
+        if self.target <= 0:
+            raise FieldProblem("target", "must be above 0")
+
+
 # The keys every role has whatever its engine; role_type() adds the engine's settings and ports.
 ROLE_FIELDS = (
     # Bounds far above any cluster, so a mistyped count is refused before anything is built.
@@ -291,6 +339,8 @@ ROLE_FIELDS = (
         "spare nodes in the role's het-job component, idle until an instance of the role loses "
         "a node and restarts on one", ge=0, le=10_000))),
     ("recovery", Recovery, field(default_factory=Recovery)),
+    ("autoscale", Autoscale | None, field(default=None, metadata=doc(
+        "add and remove instances of the role on load (instance jobs of their own)"))),
 )
 
 

@@ -20,6 +20,7 @@ from .runtime import slurm_parsers as parsers
 from .runtime.contract import SERVING_PHASES, TERMINAL_PHASES
 from .slurm.client import parse_job_id
 from .slurm.runner import SlurmUnreachable, read_json
+from .ports import least_clashing, plan_ports  # noqa: F401 (ops.plan_ports: its callers')
 from .records import field, record
 
 ACTIVE_SLURM = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
@@ -183,10 +184,6 @@ def job_state(runner, job_dir: str) -> dict:
     return read_json(runner, posixpath.join(job_dir, "state.json")) or {}
 
 
-def plan_ports(p) -> set[int]:
-    """The ports a plan binds: its engines' and its router's."""
-    r = {p.router.port, p.router.prometheus_port} if p.router else set()
-    return {i.port for i in p.instances} | {port for i in p.instances for _, port in i.ports} | r
 
 
 def ports_in_use(runner, remote: str | None) -> set[int]:
@@ -238,17 +235,6 @@ def clear_of_my_other_deployments(p, cfg, runner, remote: str | None, warn):
     return best
 
 
-def least_clashing(candidates, used: set[int]) -> tuple:
-    """(plan, shift) of the first (shift, plan) of `candidates` (a lazy iterable: each plan is
-    built only if asked for) whose ports clear `used`, or else of the one that clashes least."""
-    best = None
-    for shift, q in candidates:
-        left = len(used & plan_ports(q))
-        if best is None or left < best[2]:
-            best = (q, shift, left)
-        if not left:
-            break
-    return best[0], best[1]
 
 
 def check_router_python(p, runner) -> None:

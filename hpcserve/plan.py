@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from . import bench_sweep, engines, fit
+from .autoscale import with_slots
 from .compile_caches import plan_caches
 from .config import Resolved, merged_settings
 from .engines.base import EngineAdapter, Layout, Net, RoleContext, gpus_from
@@ -170,6 +171,8 @@ class Plan:
     startup_lines: tuple = ()
     # an instance job (`hpcserve scale`): plan.json's attach, the running router it joins
     attach: dict | None = None
+    # roles.<role>.autoscale: role -> autoscale.RoleScaling (its bounds and its slots' plans)
+    autoscale: dict = field(default_factory=dict)
     # the deployment's source document (config.SOURCE_FILE), kept in the job directory; written
     # out only by the render (a plan is built many times over when its ports are moved)
     source: dict = field(default_factory=dict)
@@ -323,7 +326,8 @@ def build(cfg: Resolved, port_shift: int = 0) -> Plan:
         _plan_role(d, ci, role)
     router = _plan_router(d)
     _check_node_limit(d)
-    return _finish(d, router)
+    return with_slots(cfg, _finish(d, router), instance_job, _err, PORT_SHIFT_STEP,
+                      PORT_SHIFTS)
 
 
 def instance_job(cfg: Resolved, role: str, count: int, seq: int, port_shift: int,

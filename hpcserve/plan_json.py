@@ -85,6 +85,9 @@ def job_spec(plan, job_dir: str) -> dict:
         # an instance job (`hpcserve scale`): the front's running router it registers its
         # instances with; null for a deployment's front job
         "attach": plan.attach,
+        # roles.<role>.autoscale: what the orchestrator reads and its slots' job directories
+        # (runtime/autoscale.py); null where no role autoscales
+        "autoscale": _autoscale(plan, job_dir),
         # the site's Prometheus file-SD directory (runtime/file_sd.py), or None
         "file_sd_dir": plan.file_sd_dir,
         # the compile caches kept between jobs (compile_caches.py), or None
@@ -96,6 +99,16 @@ def job_spec(plan, job_dir: str) -> dict:
         "in_allocation": plan.in_allocation,
         "warnings": list(plan.warnings), "notes": list(plan.notes),
     }
+
+
+def _autoscale(plan, job_dir: str) -> dict | None:
+    from .autoscale import slot_dir
+    return {role: {"min": a.min, "max": a.max,
+                   "signal": {"kind": a.signal, "metrics": list(a.metrics)},
+                   "target": a.target, "cool_down_s": a.cool_down_s, "interval_s": a.interval_s,
+                   "drain_timeout_s": a.drain_timeout_s,
+                   "slots": [slot_dir(job_dir, n) for n, _ in a.slots]}
+            for role, a in plan.autoscale.items()} or None
 
 
 def _preflight_image(plan, job_dir: str) -> dict | None:
@@ -250,9 +263,17 @@ SCHEMA = {
             "argv": {"type": "array", "items": _WORD},
             "env": {"type": "array", "items": {"type": "array", "prefixItems": [_STR, _WORD]}}})]},
         "attach": {"anyOf": [{"type": "null"}, _obj({
-            "router_url": _STR, "workers_api": {"enum": ["queued", "direct"]},
-            "api_key_env": _OPT_STR, "front_job_id": _STR, "front_job_dir": _STR,
+            # null in an autoscale slot: read from the front's state.json as it starts
+            "router_url": _OPT_STR, "workers_api": {"enum": ["queued", "direct"]},
+            "api_key_env": _OPT_STR, "front_job_id": _OPT_STR, "front_job_dir": _STR,
             "deployment": _STR})]},
+        "autoscale": {"anyOf": [{"type": "null"}, {"type": "object", "additionalProperties": _obj({
+            "min": _INT, "max": _INT,
+            "signal": _obj({"kind": {"enum": ["queued", "running", "kv_usage"]},
+                            "metrics": {"type": "array", "items": _STR}}),
+            "target": {"type": "number"}, "cool_down_s": {"type": "number"},
+            "interval_s": {"type": "number"}, "drain_timeout_s": {"type": "number"},
+            "slots": {"type": "array", "items": _STR}})}]},
         "file_sd_dir": _OPT_STR,
         "caches": {"anyOf": [{"type": "null"}, _obj({
             "dir": _STR, "storage": {"enum": ["node-local", "shared"]},

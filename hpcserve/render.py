@@ -19,6 +19,7 @@ from .engines.bench_clients import CLIENTS, BenchClient
 from .errors import HpcserveError
 from .config import SOURCE_FILE, source_text
 from .plan import Instance, Plan
+from .records import replace
 from .plan_json import dumps as spec_dumps
 from .plan_json import job_spec
 from .runtime.contract import SHAPE_VARS, step_prefix
@@ -243,6 +244,20 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
         sim = engines.get(plan.engine).sim_source()
         files["hpcserve_sim.py"] = (sim.read_text(encoding="utf-8"), 0o755)
         files[SIM_CORE.name] = (SIM_CORE.read_text(encoding="utf-8"), 0o755)
+    files.update(_slot_files(plan, jd))
+    return files
+
+
+def _slot_files(plan: Plan, jd: str) -> dict[str, tuple[str, int]]:
+    """Each autoscale slot's job directory (autoscale.py), under the front's: rendered now, as
+    the job that submits it later runs no hpcserve."""
+    from .autoscale import slot_dir
+    files = {}
+    for a in plan.autoscale.values():
+        for name, slot in a.slots:
+            sd = slot_dir(jd, name)
+            sub = render_files(replace(slot, attach={**slot.attach, "front_job_dir": jd}), sd)
+            files.update({os.path.relpath(sd, jd) + "/" + k: v for k, v in sub.items()})
     return files
 
 
@@ -329,7 +344,11 @@ def write_job(files: dict[str, tuple[str, int]], out_dir: str | Path) -> Path:
         raise HpcserveError(f"{out} exists and is not a directory; choose another --out")
     if out.exists() and any(out.iterdir()):
         raise HpcserveError(f"{out} exists and is not empty; choose another --out")
-    for d in sorted({os.path.dirname(rel) for rel in files} | {"logs", "run"}):
+    # logs/ (sbatch's --output) and run/ of the job, and of each job directory under it (an
+    # autoscale slot's)
+    tops = {os.path.dirname(rel) for rel in files if os.path.basename(rel) == "job.sbatch"}
+    for d in sorted({os.path.dirname(rel) for rel in files} |
+                    {os.path.join(t, d) for t in tops | {""} for d in ("logs", "run")}):
         os.makedirs(out / d, exist_ok=True)
     for rel, (text, mode) in sorted(files.items()):
         with open(out / rel, "w", encoding="utf-8") as f:

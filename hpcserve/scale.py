@@ -19,19 +19,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import deployments, ops
+from . import deployments, ops, ports
 from .errors import HpcserveError
 from .records import record
-from .runtime.contract import CONTROL_DIR, SERVING_PHASES, drain_request_path
+from .runtime.contract import (CANNOT_ADD, CONTROL_DIR, SCALE_DIR, SERVING_PHASES,
+                                drain_request_path)
 from .slurm.runner import read_json
 
-SCALE_DIR = "scale"          # <front job dir>/scale/<role>-<seq>/: each instance job
 WAIT_MARGIN_S = 30           # --wait: the drain's own timeout, and this for the stop after it
-# Why a router's worker API (plan.json router.workers_api) cannot take a new worker while it
-# runs (runtime/workers.py says which router release answers how).
-CANNOT_ADD = {"remove-only": "it takes workers out while it runs, but adds one only by a "
-                             "restart",
-              "restart": "it learns its workers only when it starts"}
 
 
 @record
@@ -145,14 +140,10 @@ def next_seq(runner, front_dir: str, role: str) -> int:
 
 
 def clear_ports(plan_at: Callable[[int], object], seq: int, taken: set[int]):
-    """An instance job's own port block: its deployment's ports moved by seq x PORT_SHIFT_STEP
-    (so two instance jobs on one node, or one beside the front's engines, differ), or by the
-    next multiple that clears every port `taken` (this user's running deployments and the
-    front's); the one that clashes least where none clears."""
+    """An instance job's own port block, clear of `taken` (this user's running deployments'
+    ports and the front's): ports.clear_ports in steps of the planner's PORT_SHIFT_STEP."""
     from . import plan as planner
-    n = planner.PORT_SHIFTS - 1
-    shifts = [((seq - 1 + k) % n + 1) * planner.PORT_SHIFT_STEP for k in range(n)]
-    return ops.least_clashing(((s, plan_at(s)) for s in shifts), taken)[0]
+    return ports.clear_ports(plan_at, seq, taken, planner.PORT_SHIFT_STEP, planner.PORT_SHIFTS)
 
 
 # ------------------------------------------------------------------------------------- remove

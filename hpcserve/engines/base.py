@@ -245,12 +245,15 @@ class Metrics:
     """The engine's Prometheus metrics, read while serving to tell a hung engine from a busy
     one: `progress` counters move while it works; `pending` gauges count the requests it
     holds. A drain (`hpcserve scale --remove`) waits for those and for the `queued` gauges:
-    requests it holds that wait (for memory, or for their KV), which its stop would fail."""
+    requests it holds that wait (for memory, or for their KV), which its stop would fail.
+    Autoscaling (roles.<role>.autoscale.signal) reads `pending` as running, `queued` as queued
+    and `kv_usage` (the KV cache's used share, 0 to 1) per instance."""
 
     path: str
     progress: tuple[str, ...]
     pending: tuple[str, ...]
     queued: tuple[str, ...] = ()
+    kv_usage: tuple[str, ...] = ()
 
 
 class RouterAdapter:

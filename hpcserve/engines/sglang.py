@@ -205,7 +205,10 @@ class SGLang(EngineAdapter):
                                    "sglang:forward_execution_seconds_total"),
                       ("sglang:num_running_reqs",),
                       ("sglang:num_queue_reqs", "sglang:num_prefill_inflight_queue_reqs",
-                       "sglang:num_decode_transfer_queue_reqs"))
+                       "sglang:num_decode_transfer_queue_reqs"),
+                      # the KV pool's used share: Gauge "sglang:token_usage", 0.5.23's
+                      # sglang/srt/observability/metrics_collector.py
+                      ("sglang:token_usage",))
     port_fields = {"bootstrap_port": "first PD bootstrap port (prefill)",
                    "dist_init_port": "first torch.distributed init port"}
     # Read in each pinned release's wheel (0.4.6.post5 to 0.5.23): ModelRunner.load_model logs

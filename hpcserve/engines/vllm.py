@@ -226,7 +226,11 @@ class VLLM(EngineAdapter):
     metrics = Metrics("/metrics", ("vllm:iteration_tokens_total_count",
                                    "vllm:generation_tokens_total", "vllm:prompt_tokens_total"),
                       ("vllm:num_requests_running",),
-                      ("vllm:num_requests_waiting",))  # the scheduler's waiting queue: drains
+                      ("vllm:num_requests_waiting",),  # the scheduler's waiting queue: drains
+                      # KV-cache usage, 1 = full: Gauge "vllm:kv_cache_usage_perc" (loggers.py of
+                      # 0.33.0; named so since vllm-project/vllm#18354, before 0.10.0, which
+                      # deprecated vllm:gpu_cache_usage_perc)
+                      ("vllm:kv_cache_usage_perc",))
     port_fields = {"master_port": "first torch.distributed port of multi-node TP/PP "
                                   "(--master-port)",
                    "dp_rpc_port": "first DP handshake port (--data-parallel-rpc-port)",

@@ -11,8 +11,11 @@ runs as in any job.
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 
+from .contract import SERVING_PHASES
 from .failures import Stop, step_identity
 from .state import now
 from .workers import RouterWorkers, WorkerApiError
@@ -28,7 +31,8 @@ class Attach:
     def join(self) -> str:
         """Every instance's smoke request, then its registration with the front's router.
         Returns the deployment's endpoint (the front's router)."""
-        job, att = self.job, self.spec
+        job = self.job
+        att = self.spec = self._resolved(self.spec)
         url = att["router_url"]
         router = job.recovery.connect(url)
         if not router.live:  # `hpcserve scale` refuses such a front; a hand-made plan may not
@@ -45,6 +49,28 @@ class Attach:
         job.log(f"joined {att['deployment']} (front job {att['front_job_id']}) at {url} with "
                 f"{len(names)} instance(s)")
         return url
+
+    def _resolved(self, att: dict) -> dict:
+        """attach with the front's router URL and job id: an autoscale slot, rendered before
+        its front ran, reads them from the front's state.json (the front submits it while it
+        serves); state.json's attach says them from here on."""
+        if att["router_url"] and att["front_job_id"]:
+            return att
+        path = os.path.join(att["front_job_dir"], "state.json")
+        try:
+            with open(path) as f:
+                st = json.load(f)
+        except (OSError, ValueError) as e:
+            st = {"error": str(e)}
+        if not st.get("endpoint") or st.get("phase") not in SERVING_PHASES:
+            raise Stop("failed", f"the front job's {path} names no serving router "
+                                 f"(phase {st.get('phase')}): no router to join",
+                       {"role": "router", "reason": "router registration failed",
+                        "file": path})
+        att = {**att, "router_url": att["router_url"] or st["endpoint"],
+               "front_job_id": att["front_job_id"] or st.get("job_id") or ""}
+        self.job.state.update(attach=att)
+        return att
 
     def _each(self, names: list[str], fn, what: str, done: str) -> None:
         """fn(name) for every instance at once in recovery's pool (its error words or None),

@@ -24,7 +24,12 @@ that registers its instances with a running deployment's router instead of start
 null), run/control/drain-<instance>.json (a request to drain one instance: out of the router,
 in-flight requests finished, its step stopped), each instance's metrics.queued (the gauges of
 requests waiting in the engine, which a drain waits for too), the instance statuses draining and
-removed, and state.json's attach (plan.json's, copied).
+removed, and state.json's attach (plan.json's, copied). Spec 10 adds autoscale (per
+autoscaled role: min, max, signal {kind, metrics}, target, cool_down_s, interval_s,
+drain_timeout_s and its slots, the job directories of instance jobs rendered at submit that the
+front submits on load, or null), attach.router_url and attach.front_job_id null in a slot (read
+from the front's state.json as the slot starts), and state.json's autoscale (per role: the value
+read, the capacity, each slot's job id and status, the decisions).
 """
 
 from __future__ import annotations
@@ -44,6 +49,14 @@ PHASES = ("pending", "starting", "engines_ready", "router_ready", "serving", "de
 # speaks each): over its worker API (a queued job, or a direct call), removing only, or by a
 # restart with the new set.
 WORKERS_APIS = ("queued", "direct", "remove-only", "restart")
+# Why a router's worker API cannot take a new worker while it runs (runtime/workers.py says
+# which router release answers how): `hpcserve scale --add` and autoscale refuse those.
+CANNOT_ADD = {"remove-only": "it takes workers out while it runs, but adds one only by a "
+                             "restart",
+              "restart": "it learns its workers only when it starts"}
+# <front job dir>/scale/: each instance job of the deployment (`hpcserve scale`: <role>-<seq>,
+# autoscale's slots: <role>-s<k>)
+SCALE_DIR = "scale"
 # An instance's own status while the deployment serves; draining: a drain request took it out
 # of the router and its in-flight requests finish; removed: drained and stopped, for good.
 INSTANCE_STATUSES = ("serving", "out", "restarting", "failed", "draining", "removed")
@@ -160,12 +173,33 @@ ATTACH_SCHEMA = {
     "required": ["router_url", "workers_api", "api_key_env", "front_job_id", "front_job_dir",
                  "deployment"],
     "properties": {
-        "router_url": {"type": "string"}, "workers_api": {"enum": list(WORKERS_APIS)},
-        "api_key_env": _STR_OR_NULL, "front_job_id": {"type": "string"},
+        "router_url": _STR_OR_NULL, "workers_api": {"enum": list(WORKERS_APIS)},
+        "api_key_env": _STR_OR_NULL, "front_job_id": _STR_OR_NULL,
         "front_job_dir": {"type": "string"}, "deployment": {"type": "string"},
     },
     "additionalProperties": False,
 }
+
+# The front's autoscaling (runtime/autoscale.py), per role: the signal per instance last read,
+# the capacity counted, each slot's job and status, the newest decisions.
+AUTOSCALE_SCHEMA = {"type": "object", "additionalProperties": {
+    "type": "object", "required": ["value", "capacity", "slots", "decisions"],
+    "additionalProperties": False,
+    "properties": {
+        "value": _NUM_OR_NULL, "capacity": {"type": "integer"},
+        "slots": {"type": "object", "additionalProperties": {
+            "type": "object", "required": ["dir", "job_id", "status"],
+            "additionalProperties": False,
+            "properties": {"dir": {"type": "string"}, "job_id": _STR_OR_NULL,
+                           "status": {"enum": ["free", "submitting", "pending", "starting",
+                                               "serving", "draining"]}}}},
+        "decisions": {"type": "array", "items": {
+            "type": "object", "additionalProperties": False,
+            "required": ["at", "action", "slot", "job_id", "why", "value", "capacity"],
+            "properties": {"at": _NUM, "action": {"enum": ["add", "remove"]},
+                           "slot": {"type": "string"}, "job_id": _STR_OR_NULL,
+                           "why": {"type": "string"}, "value": _NUM_OR_NULL,
+                           "capacity": {"type": "integer"}}}}}}}
 
 STATE_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -200,6 +234,7 @@ STATE_SCHEMA = {
         "excluded_nodes": {"type": "array", "items": {"type": "string"}},
         "startup": STARTUP_SCHEMA,
         "attach": ATTACH_SCHEMA,
+        "autoscale": AUTOSCALE_SCHEMA,
         # the compile caches kept between jobs, as each instance's first start found them
         "caches": {"type": "object", "required": ["dir", "storage", "instances"],
                    "additionalProperties": False,

@@ -350,6 +350,7 @@ class Liveness:
                 self._next_scan = now() + SCAN_S
             job.recovery.tick()
             job.drains.tick()
+            job.autoscaler.tick()
             if now() >= end:
                 return
             time.sleep(min(0.1, max(0.0, end - now())))

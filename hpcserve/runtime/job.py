@@ -18,6 +18,7 @@ import time
 from . import caches
 from .allocation import InAllocation, own_steps
 from .attach import LEAVE_S, Attach
+from .autoscale import Autoscaler
 from .bench_step import BenchStep
 from .contract import SpecError, load_spec
 from .discovery import Discovery, cmd_discover, discover_args
@@ -63,6 +64,7 @@ class Job:
         self.recovery = Recovery(self)
         self.drains = Drains(self)
         self.attach = Attach(self)
+        self.autoscaler = Autoscaler(self)
         self.file_sd = FileSD(self)
         self.bench = BenchStep(self)
         self.staging = Staging(self)
@@ -236,6 +238,10 @@ class Job:
                 self.attach.leave(min(LEAVE_S, self.teardown.budget()[0] / 2))
         except Exception as e:
             self.log(f"leaving the router: {e!r}")
+        try:  # the slot jobs this front submitted (autoscale) lose their router with it
+            self.autoscaler.cancel_slots()
+        except Exception as e:
+            self.log(f"cancelling the slot jobs: {e!r}")
         try:
             self.teardown.run()
         except Exception as e:

@@ -47,7 +47,8 @@ class Slurm:
             self.window = saved
 
     # -- the one way a command runs
-    def run(self, argv: list[str], retry: bool = True, timeout: float | None = None) -> str:
+    def run(self, argv: list[str], retry: bool = True, timeout: float | None = None,
+            env: dict | None = None) -> str:
         """The command's stdout. A failure other than an unreachable controller raises
         RuntimeError with Slurm's words; an unreachable one is retried (unless retry is False)
         and then raises Unreachable."""
@@ -56,7 +57,7 @@ class Slurm:
             tries += 1
             try:
                 res = subprocess.run(argv, capture_output=True, text=True,
-                                     timeout=timeout or self.TIMEOUT)
+                                     timeout=timeout or self.TIMEOUT, env=env)
             except subprocess.TimeoutExpired:
                 words = f"no answer within {timeout or self.TIMEOUT:g} s"
             except OSError as e:
@@ -79,6 +80,16 @@ class Slurm:
             return ""
         except (RuntimeError, Unreachable) as e:
             return str(e)
+
+    def submit(self, script: str) -> str:
+        """`sbatch --parsable` of a job directory rendered ahead of time; the new job's id.
+        This job's own SLURM_* and SBATCH_* variables stay here: sbatch exports the caller's
+        environment, and they describe this job, not the new one (its het components, its
+        nodes)."""
+        env = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or
+               not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_"))}
+        out = self.run(["sbatch", "--parsable", script], timeout=30, env=env)
+        return out.strip().split(";")[0]
 
     # -- the job
     def records(self) -> list[dict]:

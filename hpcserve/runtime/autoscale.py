@@ -1,0 +1,282 @@
+"""Scaling on load: the front job adds and removes instance jobs of an autoscaled role
+(plan.json autoscale, rendered at submit by hpcserve's autoscale.py) while it serves.
+
+Every interval_s the orchestrator reads the role's signal from each serving instance's own
+Prometheus metrics (the front's own instances and its slots' jobs', in its probe pool) and,
+between liveness rounds, decides:
+
+  add:     the signal summed over the serving instances, divided by the role's capacity (its
+           kept instances, plus each slot submitted, pending or starting: counted once, so a
+           slot on its way is never asked for twice), is above target and the capacity below
+           max; or the capacity is below min. `sbatch <slot>/job.sbatch` on the first free
+           slot (one whose last job ended, or that never ran).
+  remove:  one instance fewer would still read below target and the capacity is above min:
+           a drain request (contract.drain_request_path) to the newest serving slot's
+           instance; that job drains it (runtime/drain.py) and ends "done".
+
+Never a decision within cool_down_s of the last one. Each decision is one line of the job log
+and kept in state.json's autoscale (what, why, the value read), with every slot's job id and
+status, where `hpcserve status` and `cancel` find the slot jobs. The front, as it stops, cancels
+the slot jobs it submitted: their router goes with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from urllib.parse import urlsplit
+
+from .contract import SERVING_PHASES, TERMINAL_PHASES, drain_request_path
+from .health import _DIRECT
+from .state import now
+
+DECISIONS_KEPT = 20   # the newest decisions state.json keeps per role
+
+
+def read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            got = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
+def signal_value(url: str, kind: str, names: list, timeout: float) -> float | None:
+    """The instance's signal from its Prometheus text at `url`: the sum of the named gauges
+    over every label set (requests), or for kv_usage their largest (a share of each engine's
+    pool: the fullest decides); None where it does not answer."""
+    try:
+        with _DIRECT.open(urllib.request.Request(url), timeout=timeout) as r:
+            text = r.read(4 << 20).decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    got = []
+    for line in text.splitlines():
+        if line and line[0] != "#" and line.split("{", 1)[0].split(" ", 1)[0] in names:
+            try:
+                got.append(float(line.rsplit(" ", 1)[-1]))
+            except ValueError:
+                pass
+    if kind == "kv_usage":
+        return max(got, default=0.0)
+    return sum(got)
+
+
+class Slot:
+    """One slot: its job directory, and the job this orchestrator submitted for it."""
+
+    def __init__(self, job_dir: str):
+        self.dir = job_dir
+        self.name = os.path.basename(job_dir.rstrip("/"))
+        self.job_id: str | None = None
+        self.status = "free"   # free, submitting, pending, starting, serving, draining
+        self.task = None       # the sbatch under way
+        self.plan: dict | None = None
+
+    def instance(self) -> dict:
+        if self.plan is None:
+            self.plan = read_json(os.path.join(self.dir, "plan.json"))
+        return (self.plan.get("instances") or [{}])[0]
+
+    def as_state(self) -> dict:
+        return {"dir": self.dir, "job_id": self.job_id, "status": self.status}
+
+
+class Role:
+    def __init__(self, name: str, spec: dict):
+        self.name, self.spec = name, spec
+        self.slots = [Slot(d) for d in spec["slots"]]
+        self.last_at = 0.0       # the last decision (cool-down)
+        self.value: float | None = None
+        self.capacity = 0
+        self.decisions: list[dict] = []
+
+
+class Autoscaler:
+    def __init__(self, job):
+        self.job = job
+        self.roles = {r: Role(r, s) for r, s in sorted((job.plan.get("autoscale") or {}).items())}
+        self.reading = None      # the readings under way (a future of the probe pool)
+        self.next_at = 0.0
+
+    # -- between liveness rounds
+    def tick(self) -> None:
+        job = self.job
+        if not self.roles or not job.recovery.active:
+            return
+        for role in self.roles.values():
+            for s in role.slots:
+                if s.task is not None and s.task.done():
+                    self._submitted(role, s)
+        if self.reading is not None:
+            if not self.reading.done():
+                return
+            readings, self.reading = self.reading.result(), None
+            for name, got in readings.items():
+                self._decide(self.roles[name], *got)
+            self._save()
+        elif now() >= self.next_at:
+            self.next_at = now() + min(r.spec["interval_s"] for r in self.roles.values())
+            targets = {n: self._targets(r) for n, r in self.roles.items()}
+            self.reading = job.liveness.pool.submit(self._read, targets)
+
+    def _targets(self, role: Role) -> list[tuple[str | None, str]]:
+        """(slot name or None for the front's own, metrics URL) of every serving instance."""
+        job = self.job
+        out = []
+        for spec in job.plan["instances"]:
+            rec = job.recovery.recs.get(spec["name"])
+            m = job.liveness.metrics_of(spec)
+            if spec["role"] == role.name and m and rec is not None and rec.status == "serving":
+                out.append((None, m["url"]))
+        for s in role.slots:
+            if s.status == "serving":
+                url = self._slot_metrics_url(s)
+                if url:
+                    out.append((s.name, url))
+        return out
+
+    def _slot_metrics_url(self, s: Slot) -> str | None:
+        inst = s.instance()
+        health = (read_json(os.path.join(s.dir, "state.json")).get("health_urls") or {}).get(
+            inst.get("name"))
+        if not health or not inst.get("metrics"):
+            return None
+        u = urlsplit(health)
+        return f"{u.scheme}://{u.netloc}{inst['metrics']['path']}"
+
+    def _read(self, targets: dict) -> dict:
+        """In the probe pool: every slot's status (its state.json, Slurm for a queued one), then
+        every serving instance's signal. role -> (values read, slots' statuses)."""
+        timeout = self.job.plan["liveness"]["timeout"]
+        out = {}
+        for name, role in self.roles.items():
+            statuses = {s.name: (s.job_id, self._slot_status(s)) for s in role.slots}
+            sig = role.spec["signal"]
+            values = [signal_value(url, sig["kind"], sig["metrics"], timeout)
+                      for _, url in targets[name]]
+            out[name] = ([v for v in values if v is not None], statuses)
+        return out
+
+    def _slot_status(self, s: Slot) -> str:
+        """Where the slot's job stands: its state.json once it runs, Slurm's queue before."""
+        if s.status in ("free", "submitting"):
+            return s.status
+        st = read_json(os.path.join(s.dir, "state.json"))
+        if st.get("job_id") != s.job_id:  # not started yet: still queued?
+            try:
+                out = self.job.slurm.run(["squeue", "-h", "-j", s.job_id, "-o", "%T"],
+                                         retry=False, timeout=5).strip()
+            except Exception:  # an unreachable controller: it counts as coming meanwhile
+                return "pending"
+            return "pending" if out else "free"
+        phase = st.get("phase")
+        if phase in TERMINAL_PHASES:
+            return "free"
+        if s.status == "draining":
+            return "draining"
+        inst = (st.get("instances") or {}).get(s.instance().get("name")) or {}
+        if phase in SERVING_PHASES and inst.get("status") == "serving":
+            return "serving"
+        return "starting"
+
+    # -- the decision
+    def _decide(self, role: Role, values: list, statuses: dict) -> None:
+        for s in role.slots:
+            read_for, new = statuses.get(s.name, (None, s.status))
+            # read before this slot was submitted (or while it was): not its job's status
+            if s.task is not None or s.status == "submitting" or read_for != s.job_id or \
+                    new == s.status:
+                continue
+            if new == "free":
+                self.job.log(f"autoscale {role.name}: {s.name} (job {s.job_id}) ended")
+                s.job_id = None
+            s.status = new
+        own = len(self.job.recovery.kept(role.name)) - sum(
+            1 for r in self.job.recovery.kept(role.name) if r.status == "failed")
+        coming = [s for s in role.slots if s.status in ("submitting", "pending", "starting",
+                                                        "serving")]
+        role.capacity = cap = own + len(coming)
+        spec = role.spec
+        if not values:
+            role.value = None
+            return
+        total = sum(values)
+        role.value = round(total / max(cap, 1), 3)
+        if now() < role.last_at + spec["cool_down_s"]:
+            return
+        free = [s for s in role.slots if s.status == "free"]
+        kind, target = spec["signal"]["kind"], spec["target"]
+        if free and cap < spec["min"]:
+            return self._add(role, free[0], f"{cap} instance(s), below min {spec['min']}")
+        if free and cap < spec["max"] and total / max(cap, 1) > target:
+            return self._add(role, free[0], f"{kind} {role.value:g} per instance > target "
+                                            f"{target:g}")
+        serving = [s for s in role.slots if s.status == "serving"]
+        if serving and cap > spec["min"] and cap > 1 and total / (cap - 1) < target:
+            self._remove(role, serving[-1], f"{kind} {total / (cap - 1):g} per instance with "
+                                            f"one fewer < target {target:g}")
+
+    def _add(self, role: Role, s: Slot, why: str) -> None:
+        s.status = "submitting"
+        s.task = self.job.recovery.pool.submit(self.job.slurm.submit,
+                                               os.path.join(s.dir, "job.sbatch"))
+        self._decided(role, "add", why, s)
+
+    def _submitted(self, role: Role, s: Slot) -> None:
+        task, s.task = s.task, None
+        try:
+            s.job_id = task.result()
+        except Exception as e:
+            s.status = "free"
+            self.job.log(f"autoscale {role.name}: sbatch of {s.name} failed: {e}")
+            return
+        s.status = "pending"
+        self.job.log(f"autoscale {role.name}: {s.name} submitted as job {s.job_id}")
+        for d in role.decisions[-1:]:
+            if d["slot"] == s.name and d["job_id"] is None:
+                d["job_id"] = s.job_id
+        self._save()
+
+    def _remove(self, role: Role, s: Slot, why: str) -> None:
+        path = drain_request_path(s.dir, s.instance()["name"])
+        body = json.dumps({"timeout_s": role.spec["drain_timeout_s"], "requested_at": now()})
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path + ".tmp", "w") as f:
+                f.write(body + "\n")
+            os.replace(path + ".tmp", path)
+        except OSError as e:
+            self.job.log(f"autoscale {role.name}: cannot write {path}: {e}")
+            return
+        s.status = "draining"
+        self._decided(role, "remove", why, s)
+
+    def _decided(self, role: Role, what: str, why: str, s: Slot) -> None:
+        role.last_at = now()
+        self.job.log(f"autoscale {role.name}: {what} {s.name}"
+                     + (f" (job {s.job_id})" if s.job_id else "")
+                     + f": {why}; capacity was {role.capacity}")
+        role.decisions = (role.decisions + [{
+            "at": round(now(), 3), "action": what, "slot": s.name, "job_id": s.job_id,
+            "why": why, "value": role.value, "capacity": role.capacity}])[-DECISIONS_KEPT:]
+
+    def _save(self) -> None:
+        self.job.state.record(self.job.log, autoscale={
+            n: {"value": r.value, "capacity": r.capacity,
+                "slots": {s.name: s.as_state() for s in r.slots}, "decisions": r.decisions}
+            for n, r in self.roles.items()})
+
+    # -- as the front stops
+    def cancel_slots(self) -> None:
+        """scancel every slot job this front submitted that may still run (bounded: one
+        command, not retried); their instances leave the router first, as any instance
+        job's."""
+        ids = [s.job_id for r in self.roles.values() for s in r.slots
+               if s.job_id and s.status != "free"]
+        if not ids:
+            return
+        err = self.job.slurm.command(["scancel", *ids], retry=False)
+        self.job.log(f"cancelled the slot job(s) {', '.join(ids)}" + (f": {err}" if err else ""))

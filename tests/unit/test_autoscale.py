@@ -1,0 +1,104 @@
+"""roles.<role>.autoscale on the render side: bad bounds, signals and routers refused in one
+line naming file, line and field (exit 2, nothing rendered); the slots rendered under the front's
+scale/ with ports clear of the front's and of each other; plan.json's autoscale and the slots'
+attach as the runtime reads them; status and cancel finding slot jobs in the front's
+state.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from click.testing import CliRunner
+
+from hpcserve import deployments, ops, slot_jobs
+from hpcserve.cli import main
+from hpcserve.plan_json import SCHEMA
+from hpcserve.runtime.contract import STATE_SCHEMA
+from unitkit import load_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "examples" / "demo.yaml"
+OK = '{"min": 1, "max": 3, "signal": "queued", "target": 2, "cool_down": "5s"}'
+
+
+def _scale(spec: str) -> str:
+    return f"roles.decode.autoscale={spec}"
+
+
+@pytest.mark.parametrize("spec, words", [
+    ('{"min": 2, "max": 3}', "roles.decode.autoscale.min: must be at most "
+                             "roles.decode.instances (1), got 2"),
+    ('{"min": 0, "max": 3, "foo": 1}', "roles.decode.autoscale.foo: unknown key 'foo'"),
+    ('{"min": 3, "max": 2}', "roles.decode.autoscale.min: must be at most max (2), got 3"),
+    ('{"min": 0, "max": 2, "signal": "gpu"}', "roles.decode.autoscale.signal: expected one of "
+                                              "queued, running, kv_usage"),
+    ('{"min": 0, "max": 2, "cool_down": "5 min"}', "roles.decode.autoscale.cool_down: expected "
+                                                   "seconds, or a duration"),
+    ('{"min": 0, "max": 2, "target": 0}', "roles.decode.autoscale.target: must be above 0"),
+])
+def test_bad_autoscale_is_one_line_exit_2_and_nothing_rendered(spec, words, tmp_path):
+    out = tmp_path / "job"
+    r = CliRunner().invoke(main, ["submit", str(DEMO), "--set", _scale(spec), "--dry-run",
+                                  "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    assert words in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not out.exists()
+
+
+def test_a_signal_the_engine_does_not_expose_is_refused_at_its_line(tmp_path):
+    f = tmp_path / "d.yaml"
+    f.write_text(DEMO.read_text().replace("  decode:\n", "  decode:\n    autoscale: "
+                                          "{min: 1, max: 2, signal: kv_usage}\n")
+                 .replace("name: sglang", "name: trtllm").replace('"0.5.23"', "1.3.0rc3"))
+    r = CliRunner().invoke(main, ["plan", str(f)])
+    line = next(i for i, ln in enumerate(f.read_text().splitlines(), 1) if "autoscale" in ln)
+    assert r.exit_code == 2, r.output
+    assert f"d.yaml:{line}: roles.decode.autoscale.signal: TensorRT-LLM exposes no kv_usage " \
+           "metric" in r.output, r.output
+
+
+def test_slots_are_rendered_under_scale_with_ports_clear_of_the_front_and_each_other():
+    p = load_plan(DEMO, [_scale(OK)])
+    a = p.autoscale["decode"]
+    assert [n for n, _ in a.slots] == ["decode-s1", "decode-s2"]  # max 3 - the front's 1
+    seen = ops.plan_ports(p)
+    for _, slot in a.slots:
+        assert [i.role for i in slot.instances] == ["decode"] and slot.router is None
+        mine = ops.plan_ports(slot)
+        assert not mine & seen, (mine, seen)
+        seen |= mine
+    from hpcserve.render import render_files
+    files = render_files(p, "/jobs/demo")
+    spec = json.loads(files["plan.json"][0])
+    jsonschema.validate(spec, SCHEMA)
+    assert spec["autoscale"]["decode"]["slots"] == ["/jobs/demo/scale/decode-s1",
+                                                    "/jobs/demo/scale/decode-s2"]
+    assert spec["autoscale"]["decode"]["signal"]["metrics"][0] == "sglang:num_queue_reqs"
+    s1 = json.loads(files["scale/decode-s1/plan.json"][0])
+    jsonschema.validate(s1, SCHEMA)
+    assert (s1["job_dir"], s1["router"]) == ("/jobs/demo/scale/decode-s1", None)
+    assert s1["attach"] == {"router_url": None, "workers_api": "queued", "api_key_env": None,
+                            "front_job_id": None, "front_job_dir": "/jobs/demo",
+                            "deployment": "demo-kimi-k2"}
+    assert s1["autoscale"] is None  # a slot scales nothing itself
+    sbatch = files["scale/decode-s1/job.sbatch"][0]
+    assert "--output=/jobs/demo/scale/decode-s1/logs/batch-%j.out" in sbatch
+
+
+def test_status_and_cancel_find_the_slot_jobs_in_the_front_s_state(tmp_path):
+    front = deployments.new_entry("7", "demo", str(tmp_path), None)
+    st = {"phase": "serving", "history": [], "updated_at": 1.0, "autoscale": {"decode": {
+        "value": 0.5, "capacity": 2, "decisions": [],
+        "slots": {"decode-s1": {"dir": f"{tmp_path}/scale/decode-s1", "job_id": "9",
+                                "status": "serving"},
+                  "decode-s2": {"dir": f"{tmp_path}/scale/decode-s2", "job_id": "8",
+                                "status": "free"}}}}}
+    jsonschema.validate(st, STATE_SCHEMA)
+    (tmp_path / "state.json").write_text(json.dumps(st))
+    from hpcserve.slurm.runner import LocalRunner
+    got = slot_jobs.slot_jobs(front, LocalRunner())
+    assert [(e.job_id, e.job_dir, e.front) for e in got] == \
+        [("9", f"{tmp_path}/scale/decode-s1", str(tmp_path))]  # an ended slot is not listed
