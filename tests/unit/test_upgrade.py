@@ -2,7 +2,7 @@
 nothing submitted or written), the prefill/decode release pairs, and a surge job that never
 serves stopping the upgrade with the old instance untouched. Slurm is test_scale.py's strict
 stand-in; the job directories are real renders. The upgrade itself, under load on the real
-cluster, is tests/jobs/test_upgrade.py."""
+cluster, is tests/jobs/test_upgrade_jobs.py."""
 
 from __future__ import annotations
 
