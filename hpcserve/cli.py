@@ -414,7 +414,7 @@ def status(jobs, as_json, probe, follow):
       hpcserve status 12345 --probe
       hpcserve --remote me@login.example.org status
     """
-    from . import deployments, ops
+    from . import deployments, ops, renewals
     ssh = _ssh()
     remote = ssh.remote
     runners = {}
@@ -429,6 +429,8 @@ def status(jobs, as_json, probe, follow):
         entries += [s for e in entries for s in deployments.instance_jobs(e) if s not in entries]
     else:
         entries = [e for e in deployments.entries() if not remote or e.remote == remote]
+    # a renewing instance job: the jobs its pair of directories runs now
+    entries = [c for e in entries for c in renewals.current([e], runner_of(e.remote))]
     if follow:
         if len(entries) != 1:
             raise HpcserveError("--follow takes exactly one job")
@@ -461,11 +463,12 @@ def list_cmd(as_json, show_all):
     Example:
       hpcserve list --all
     """
-    from . import deployments, ops
+    from . import deployments, ops, renewals
     ssh = _ssh()
     remote = ssh.remote
     from .runtime.contract import TERMINAL_PHASES
-    entries = [e for e in deployments.entries() if not remote or e.remote == remote]
+    entries = [c for e in deployments.entries() if not remote or e.remote == remote
+               for c in renewals.current([e], ssh.runner(e.remote or ssh.remote))]
     views = ops.status(entries, lambda r: ssh.runner(r or ssh.remote))
     if not show_all:
         views = [v for v in views if v.summary_phase not in TERMINAL_PHASES and not v.ended]
@@ -713,13 +716,14 @@ def cancel(job, wait):
     Example:
       hpcserve cancel 12345 --wait
     """
-    from . import deployments, ops
+    from . import deployments, ops, renewals
     from .runtime.contract import TERMINAL_PHASES
     ssh = _ssh()
     e = ops.resolve(job, ssh.remote, ssh.runner(ssh.remote))
     runner = ssh.runner(e.remote)  # where the job was submitted
     rc = ops.cancel(e, runner, wait=wait, echo=click.echo)
-    rest = [] if e.front else deployments.instance_jobs(e)
+    # a renewing instance job's successors too, submitted from inside it
+    rest = [] if e.front else renewals.current(deployments.instance_jobs(e), runner)
     for v in ops.status(rest, lambda _r: runner) if rest else []:
         if v.summary_phase not in TERMINAL_PHASES and not v.ended:
             sub = next(x for x in rest if x.job_dir == v.job_dir)

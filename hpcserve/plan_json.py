@@ -85,6 +85,8 @@ def job_spec(plan, job_dir: str) -> dict:
         # an instance job (`hpcserve scale`): the front's running router it registers its
         # instances with; null for a deployment's front job
         "attach": plan.attach,
+        # a renewing instance job (runtime/renew.py): its twin's directory and the margin
+        "renew": plan.renew,
         # the site's Prometheus file-SD directory (runtime/file_sd.py), or None
         "file_sd_dir": plan.file_sd_dir,
         # the compile caches kept between jobs (compile_caches.py), or None
@@ -253,6 +255,7 @@ SCHEMA = {
             "router_url": _STR, "workers_api": {"enum": ["queued", "direct"]},
             "api_key_env": _OPT_STR, "front_job_id": _STR, "front_job_dir": _STR,
             "deployment": _STR})]},
+        "renew": {"anyOf": [{"type": "null"}, _obj({"twin_dir": _STR, "margin_s": {"type": "number"}})]},
         "file_sd_dir": _OPT_STR,
         "caches": {"anyOf": [{"type": "null"}, _obj({
             "dir": _STR, "storage": {"enum": ["node-local", "shared"]},

@@ -24,7 +24,10 @@ that registers its instances with a running deployment's router instead of start
 null), run/control/drain-<instance>.json (a request to drain one instance: out of the router,
 in-flight requests finished, its step stopped), each instance's metrics.queued (the gauges of
 requests waiting in the engine, which a drain waits for too), the instance statuses draining and
-removed, and state.json's attach (plan.json's, copied).
+removed, and state.json's attach (plan.json's, copied). Spec 10 adds renew (a renewing instance
+job: {"twin_dir": the absolute directory of its twin, "margin_s": how long before the time limit
+it submits that twin}, or null) and state.json's renew (runtime/renew.py: the successor
+submitted, when and why, and the job it renewed into).
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ WORKERS_APIS = ("queued", "direct", "remove-only", "restart")
 # An instance's own status while the deployment serves; draining: a drain request took it out
 # of the router and its in-flight requests finish; removed: drained and stopped, for good.
 INSTANCE_STATUSES = ("serving", "out", "restarting", "failed", "draining", "removed")
+# The signal a renewing instance job asks Slurm for margin_s before its limit (sbatch
+# --signal=B:USR2@margin_s): submit the successor now if not yet (runtime/renew.py).
+RENEW_SIGNAL = "USR2"
 # A phase the job never leaves: state.json's last word on the deployment.
 TERMINAL_PHASES = frozenset({"done", "cancelled", "failed"})
 # Phases in which the deployment's endpoint answers.
@@ -200,6 +206,11 @@ STATE_SCHEMA = {
         "excluded_nodes": {"type": "array", "items": {"type": "string"}},
         "startup": STARTUP_SCHEMA,
         "attach": ATTACH_SCHEMA,
+        # a renewing instance job (runtime/renew.py): its successor and how it was submitted
+        "renew": {"type": ["object", "null"], "additionalProperties": False, "properties": {
+            "twin_dir": {"type": "string"}, "end_at": _NUM_OR_NULL,
+            "successor_job_id": _STR_OR_NULL, "submitted_at": _NUM_OR_NULL,
+            "trigger": _STR_OR_NULL, "renewed_at": _NUM_OR_NULL}},
         # the compile caches kept between jobs, as each instance's first start found them
         "caches": {"type": "object", "required": ["dir", "storage", "instances"],
                    "additionalProperties": False,
