@@ -709,8 +709,8 @@ def scale(job, role, add, remove, drain_timeout, wait):
 @click.option("--wait", "-w", is_flag=True, help="wait until the teardown is complete")
 def cancel(job, wait):
     """Stop a deployment through its own graceful path (router first, then engines), then
-    each of its instance jobs (`hpcserve scale`) that still runs. An instance job named stops
-    alone (its instances leave the router first).
+    each of its instance jobs (`hpcserve scale`) that still runs, successors of a renewing
+    one included. An instance job named stops alone (its instances leave the router first).
 
     \b
     Example:
@@ -721,9 +721,13 @@ def cancel(job, wait):
     ssh = _ssh()
     e = ops.resolve(job, ssh.remote, ssh.runner(ssh.remote))
     runner = ssh.runner(e.remote)  # where the job was submitted
-    rc = ops.cancel(e, runner, wait=wait, echo=click.echo)
     # a renewing instance job's successors too, submitted from inside it
-    rest = [] if e.front else renewals.current(deployments.instance_jobs(e), runner)
+    named = renewals.current([e], runner) if e.front else [e]
+    if len(named) == 1:
+        rc = ops.cancel(named[0], runner, wait=wait, echo=click.echo)
+        rest = [] if e.front else renewals.current(deployments.instance_jobs(e), runner)
+    else:  # a renewing instance job named: whichever job of its pair runs now
+        rc, rest = 0, named
     for v in ops.status(rest, lambda _r: runner) if rest else []:
         if v.summary_phase not in TERMINAL_PHASES and not v.ended:
             sub = next(x for x in rest if x.job_dir == v.job_dir)

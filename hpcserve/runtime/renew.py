@@ -8,7 +8,9 @@ runs sbatch on the twin's job.sbatch: once, and only while the twin's directory 
 (its state.json absent or ended: a directory runs again in place once its last job ended).
 When the twin's state.json says serving under that successor's job id, this job drains every
 instance of its own through the drain requests of drain.py (out of the router first, in-flight
-requests finished) and ends "done", "renewed by job N". The twin does the same in turn.
+requests finished) and ends "done", "renewed by job N". The twin does the same in turn. A job
+scaled in on request (`hpcserve scale --remove`) renews no more: its twin would bring every
+instance back.
 
 Slurm's warning signal is the trigger of last resort: the job is rendered with
 --signal=B:USR2@margin_s (contract.RENEW_SIGNAL) in place of TERM at signal_grace, which Slurm
@@ -57,6 +59,7 @@ class Renewal:
         self.next_try = 0.0
         self.waiting_said = False
         self.renewed = False              # the twin serves: this job's instances drain
+        self.withdrawn = False            # scaled in on request: no renewal any more
         if self.spec:
             signal.signal(getattr(signal, "SIG" + RENEW_SIGNAL), self._on_signal)
 
@@ -93,6 +96,8 @@ class Renewal:
             return
         if self.renewed:
             return self._handed_over()
+        if self.withdrawn or self._scaled_in():
+            return
         at = now()
         if self.successor is None:
             end = self.end_at(at)
@@ -103,6 +108,20 @@ class Renewal:
                 self._submit(why)
         else:
             self._watch(at)
+
+    def _scaled_in(self) -> bool:
+        """An instance drained on request (`hpcserve scale --remove`) ends renewal: the twin
+        would start every instance again. A successor not serving yet is cancelled."""
+        if not any(r.status in ("draining", "removed") for r in self.job.recovery.recs.values()):
+            return False
+        self.withdrawn = True
+        said = "an instance was drained on request: this job no longer renews"
+        if self.successor:
+            err = self.job.slurm.command(["scancel", self.successor], retry=False)
+            said += f"; its successor job {self.successor} " + (
+                f"could not be cancelled: {err}" if err else "is cancelled")
+        self.job.log(said)
+        return True
 
     def _submit(self, why: str) -> None:
         twin, job = self.spec["twin_dir"], self.job

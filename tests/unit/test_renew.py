@@ -123,3 +123,9 @@ def test_cancel_of_the_front_stops_the_successor(renewed):
     assert CliRunner().invoke(main, ["cancel", "42"]).exit_code == 0
     assert cluster.called("scancel") == [["scancel", "--batch", "--signal=USR1", "42"],
                                          ["scancel", "--batch", "--signal=USR1", "78"]]
+
+
+def test_cancel_of_a_renewing_instance_job_named_stops_the_job_its_pair_runs_now(renewed):
+    cluster, a, b = renewed
+    assert CliRunner().invoke(main, ["cancel", "77"]).exit_code == 0  # the index's, ended
+    assert cluster.called("scancel") == [["scancel", "--batch", "--signal=USR1", "78"]]
