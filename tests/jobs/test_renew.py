@@ -39,6 +39,12 @@ def _slurm_record(env: dict, job_id: str) -> dict:
     return dict(re.findall(r"(\w+)=(\S*)", out))
 
 
+def _ended(env: dict, job_id: str) -> dict | None:
+    """Slurm's record of the job once it no longer runs."""
+    rec = _slurm_record(env, job_id)
+    return None if rec["JobState"] in ("RUNNING", "COMPLETING") else rec
+
+
 def _renewed(job: Job, env: dict) -> Job:
     """Once `job` ended "done" for its successor: that successor (in its twin directory),
     after checking the old job drained before Slurm's time limit would have ended it."""
@@ -49,7 +55,8 @@ def _renewed(job: Job, env: dict) -> Job:
     log = (job.dir / "logs" / "hpcserve-job.log").read_text()
     assert log.index("decode-0 removed from the router") < \
         log.index("decode-0 removed: drained on request") < log.index("final state: done"), log
-    rec = _slurm_record(env, job.id)
+    # its batch script exits just after the final state: Slurm's word once it has
+    rec = until(f"job {job.id} ended in Slurm", lambda: _ended(env, job.id), 30)
     assert rec["JobState"] == "COMPLETED", rec  # not TIMEOUT: it ended by its drain
     start = datetime.fromisoformat(rec["StartTime"]).timestamp()
     assert rec["TimeLimit"] == "00:01:00", rec
