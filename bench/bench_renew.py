@@ -30,9 +30,7 @@ from pathlib import Path
 
 from bench_job import state, wait  # bench/ is sys.path[0]; it puts the checkout on it
 from bench_recovery import Load, machine
-from bench_scale import DEPLOY, cli, log_text, squeue_gone
-
-from hpcserve.devcluster.cluster import DevCluster  # noqa: E402
+from bench_scale import DEPLOY, cli, fresh_cluster, log_text, squeue_gone, start_front
 
 BASE = Path("/tmp/hpcserve-bench-renew")
 RENEW = 'renew: {margin: 40s, time_limit: "00:01:00"}\n'
@@ -105,12 +103,7 @@ def main() -> None:
     renewals = int(sys.argv[1]) if len(sys.argv) > 1 else 4
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print("machine:", machine())
-    cluster = DevCluster(str(BASE / "cluster"), nodes=4, subnet="10.253.11.0/24", prefix="hrn",
-                         pin_cpus=False)
-    cluster.down()
-    subprocess.run(["rm", "-rf", str(BASE / "run")])
-    tmp = BASE / "run"
-    tmp.mkdir(parents=True)
+    cluster, tmp = fresh_cluster(BASE, "10.253.11.0/24", "hrn")
     out: list[dict] = []
     ids: list[str] = []
     try:
@@ -118,15 +111,9 @@ def main() -> None:
         env = cluster.client_env()
         env["PATH"] = str(Path(sys.executable).parent) + ":" + env["PATH"]
         env["HPCSERVE_STATE_DIR"] = str(tmp / "state")
-        f = tmp / "deploy.yaml"
-        f.write_text(DEPLOY.replace("name: bench-scale", "name: bench-renew") + RENEW)
-        _, _, said = cli(env, "submit", str(f), "-o", str(tmp / "front"))
-        front = re.search(r"submitted job (\d+)", said).group(1)
-        st = wait(lambda: state(tmp / "front") if state(tmp / "front").get("phase") in (
-            "serving", "failed") else None, 60)
-        if st["phase"] != "serving":
-            raise SystemExit(f"the front job failed:\n{log_text(tmp / 'front')}")
-        with Load(st["endpoint"], CLIENTS) as load:
+        front, router = start_front(
+            env, tmp, DEPLOY.replace("name: bench-scale", "name: bench-renew") + RENEW)
+        with Load(router, CLIENTS) as load:
             _, _, said = cli(env, "scale", front, "--role", "decode", "--add", "1")
             m = re.search(r"submitted job (\d+).*\njob directory: (\S+)", said)
             jid, d = m.group(1), Path(m.group(2))

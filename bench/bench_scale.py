@@ -199,9 +199,10 @@ def log_text(d: Path) -> str:
     return p.read_text(errors="replace") if p.exists() else "(no job log)"
 
 
-def start_front(env: dict, tmp: Path) -> tuple[str, str]:
+def start_front(env: dict, tmp: Path, deploy: str = DEPLOY) -> tuple[str, str]:
+    """(job id, endpoint) of the front job of `deploy`, once it serves."""
     f = tmp / "deploy.yaml"
-    f.write_text(DEPLOY)
+    f.write_text(deploy)
     _, _, out = cli(env, "submit", str(f), "-o", str(tmp / "front"))
     jid = re.search(r"submitted job (\d+)", out).group(1)
     st = wait(lambda: state(tmp / "front") if state(tmp / "front").get("phase") in (
@@ -253,19 +254,25 @@ def report(out: list[dict], runs: int, failed: int, sent: int) -> None:
     print(f"\nrequests through the router during the runs: {sent}, failed: {failed}")
 
 
+def fresh_cluster(base: Path, subnet: str, prefix: str) -> tuple[DevCluster, Path]:
+    """A 4-node cluster under base/cluster (not up yet) and an empty base/run."""
+    # Unpinned as bench_job.py: pinned nodes would serialise the batch host's runtime, the router
+    # and an engine on one core and measure that instead of hpcserve.
+    cluster = DevCluster(str(base / "cluster"), nodes=4, subnet=subnet, prefix=prefix,
+                         pin_cpus=False)
+    cluster.down()
+    subprocess.run(["rm", "-rf", str(base / "run")])
+    tmp = base / "run"
+    tmp.mkdir(parents=True)
+    return cluster, tmp
+
+
 def main() -> None:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     # SIGTERM (timeout, kill) ends through the `finally` below: the cluster comes down
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print("machine:", machine())
-    # Unpinned as bench_job.py: pinned nodes would serialise the batch host's runtime, the router
-    # and an engine on one core and measure that instead of hpcserve.
-    cluster = DevCluster(str(BASE / "cluster"), nodes=4, subnet="10.253.10.0/24", prefix="hsc",
-                         pin_cpus=False)
-    cluster.down()
-    subprocess.run(["rm", "-rf", str(BASE / "run")])
-    tmp = BASE / "run"
-    tmp.mkdir(parents=True)
+    cluster, tmp = fresh_cluster(BASE, "10.253.10.0/24", "hsc")
     out: list[dict] = []
     try:
         cluster.up()
