@@ -47,7 +47,8 @@ class Slurm:
             self.window = saved
 
     # -- the one way a command runs
-    def run(self, argv: list[str], retry: bool = True, timeout: float | None = None) -> str:
+    def run(self, argv: list[str], retry: bool = True, timeout: float | None = None,
+            env: dict | None = None) -> str:
         """The command's stdout. A failure other than an unreachable controller raises
         RuntimeError with Slurm's words; an unreachable one is retried (unless retry is False)
         and then raises Unreachable."""
@@ -56,7 +57,7 @@ class Slurm:
             tries += 1
             try:
                 res = subprocess.run(argv, capture_output=True, text=True,
-                                     timeout=timeout or self.TIMEOUT)
+                                     timeout=timeout or self.TIMEOUT, env=env)
             except subprocess.TimeoutExpired:
                 words = f"no answer within {timeout or self.TIMEOUT:g} s"
             except OSError as e:
@@ -98,7 +99,12 @@ class Slurm:
     def submit(self, script: str) -> str:
         """`sbatch --parsable SCRIPT`: the new job's id. Not retried: a controller that took
         the job but did not answer would get it twice (the caller tries again later)."""
-        out = self.run(["sbatch", "--parsable", script], retry=False, timeout=30).strip()
+        # this job's own SLURM_* (its restart count, its nodes) are not the new job's: it gets
+        # the environment a login shell hands sbatch (SLURM_CONF and SBATCH_* kept)
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+        out = self.run(["sbatch", "--parsable", script], retry=False, timeout=30,
+                       env=env).strip()
         job_id = out.split(";")[0]
         if not job_id.isdigit():
             raise RuntimeError(f"sbatch {script}: no job id in its answer {out!r}")

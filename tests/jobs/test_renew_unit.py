@@ -145,3 +145,17 @@ def test_a_job_scaled_in_on_request_no_longer_renews_and_cancels_its_successor(j
 def test_the_job_stops_itself_signal_grace_before_its_limit(job, slurm):
     slurm("0:09")  # the TERM at signal_grace is not asked for: RENEW_SIGNAL is
     assert job.renewal.time_is_up(renewmod.now())
+
+
+def test_the_successor_does_not_inherit_this_job_s_slurm_variables(job, slurm, monkeypatch,
+                                                                     tmp_path):
+    calls = slurm("0:35")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")  # this job was requeued twice; not its twin
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/x.conf")
+    sbatch = Path(os.environ["PATH"].split(":")[0]) / "sbatch"
+    sbatch.write_text(f"#!/bin/sh\necho \"sbatch $*\" >> {calls}\nenv > {tmp_path / 'env'}\n"
+                      "echo 501\n")
+    job.renewal.tick()
+    env = (tmp_path / "env").read_text().splitlines()
+    assert "SLURM_CONF=/etc/slurm/x.conf" in env
+    assert not [v for v in env if v.startswith(("SLURM_RESTART_COUNT=", "SLURM_JOB_ID="))], env
