@@ -126,7 +126,7 @@ class Renewal:
     def _submit(self, why: str) -> None:
         twin, job = self.spec["twin_dir"], self.job
         st = read_state(twin)
-        if st and st.get("phase") not in TERMINAL_PHASES:
+        if self._in_use(st):
             if not self.waiting_said:
                 job.log(f"renewal due ({why}) but {twin} is in use by job {st.get('job_id')} "
                         f"({st.get('phase')}): waiting for it to end")
@@ -147,6 +147,21 @@ class Renewal:
                                          "submitted_at": round(now(), 3), "trigger": why,
                                          "renewed_at": None})
 
+    def _in_use(self, st: dict) -> bool:
+        """Whether the twin's directory is in use: its state.json has not ended and Slurm still
+        knows the job that wrote it (one killed outright, or lost with its node, never wrote
+        its end; a controller that does not answer leaves the directory in use)."""
+        if not st or st.get("phase") in TERMINAL_PHASES:
+            return False
+        jid = str(st.get("job_id") or "")
+        try:
+            return bool(jid) and bool(self.job.slurm.run(
+                ["squeue", "-h", "-j", jid, "-o", "%T"], retry=False, timeout=5).strip())
+        except RuntimeError as e:  # squeue refuses an id it no longer knows
+            return "invalid job id" not in str(e).lower()
+        except Unreachable:
+            return True
+
     def _watch(self, at: float) -> None:
         st = read_state(self.spec["twin_dir"])
         if st.get("job_id") != self.successor:
@@ -155,8 +170,10 @@ class Renewal:
         if phase in SERVING_PHASES:
             return self._hand_over()
         if phase in TERMINAL_PHASES:
+            again = "trying again" if self.tries < TRIES else \
+                f"no more tries ({TRIES}): this job serves until its time limit"
             self.job.log(f"renewal: successor job {self.successor} ended {phase} "
-                         f"({st.get('reason')}) before it served; trying again")
+                         f"({st.get('reason')}) before it served; {again}")
             self.successor, self.next_try = None, at + RETRY_S
 
     def _hand_over(self) -> None:

@@ -23,14 +23,18 @@ AWAY = "slurm_load_jobs error: Unable to contact slurm controller (connect failu
 
 @pytest.fixture
 def slurm(tmp_path, monkeypatch):
-    """squeue prints `left` (or the words of a controller that is away), sbatch the next job
-    id; every call's argv is a line of the returned file."""
+    """squeue prints `left` (or the words of a controller that is away), and of another job
+    RUNNING, or Slurm's words for an id it no longer knows (`known` False); sbatch prints the
+    next job id; every call's argv is a line of the returned file."""
     bindir, calls = tmp_path / "bin", tmp_path / "calls"
     bindir.mkdir()
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
 
-    def _says(left: str | None = "0:50") -> Path:
-        squeue = f"echo '{AWAY}' >&2; exit 1" if left is None else f"echo '{left}'"
+    def _says(left: str | None = "0:50", known: bool = True) -> Path:
+        other = "echo RUNNING" if known else \
+            "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1"
+        squeue = f"echo '{AWAY}' >&2; exit 1" if left is None else \
+            f'case "$*" in *%T*) {other} ;; *) echo \'{left}\' ;; esac'
         for tool, body in (("squeue", squeue), ("sbatch", "echo 501"), ("scancel", "true")):
             (bindir / tool).write_text(f"#!/bin/sh\necho \"{tool} $*\" >> {calls}\n{body}\n")
             (bindir / tool).chmod(0o755)
@@ -98,6 +102,14 @@ def test_at_the_margin_the_twin_is_submitted_once_it_is_not_in_use(job, slurm):
     assert (st["successor_job_id"], st["trigger"]) == ("501", "40 s before the time limit"), st
     job.renewal.tick()  # not again
     assert _sbatches(calls) == 1
+
+
+def test_a_twin_whose_job_slurm_no_longer_knows_is_free_though_it_never_wrote_its_end(
+        job, slurm):
+    calls = slurm("0:35", known=False)
+    _twin_state(job, "serving", "400")  # killed outright: its state.json says serving still
+    job.renewal.tick()
+    assert "squeue -h -j 400 -o %T" in calls.read_text() and _sbatches(calls) == 1
 
 
 def test_a_successor_that_ends_before_serving_is_submitted_again(job, slurm):
