@@ -104,16 +104,17 @@ def add(f: Front, runner, remote: str | None, role: str, count: int) -> ops.Subm
 
 
 def instance_job(cfg, role: str, count: int, seq: int, attach: dict, front_dir: str,
-                 taken: set[int]) -> list[tuple[str, str, dict]]:
-    """(job name, job directory, files) of the instance job <front>/scale/<role>-<seq>/ of
-    `count` instances of `role`: one directory, or with the deployment's renew: the pair of it
-    and its twin <role>-<seq>b/, each plan.json's renew naming the other, the twin's ports
-    clear of the first's too (both run on one node while they overlap). Every caller that
-    renders an instance job renders it here."""
+                 taken: set[int], label: str | None = None) -> list[tuple[str, str, dict]]:
+    """(job name, job directory, files) of the instance job of `count` instances of `role`,
+    <front>/scale/<role>-<label>/ (label: seq unless given; seq picks its port block): one
+    directory, or with the deployment's renew: the pair of it and its twin <role>-<label>b/,
+    each plan.json's renew naming the other, the twin's ports clear of the first's too (both
+    run on one node while they overlap). Every caller that renders an instance job renders it
+    here."""
     from . import plan as planner
     from .config import duration_s
     from .render import render_files
-    job_dir = posixpath.join(front_dir, SCALE_DIR, f"{role}-{seq}")
+    job_dir = posixpath.join(front_dir, SCALE_DIR, f"{role}-{label or seq}")
     dirs = [job_dir, job_dir + TWIN_SUFFIX] if cfg.deployment.renew else [job_dir]
     out = []
     for k, d in enumerate(dirs):
