@@ -200,6 +200,7 @@ def log_text(d: Path) -> str:
 
 
 def start_front(env: dict, tmp: Path, deploy: str = DEPLOY) -> tuple[str, str]:
+    """(job id, endpoint) of the front job of `deploy`, once it serves."""
     f = tmp / "deploy.yaml"
     f.write_text(deploy)
     _, _, out = cli(env, "submit", str(f), "-o", str(tmp / "front"))

@@ -100,6 +100,9 @@ def _check(cfg, front, role: str, a, _err) -> None:
                                           "hpcserve reads; this engine's signals: " + (", ".join(
                                               s for s in ("queued", "running", "kv_usage")
                                               if signal_metrics(front.metrics, s)) or "none"))
+    if cfg.deployment.renew:
+        raise _err(cfg, at, "autoscale and renew: together are not supported yet: a slot job "
+                            "would end at its time limit instead of renewing")
     r = front.router
     if r is None:
         raise _err(cfg, at, "autoscaled instances join the deployment's router: "

@@ -414,7 +414,7 @@ def status(jobs, as_json, probe, follow):
       hpcserve status 12345 --probe
       hpcserve --remote me@login.example.org status
     """
-    from . import deployments, ops, slot_jobs
+    from . import deployments, ops, renewals, slot_jobs
     ssh = _ssh()
     remote = ssh.remote
     runners = {}
@@ -430,6 +430,8 @@ def status(jobs, as_json, probe, follow):
     else:
         entries = [e for e in deployments.entries() if not remote or e.remote == remote]
     entries = slot_jobs.with_slot_jobs(entries, runner_of)  # submitted by a front, on load
+    # a renewing instance job: the jobs its pair of directories runs now
+    entries = [c for e in entries for c in renewals.current([e], runner_of(e.remote))]
     if follow:
         if len(entries) != 1:
             raise HpcserveError("--follow takes exactly one job")
@@ -462,11 +464,12 @@ def list_cmd(as_json, show_all):
     Example:
       hpcserve list --all
     """
-    from . import deployments, ops
+    from . import deployments, ops, renewals
     ssh = _ssh()
     remote = ssh.remote
     from .runtime.contract import TERMINAL_PHASES
-    entries = [e for e in deployments.entries() if not remote or e.remote == remote]
+    entries = [c for e in deployments.entries() if not remote or e.remote == remote
+               for c in renewals.current([e], ssh.runner(e.remote or ssh.remote))]
     views = ops.status(entries, lambda r: ssh.runner(r or ssh.remote))
     if not show_all:
         views = [v for v in views if v.summary_phase not in TERMINAL_PHASES and not v.ended]
@@ -744,20 +747,26 @@ def upgrade(job, sets, drain_timeout, start_timeout):
 @click.option("--wait", "-w", is_flag=True, help="wait until the teardown is complete")
 def cancel(job, wait):
     """Stop a deployment through its own graceful path (router first, then engines), then
-    each of its instance jobs (`hpcserve scale`) that still runs. An instance job named stops
-    alone (its instances leave the router first).
+    each of its instance jobs (`hpcserve scale`) that still runs, successors of a renewing
+    one included. An instance job named stops alone (its instances leave the router first).
 
     \b
     Example:
       hpcserve cancel 12345 --wait
     """
-    from . import deployments, ops, slot_jobs
+    from . import deployments, ops, renewals, slot_jobs
     from .runtime.contract import TERMINAL_PHASES
     ssh = _ssh()
     e = ops.resolve(job, ssh.remote, ssh.runner(ssh.remote))
     runner = ssh.runner(e.remote)  # where the job was submitted
-    rc = ops.cancel(e, runner, wait=wait, echo=click.echo)
-    rest = [] if e.front else deployments.instance_jobs(e) + slot_jobs.slot_jobs(e, runner)
+    # a renewing instance job's successors too, submitted from inside it
+    named = renewals.current([e], runner) if e.front else [e]
+    if len(named) == 1:
+        rc = ops.cancel(named[0], runner, wait=wait, echo=click.echo)
+        rest = [] if e.front else (renewals.current(deployments.instance_jobs(e), runner)
+                                   + slot_jobs.slot_jobs(e, runner))
+    else:  # a renewing instance job named: whichever job of its pair runs now
+        rc, rest = 0, named
     for v in ops.status(rest, lambda _r: runner) if rest else []:
         if v.summary_phase not in TERMINAL_PHASES and not v.ended:
             sub = next(x for x in rest if x.job_dir == v.job_dir)

@@ -27,6 +27,8 @@ BUNDLED_SITES = package_data.path("site_configs")
 BUNDLED_PROFILES = package_data.path("models")
 
 TIME = r"(\d+-)?\d{1,3}:\d{2}:\d{2}"
+# A duration in seconds, minutes or hours (90s, 15m, 1h), or as a Slurm time (00:15:00)
+DURATION = rf"\d+[smh]|{TIME}"
 # Job directories become sbatch's --output: % starts a Slurm filename pattern (%j, %x...) and a
 # backslash turns them off, so a path holding either would not be the path written.
 JOB_PATH = r"[^%\\]+"
@@ -537,6 +539,30 @@ class Benchmark:
 
 
 @record
+class Renew:
+    """Instance jobs that outlive their time limit (`hpcserve scale --add`): each is rendered
+    twice, and the running one submits its twin `margin` before its limit; once the twin's
+    instances serve, the expiring ones drain (docs/operating.md, "Renewal")."""
+
+    margin: str = field(default="15m", metadata=doc(
+        "submit the successor this long before the instance job's time limit: its queue wait "
+        "and a cold start must fit in it", pattern=DURATION,
+        pattern_help="a duration such as 15m, 90s, 1h or 00:15:00"))
+    time_limit: str | None = field(default=None, metadata=doc(
+        "the instance jobs' own Slurm time limit (default: the deployment's time_limit)",
+        pattern=TIME, pattern_help="a time such as 04:00:00 or 1-00:00:00"))
+
+
+def duration_s(text: str) -> int:
+    """Seconds of a DURATION (15m, 90s, 1h) or a Slurm time ([D-]HH:MM:SS)."""
+    if text[-1] in "smh":
+        return int(text[:-1]) * {"s": 1, "m": 60, "h": 3600}[text[-1]]
+    days, _, hms = text.rpartition("-")
+    h, m, sec = (int(x) for x in hms.split(":"))
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + sec
+
+
+@record
 class Deployment:
     """One deployment: which model, on which site, with which engine and roles."""
 
@@ -566,6 +592,8 @@ class Deployment:
     requeue: int = field(default=0, metadata=doc(
         "when the deployment fails (not when it is cancelled), requeue the job up to this many "
         "times", ge=0, le=100))
+    renew: Renew | None = field(default=None, metadata=doc(
+        "renew every instance job ahead of its time limit (a mapping, {} for the defaults)"))
 
     def validate(self) -> None:
         check_secrets(self.env, "env", args=False)
@@ -583,6 +611,12 @@ class Deployment:
             missing = ({"prefill", "decode"} - keys).pop()
             raise FieldProblem("roles", f"PD disaggregation needs both prefill and decode; "
                                         f"{missing} is missing")
+        if self.renew:
+            limit = self.renew.time_limit or self.time_limit
+            if duration_s(self.renew.margin) >= duration_s(limit):
+                raise FieldProblem(("renew", "margin"), f"{self.renew.margin} is not shorter "
+                                   f"than the instance jobs' time limit {limit}: every job "
+                                   "would renew as soon as it serves")
 
 
 # ---------------------------------------------------------------------------------------- profile

@@ -104,13 +104,7 @@ def submit_files(name: str, files: dict, job_dir: str, *, runner, remote: str | 
                  front: str | None = None) -> Submitted:
     """Write a rendered job directory where the runner runs, sbatch it, and record it in the
     index (`front`: the front job directory of the deployment an instance job joins)."""
-    from .render import write_job
-    if remote is None:
-        write_job(files, job_dir)
-    else:
-        with tempfile.TemporaryDirectory(prefix="hpcserve-render-") as tmp:
-            write_job(files, tmp)
-            runner.put_tree(tmp, job_dir)
+    write_files(files, job_dir, runner=runner, remote=remote)
     script = posixpath.join(job_dir, "job.sbatch")
     res = runner.run(["sbatch", "--parsable", script])
     job_id = parse_job_id(res.out)
@@ -121,6 +115,17 @@ def submit_files(name: str, files: dict, job_dir: str, *, runner, remote: str | 
     entry = deployments.new_entry(job_id, name, job_dir, remote, cluster, front=front)
     deployments.record(entry)
     return Submitted(job_id, job_dir, name, remote, entry)
+
+
+def write_files(files: dict, job_dir: str, *, runner, remote: str | None) -> None:
+    """A rendered job directory written where the runner runs (here, or copied over SSH)."""
+    from .render import write_job
+    if remote is None:
+        write_job(files, job_dir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="hpcserve-render-") as tmp:
+            write_job(files, tmp)
+            runner.put_tree(tmp, job_dir)
 
 
 def _rendered(p, cfg, *, runner, remote: str | None, out: str | None,

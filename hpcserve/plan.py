@@ -22,6 +22,7 @@ from .engines.base import EngineAdapter, Layout, Net, RoleContext, gpus_from
 from .engines.bench_clients import CLIENTS, BenchPoint
 from .engines.flags import FlagError, Release
 from .errors import ConfigError
+from .runtime.contract import RENEW_SIGNAL
 from .values import FromEnv
 from .words import Var, Word
 from .yamlsrc import format_path
@@ -173,6 +174,8 @@ class Plan:
     attach: dict | None = None
     # roles.<role>.autoscale: role -> autoscale.RoleScaling (its bounds and its slots' plans)
     autoscale: dict = field(default_factory=dict)
+    # a renewing instance job: plan.json's renew, its twin's directory and the margin
+    renew: dict | None = None
     # the deployment's source document (config.SOURCE_FILE), kept in the job directory; written
     # out only by the render (a plan is built many times over when its ports are moved)
     source: dict = field(default_factory=dict)
@@ -331,21 +334,34 @@ def build(cfg: Resolved, port_shift: int = 0) -> Plan:
 
 
 def instance_job(cfg: Resolved, role: str, count: int, seq: int, port_shift: int,
-                 attach: dict) -> Plan:
+                 attach: dict, renew: dict | None = None) -> Plan:
     """An instance job of a running deployment (`hpcserve scale --add`): only `role`, `count`
     instances of it, no router of its own (plan.json's attach names the front's), named
     <name>-<role>-<seq>. It may land on nodes the front's or another instance job's engines
     use, so every port moves by `port_shift`, those the file sets as well. No benchmark: the
-    deployment's is the front's."""
+    deployment's is the front's. `renew` (plan.json's, runtime/renew.py): the job renews into
+    its twin before its time limit, renew.time_limit its own."""
     dep = cfg.deployment
     roles = {role: replace(dep.roles[role], instances=count)}
+    limit = (dep.renew.time_limit or dep.time_limit) if renew and dep.renew else dep.time_limit
     cfg = replace(cfg, deployment=replace(dep, name=f"{dep.name}-{role}-{seq}", roles=roles,
-                                          benchmark=None))
+                                          benchmark=None, time_limit=limit))
     d = _start(cfg)
     d.roles, d.port_shift, d.shift_set_ports = [role], port_shift, True
     _plan_role(d, 0, role)
     _check_node_limit(d)
-    return replace(_finish(d, None), attach=attach)
+    p = replace(_finish(d, None), attach=attach, renew=renew)
+    return _renew_signal(p) if renew else p
+
+
+def _renew_signal(p: Plan) -> Plan:
+    """A renewing job asks Slurm for RENEW_SIGNAL `margin_s` before its limit instead of TERM
+    `signal_grace` before it (one --signal per job): the trigger of last resort for submitting
+    its successor. Its runtime stops itself signal_grace before the limit (runtime/renew.py)."""
+    sig = ("signal", f"B:{RENEW_SIGNAL}@{int(p.renew['margin_s'])}")
+    comps = tuple(replace(c, directives=tuple(sig if k == "signal" else (k, v)
+                                              for k, v in c.directives)) for c in p.components)
+    return replace(p, components=comps)
 
 
 def _start(cfg: Resolved) -> _Draft:

@@ -88,6 +88,8 @@ def job_spec(plan, job_dir: str) -> dict:
         # roles.<role>.autoscale: what the orchestrator reads and its slots' job directories
         # (runtime/autoscale.py); null where no role autoscales
         "autoscale": _autoscale(plan, job_dir),
+        # a renewing instance job (runtime/renew.py): its twin's directory and the margin
+        "renew": plan.renew,
         # the site's Prometheus file-SD directory (runtime/file_sd.py), or None
         "file_sd_dir": plan.file_sd_dir,
         # the compile caches kept between jobs (compile_caches.py), or None
@@ -274,6 +276,7 @@ SCHEMA = {
             "target": {"type": "number"}, "cool_down_s": {"type": "number"},
             "interval_s": {"type": "number"}, "drain_timeout_s": {"type": "number"},
             "slots": {"type": "array", "items": _STR}})}]},
+        "renew": {"anyOf": [{"type": "null"}, _obj({"twin_dir": _STR, "margin_s": {"type": "number"}})]},
         "file_sd_dir": _OPT_STR,
         "caches": {"anyOf": [{"type": "null"}, _obj({
             "dir": _STR, "storage": {"enum": ["node-local", "shared"]},

@@ -19,13 +19,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import deployments, ops, ports
+from . import deployments, ops, ports, renewals
 from .errors import HpcserveError
 from .records import record
 from .runtime.contract import (CANNOT_ADD, CONTROL_DIR, SCALE_DIR, SERVING_PHASES,
                                 drain_request_path)
 from .slurm.runner import read_json
 
+TWIN_SUFFIX = "b"            # <role>-<seq>b/: a renewing instance job's twin
 WAIT_MARGIN_S = 30           # --wait: the drain's own timeout, and this for the stop after it
 
 
@@ -84,19 +85,56 @@ def front(job: str, remote: str | None, runner, role: str | None) -> Front:
 def add(f: Front, runner, remote: str | None, role: str, count: int,
         cfg=None) -> ops.Submitted:
     """Render the instance job of `count` instances of `role` under the front's scale/ and
-    submit it as `hpcserve submit` does; `cfg`: the deployment to render it from (default: as
-    submitted; `hpcserve upgrade` gives its new release)."""
-    from . import plan as planner
-    from .render import render_files
-    attach = attach_of(f)
+    submit it as `hpcserve submit` does (with renew:, the first of its pair; its own job
+    submits the twin); `cfg`: the deployment to render it from (default: as submitted;
+    `hpcserve upgrade` gives its new release)."""
     cfg = cfg or source_config(f, runner)
     seq = next_seq(runner, f.entry.job_dir, role)
-    taken = ops.ports_in_use(runner, remote) | ops.spec_ports(f.spec)
-    p = clear_ports(lambda shift: planner.instance_job(cfg, role, count, seq, shift, attach),
-                    seq, taken)
-    job_dir = posixpath.join(f.entry.job_dir, SCALE_DIR, f"{role}-{seq}")
-    return ops.submit_files(p.name, render_files(p, job_dir), job_dir, runner=runner,
-                            remote=remote, front=f.entry.job_dir)
+    taken = ops.ports_in_use(runner, remote) | ops.spec_ports(f.spec) | \
+        scale_ports(runner, f.entry.job_dir)
+    (name, job_dir, files), *twin = instance_job(cfg, role, count, seq, attach_of(f),
+                                                 f.entry.job_dir, taken)
+    for _, d, fs in twin:
+        ops.write_files(fs, d, runner=runner, remote=remote)
+    return ops.submit_files(name, files, job_dir, runner=runner, remote=remote,
+                            front=f.entry.job_dir)
+
+
+def instance_job(cfg, role: str, count: int, seq: int, attach: dict, front_dir: str,
+                 taken: set[int], label: str | None = None) -> list[tuple[str, str, dict]]:
+    """(job name, job directory, files) of the instance job of `count` instances of `role`,
+    <front>/scale/<role>-<label>/ (label: seq unless given; seq picks its port block): one
+    directory, or with the deployment's renew: the pair of it and its twin <role>-<label>b/,
+    each plan.json's renew naming the other, the twin's ports clear of the first's too (both
+    run on one node while they overlap). Every caller that renders an instance job renders it
+    here."""
+    from . import plan as planner
+    from .config import duration_s
+    from .render import render_files
+    job_dir = posixpath.join(front_dir, SCALE_DIR, f"{role}-{label or seq}")
+    dirs = [job_dir, job_dir + TWIN_SUFFIX] if cfg.deployment.renew else [job_dir]
+    out = []
+    for k, d in enumerate(dirs):
+        renew = {"twin_dir": dirs[1 - k], "margin_s": duration_s(cfg.deployment.renew.margin)} \
+            if len(dirs) == 2 else None
+        p = clear_ports(lambda shift: planner.instance_job(cfg, role, count, seq, shift, attach,
+                                                           renew), seq + k, taken)
+        taken = taken | ops.plan_ports(p)
+        out.append((p.name, d, render_files(p, d)))
+    return out
+
+
+def scale_ports(runner, front_dir: str) -> set[int]:
+    """The ports of every instance job rendered under the front's scale/: a renewing job's
+    twin runs under a job id the index does not hold."""
+    root = posixpath.join(front_dir, SCALE_DIR)
+    used: set[int] = set()
+    for n in runner.list_dir(root):
+        try:
+            used |= ops.spec_ports(read_json(runner, posixpath.join(root, n, "plan.json")) or {})
+        except ValueError:
+            continue  # not a plan we can read: nothing known about its ports
+    return used
 
 
 def attach_of(f: Front) -> dict:
@@ -151,7 +189,8 @@ def clear_ports(plan_at: Callable[[int], object], seq: int, taken: set[int]):
 def pick(f: Front, runner, role: str, count: int) -> list[Drain]:
     """`count` serving instances of `role` to drain: the newest instance job's first, the
     front's own last; one with a drain request pending is not picked again."""
-    jobs = list(reversed(deployments.instance_jobs(f.entry))) + [f.entry]
+    jobs = list(reversed(renewals.current(deployments.instance_jobs(f.entry), runner))) + \
+        [f.entry]
     views = {v.job_dir: v for v in ops.status(jobs[:-1], lambda _r: runner)}
     views[f.entry.job_dir] = f.view
     found = []

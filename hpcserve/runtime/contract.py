@@ -29,7 +29,10 @@ autoscaled role: min, max, signal {kind, metrics}, target, cool_down_s, interval
 drain_timeout_s and its slots, the job directories of instance jobs rendered at submit that the
 front submits on load, or null), attach.router_url and attach.front_job_id null in a slot (read
 from the front's state.json as the slot starts), and state.json's autoscale (per role: the value
-read, the capacity, each slot's job id and status, the decisions).
+read, the capacity, each slot's job id and status, the decisions), renew (a renewing instance
+job: {"twin_dir": the absolute directory of its twin, "margin_s": how long before the time limit
+it submits that twin}, or null) and state.json's renew (runtime/renew.py: the successor
+submitted, when and why, and the job it renewed into).
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ SCALE_DIR = "scale"
 # An instance's own status while the deployment serves; draining: a drain request took it out
 # of the router and its in-flight requests finish; removed: drained and stopped, for good.
 INSTANCE_STATUSES = ("serving", "out", "restarting", "failed", "draining", "removed")
+# The signal a renewing instance job asks Slurm for margin_s before its limit (sbatch
+# --signal=B:USR2@margin_s): submit the successor now if not yet (runtime/renew.py).
+RENEW_SIGNAL = "USR2"
 # A phase the job never leaves: state.json's last word on the deployment.
 TERMINAL_PHASES = frozenset({"done", "cancelled", "failed"})
 # Phases in which the deployment's endpoint answers.
@@ -235,6 +241,11 @@ STATE_SCHEMA = {
         "startup": STARTUP_SCHEMA,
         "attach": ATTACH_SCHEMA,
         "autoscale": AUTOSCALE_SCHEMA,
+        # a renewing instance job (runtime/renew.py): its successor and how it was submitted
+        "renew": {"type": ["object", "null"], "additionalProperties": False, "properties": {
+            "twin_dir": {"type": "string"}, "end_at": _NUM_OR_NULL,
+            "successor_job_id": _STR_OR_NULL, "submitted_at": _NUM_OR_NULL,
+            "trigger": _STR_OR_NULL, "renewed_at": _NUM_OR_NULL}},
         # the compile caches kept between jobs, as each instance's first start found them
         "caches": {"type": "object", "required": ["dir", "storage", "instances"],
                    "additionalProperties": False,

@@ -88,6 +88,7 @@ class Drains:
         self.job = job
         self.dir = os.path.join(job.dir, CONTROL_DIR)
         self.under_way: dict[str, Drain] = {}
+        self.end_reason = SCALED_IN  # renew.py names the successor a renewed job ends for
 
     # -- every health.SCAN_S while serving
     def scan(self) -> None:
@@ -132,7 +133,7 @@ class Drains:
         recs = self.job.recovery.recs
         if self.job.plan.get("attach") and recs and \
                 all(r.status == "removed" for r in recs.values()):
-            raise Stop("done", SCALED_IN)
+            raise Stop("done", self.end_reason)
 
     def _leaving(self, d: Drain, rec) -> None:
         if d.task is not None and not d.task.done():

@@ -349,6 +349,7 @@ class Liveness:
                 job.drains.scan()
                 self._next_scan = now() + SCAN_S
             job.recovery.tick()
+            job.renewal.tick()
             job.drains.tick()
             job.autoscaler.tick()
             if now() >= end:

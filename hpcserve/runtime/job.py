@@ -29,6 +29,7 @@ from .health import Liveness, Readiness
 from .instances import Instances
 from .logs import JobLog
 from .recovery import Recovery
+from .renew import Renewal
 from .requeue import Requeue
 from .slurm import Slurm, Unreachable
 from .stage import Staging
@@ -65,6 +66,7 @@ class Job:
         self.drains = Drains(self)
         self.attach = Attach(self)
         self.autoscaler = Autoscaler(self)
+        self.renewal = Renewal(self)
         self.file_sd = FileSD(self)
         self.bench = BenchStep(self)
         self.staging = Staging(self)
@@ -217,7 +219,7 @@ class Job:
                               serving_after_s=None, engines_ready_count=0,
                               restarts=int(os.environ.get("SLURM_RESTART_COUNT") or 0),
                               instances={}, excluded_nodes=[], startup=None,
-                              attach=self.plan.get("attach"))
+                              attach=self.plan.get("attach"), renew=None)
             self.serve()
             stop = Stop("done", "finished")  # not reached: serve() raises
         except Stop as s:

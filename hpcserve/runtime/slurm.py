@@ -98,12 +98,27 @@ class Slurm:
             return []
         return sp.parse_scontrol_fields(self.run(["scontrol", "-o", "show", "job", self.job_id]))
 
-    def time_left(self) -> int | None:
+    def time_left(self, retry: bool = True) -> int | None:
         """Seconds until the job's time limit (squeue %L)."""
         if not self.job_id:
             return None
-        out = self.run(["squeue", "-h", "-j", self.job_id, "-o", "%L"], timeout=5).split()
+        out = self.run(["squeue", "-h", "-j", self.job_id, "-o", "%L"], retry=retry,
+                       timeout=5).split()
         return sp.parse_duration(out[0]) if out else None
+
+    def submit(self, script: str) -> str:
+        """`sbatch --parsable SCRIPT`: the new job's id. Not retried: a controller that took
+        the job but did not answer would get it twice (the caller tries again later)."""
+        # this job's own SLURM_* (its restart count, its nodes) are not the new job's: it gets
+        # the environment a login shell hands sbatch (SLURM_CONF and SBATCH_* kept)
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+        out = self.run(["sbatch", "--parsable", script], retry=False, timeout=30,
+                       env=env).strip()
+        job_id = out.split(";")[0]
+        if not job_id.isdigit():
+            raise RuntimeError(f"sbatch {script}: no job id in its answer {out!r}")
+        return job_id
 
     def component_ids(self) -> list[str]:
         """Each het component's own job id: `squeue --steps -j LEADER` lists only component 0's

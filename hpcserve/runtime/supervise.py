@@ -131,7 +131,7 @@ class Supervisor:
     def check(self) -> None:
         if self.resolve_signal():
             raise self.signal_stop
-        if self.job.allocation.time_is_up(now()):
+        if self.job.allocation.time_is_up(now()) or self.job.renewal.time_is_up(now()):
             raise Stop("cancelled", "time_limit")
         recovery = self.job.recovery
         for name, p in list(self.job.steps.items()):
