@@ -342,7 +342,11 @@ def instance_job(cfg: Resolved, role: str, count: int, seq: int, port_shift: int
     deployment's is the front's. `renew` (plan.json's, runtime/renew.py): the job renews into
     its twin before its time limit, renew.time_limit its own."""
     dep = cfg.deployment
-    roles = {role: replace(dep.roles[role], instances=count)}
+    r = dep.roles[role]
+    # recovery.min_serving counts the deployment's instances of the role: an instance job of
+    # fewer holds it for its own, at most all of them
+    roles = {role: replace(r, instances=count, recovery=replace(
+        r.recovery, min_serving=min(r.recovery.min_serving, count)))}
     limit = (dep.renew.time_limit or dep.time_limit) if renew and dep.renew else dep.time_limit
     cfg = replace(cfg, deployment=replace(dep, name=f"{dep.name}-{role}-{seq}", roles=roles,
                                           benchmark=None, time_limit=limit))

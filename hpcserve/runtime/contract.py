@@ -41,7 +41,7 @@ import json
 import os
 
 SPEC = "hpcserve-job"
-SPEC_VERSION = 9
+SPEC_VERSION = 10
 
 # The job's phases, in the order a deployment goes through them.
 # degraded: serving with an instance out (being replaced); recovering: a role has fewer serving

@@ -38,6 +38,21 @@ BASE: dict = {
 
 # path -> (value, [(file or None for anywhere, text that must appear)])
 CANARY: dict[tuple, tuple[Any, list[tuple[str | None, str]]]] = {
+    # roles.<role>.autoscale: the front's plan.json autoscale (1 prefill slot, 2 decode slots)
+    ("roles", "prefill", "autoscale", "min"): (1, [(F_PLAN, '"prefill": {"min": 1, "max": 3,')]),
+    ("roles", "prefill", "autoscale", "max"): (3, [(F_PLAN, '/scale/prefill-s1"]')]),
+    ("roles", "prefill", "autoscale", "signal"): ("running", [(F_PLAN, '"kind": "running"')]),
+    ("roles", "prefill", "autoscale", "target"): (2.75, [(F_PLAN, '"target": 2.75,')]),
+    ("roles", "prefill", "autoscale", "cool_down"): ("71s", [(F_PLAN, '"cool_down_s": 71,')]),
+    ("roles", "prefill", "autoscale", "interval"): (1.25, [(F_PLAN, '"interval_s": 1.25,')]),
+    ("roles", "prefill", "autoscale", "drain_timeout"): (41, [(F_PLAN, '"drain_timeout_s": 41')]),
+    ("roles", "decode", "autoscale", "min"): (2, [(F_PLAN, '"decode": {"min": 2, "max": 4,')]),
+    ("roles", "decode", "autoscale", "max"): (4, [(F_PLAN, '/scale/decode-s2"]')]),
+    ("roles", "decode", "autoscale", "signal"): ("kv_usage", [(F_PLAN, '"kind": "kv_usage"')]),
+    ("roles", "decode", "autoscale", "target"): (0.625, [(F_PLAN, '"target": 0.625,')]),
+    ("roles", "decode", "autoscale", "cool_down"): ("3m", [(F_PLAN, '"cool_down_s": 180,')]),
+    ("roles", "decode", "autoscale", "interval"): (3.5, [(F_PLAN, '"interval_s": 3.5,')]),
+    ("roles", "decode", "autoscale", "drain_timeout"): (57, [(F_PLAN, '"drain_timeout_s": 57')]),
     ("name",): ("canary-job", [(F_JOB, "#SBATCH --job-name=canary-job\n")]),
     ("model", "profile"): ("deepseek-r1", [(F_JOB, "model profile deepseek-r1\n")]),
     # paths mounted into the container must be absolute
@@ -284,6 +299,10 @@ DIFFERENTIAL: dict[tuple, tuple[Any, Any, dict]] = {
 
 # Fields that legitimately leave no trace in the job directory.
 ALLOW = {
+    ("renew", "margin"): "reaches only the instance jobs `hpcserve scale` renders (their plan.json "
+                         "renew.margin_s, their --signal): tests/unit/test_renew.py",
+    ("renew", "time_limit"): "the instance jobs' own --time, not the front's: "
+                             "tests/unit/test_renew.py",
     ("site", "name"): "names the site file; the job directory records the site's values, not "
                       "its name",
     ("site", "description"): "informational: shown to people choosing a site",

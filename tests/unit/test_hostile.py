@@ -123,6 +123,10 @@ class Run:
         # no check, the fabric changes nothing else of the job
         self.doc["site"]["fabric"] = {"nvlink_domain_nodes": 4, "topology": "none",
                                       "check": False}
+        # roles' autoscale string (cool_down) needs its required bounds; min = max = the one
+        # instance each role has: no slot is rendered
+        for role in ("prefill", "decode"):
+            self.doc["roles"][role]["autoscale"] = {"min": 1, "max": 1}
         self.values: dict[tuple, tuple] = {}
         for k, leaf in enumerate(self.leaves):
             if leaf.path in (SHADOW.values() if site_side else SHADOW):
