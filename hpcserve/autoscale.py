@@ -91,7 +91,8 @@ def slot_attach(front) -> dict:
 def _check(cfg, front, role: str, a, _err) -> None:
     n = cfg.deployment.roles[role].instances
     at = ("roles", role, "autoscale")
-    if not a.min <= n <= a.max:
+    # instances 0: the slots are the role's only instances (plan._front_holds: min >= 1)
+    if n and not a.min <= n <= a.max:
         key, bound = ("min", "at most") if a.min > n else ("max", "at least")
         raise _err(cfg, at + (key,), f"must be {bound} roles.{role}.instances ({n}), got "
                                      f"{getattr(a, key)}")

@@ -329,8 +329,10 @@ class Autoscale:
 # The keys every role has whatever its engine; role_type() adds the engine's settings and ports.
 ROLE_FIELDS = (
     # Bounds far above any cluster, so a mistyped count is refused before anything is built.
-    ("instances", int, field(default=1, metadata=doc("engine instances of this role", ge=1,
-                                                     le=100_000))),
+    # 0: the front job holds no engine of the role, its autoscale slots serve it (min >= 1)
+    ("instances", int, field(default=1, metadata=doc(
+        "engine instances of this role in the front job (0: only its autoscale slot jobs)",
+        ge=0, le=100_000))),
     ("nodes", int, field(default=1, metadata=doc("nodes per instance", ge=1, le=100_000))),
     ("gpus", int | None, field(default=None, metadata=doc(
         "GPUs per instance when several instances share a node (must divide node.gpus)", ge=1,

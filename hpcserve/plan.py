@@ -184,7 +184,8 @@ class Plan:
 
     @property
     def pd(self) -> bool:
-        return any(i.role == "prefill" for i in self.instances)
+        return any(i.role in ("prefill", "decode") for i in self.instances) or \
+            bool(self.router and self.router.pd)
 
     @property
     def total_nodes(self) -> int:
@@ -325,8 +326,9 @@ def build(cfg: Resolved, port_shift: int = 0) -> Plan:
     d = _start(cfg)
     d.port_shift = port_shift
     _reserve_router_ports(d)
-    for ci, role in enumerate(d.roles):
-        _plan_role(d, ci, role)
+    for role in d.roles:
+        if _front_holds(d, role):
+            _plan_role(d, len(d.components), role)
     router = _plan_router(d)
     _check_node_limit(d)
     return with_slots(cfg, _finish(d, router), instance_job, _err, PORT_SHIFT_STEP,
@@ -401,11 +403,33 @@ def _start(cfg: Resolved) -> _Draft:
     return d
 
 
+def _front_holds(d: _Draft, role: str) -> bool:
+    """Whether the front job runs engines of `role`: `instances: 0` leaves the role to its
+    autoscale slot jobs (autoscale.py), which the front submits at once (min of them)."""
+    r = d.cfg.deployment.roles[role]
+    if r.instances:
+        return True
+    if r.autoscale is None or r.autoscale.min < 1:
+        raise _err(d.cfg, ("roles", role, "instances"),
+                   "0 instances in the front job needs roles." + role + ".autoscale with min "
+                   "at least 1: its slot jobs are then the role's only instances")
+    return False
+
+
+def router_own(cfg: Resolved) -> bool:
+    """The router on a het-job component of its own: asked for, or the first role (the
+    component it would share) has no engine in the front job."""
+    dep = cfg.deployment
+    first = "worker" if "worker" in dep.roles else "prefill"
+    return dep.router.placement == "own" or dep.roles[first].instances == 0
+
+
 def _reserve_router_ports(d: _Draft) -> None:
     """The router takes its user-given ports first so engines never land on them."""
     r = d.cfg.deployment.router
     if r.enabled:
-        d.router_component = 0 if r.placement == "prefill" else len(d.roles)
+        d.router_component = (len([x for x in d.roles if d.cfg.deployment.roles[x].instances])
+                              if router_own(d.cfg) else 0)
         d.router_port = d.ports.take(d.router_component, range(1),
                                      r.port + _shift_unless_set(d, ("router", "port")))
         d.prometheus_port = d.ports.take(
@@ -611,7 +635,7 @@ def _plan_router(d: _Draft) -> RouterPlan | None:
     rc = d.cfg.deployment.router
     if not rc.enabled:
         return None
-    if rc.placement == "own":
+    if router_own(d.cfg):
         d.components.append(Component(len(d.components), "router", 1, ()))
     heads = {i.name: ("http://", Var(f"{i.role.upper()}_{i.index}_IP"), f":{i.port}")
              for i in d.instances}

@@ -62,12 +62,15 @@ class Attach:
                 st = json.load(f)
         except (OSError, ValueError) as e:
             st = {"error": str(e)}
-        if not st.get("endpoint") or st.get("phase") not in SERVING_PHASES:
+        # a front with no engine of a role (instances: 0) serves only once its slots do: its
+        # router's address is there from router_ready on
+        url = st.get("router_url") or st.get("endpoint")
+        if not url or st.get("phase") not in SERVING_PHASES | {"router_ready"}:
             raise Stop("failed", f"the front job's {path} names no serving router "
                                  f"(phase {st.get('phase')}): no router to join",
                        {"role": "router", "reason": "router registration failed",
                         "file": path})
-        att = {**att, "router_url": att["router_url"] or st["endpoint"],
+        att = {**att, "router_url": att["router_url"] or url,
                "front_job_id": att["front_job_id"] or st.get("job_id") or ""}
         self.job.state.update(attach=att)
         return att

@@ -28,10 +28,12 @@ import urllib.request
 from urllib.parse import urlsplit
 
 from .contract import SERVING_PHASES, TERMINAL_PHASES, drain_request_path
+from .failures import Stop
 from .health import _DIRECT
 from .state import now
 
 DECISIONS_KEPT = 20   # the newest decisions state.json keeps per role
+COMING = ("submitting", "pending", "starting", "serving")   # a slot that is capacity
 
 
 def read_json(path: str) -> dict:
@@ -100,6 +102,53 @@ class Autoscaler:
         self.roles = {r: Role(r, s) for r, s in sorted((job.plan.get("autoscale") or {}).items())}
         self.reading = None      # the readings under way (a future of the probe pool)
         self.next_at = 0.0
+
+    # -- a front that holds no engine of a role (roles.<role>.instances: 0)
+    def slots_alone(self) -> bool:
+        """Whether some autoscaled role has no instance of the front's own: its slots are all
+        it has."""
+        return any(not any(i["role"] == n for i in self.job.plan["instances"])
+                   for n in self.roles)
+
+    def bring_up(self) -> None:
+        """Before the front serves: `min` slots of each such role submitted at once (Slurm
+        queues them side by side), again for one whose job ended before it served; returns
+        once every autoscaled role has a serving instance, or stops the job after
+        readiness.engine_timeout (queue wait and a cold start)."""
+        job = self.job
+        limit = job.plan["readiness"]["engine_timeout"]
+        deadline = now() + limit
+        while True:
+            for role in self.roles.values():
+                self._fill_min(role)
+            missing = [n for n, r in self.roles.items() if not self._serves(r)]
+            if not missing:
+                job.log("every autoscaled role serves: " + ", ".join(
+                    f"{n} {[s.name for s in r.slots if s.status == 'serving']}"
+                    for n, r in self.roles.items()))
+                return
+            if now() > deadline:
+                raise Stop("failed", f"no instance of {', '.join(missing)} serves within "
+                                     f"{limit} s (readiness.engine_timeout): its slot jobs "
+                                     "did not start or did not serve",
+                           {"role": missing[0], "reason": "readiness timeout"})
+            self.tick()
+            job.sleep(0.1)
+
+    def _fill_min(self, role: Role) -> None:
+        """Free slots submitted until the role's instances and coming slots make its min."""
+        own = [r for r in self.job.recovery.kept(role.name) if r.status != "failed"]
+        coming = [s for s in role.slots if s.status in COMING]
+        free = [s for s in role.slots if s.status == "free" and s.task is None]
+        role.capacity = len(own) + len(coming)
+        for s in free[:max(0, role.spec["min"] - role.capacity)]:
+            self._add(role, s, f"the front holds {len(own)} instance(s) of {role.name} and "
+                               f"{len(coming)} slot(s) come: min {role.spec['min']}")
+
+    def _serves(self, role: Role) -> bool:
+        own = self.job.recovery.kept(role.name)
+        return any(r.status == "serving" for r in own) or \
+            any(s.status == "serving" for s in role.slots)
 
     # -- between liveness rounds
     def tick(self) -> None:
@@ -196,8 +245,7 @@ class Autoscaler:
             s.status = new
         own = len(self.job.recovery.kept(role.name)) - sum(
             1 for r in self.job.recovery.kept(role.name) if r.status == "failed")
-        coming = [s for s in role.slots if s.status in ("submitting", "pending", "starting",
-                                                        "serving")]
+        coming = [s for s in role.slots if s.status in COMING]
         role.capacity = cap = own + len(coming)
         spec = role.spec
         if not values:

@@ -32,7 +32,9 @@ from the front's state.json as the slot starts), and state.json's autoscale (per
 read, the capacity, each slot's job id and status, the decisions), renew (a renewing instance
 job: {"twin_dir": the absolute directory of its twin, "margin_s": how long before the time limit
 it submits that twin}, or null) and state.json's renew (runtime/renew.py: the successor
-submitted, when and why, and the job it renewed into).
+submitted, when and why, and the job it renewed into), and state.json's router_url (the
+front's router from router_ready on, which a slot joins before the front serves: a front with
+`instances: 0` of a role serves only once that role's slots do).
 """
 
 from __future__ import annotations
@@ -225,6 +227,7 @@ STATE_SCHEMA = {
         "reason": _STR_OR_NULL,
         "failure": FAILURE_SCHEMA,
         "endpoint": _STR_OR_NULL,
+        "router_url": _STR_OR_NULL,   # the job's own router, from router_ready on
         "router_node": {"type": "string"},
         "engines_ready_count": {"type": "integer"},
         "engines_total": {"type": "integer"},

@@ -155,10 +155,14 @@ class Readiness:
         deadline = now() + rd["router_timeout"]
         expected = ready["workers"]
         seen = None
+        # no worker yet (a front of autoscale slots alone): the routers' readiness answers 503
+        # until one is healthy, so their worker API's listing answering says they listen
+        path = ready["path"] if expected else "/workers"
         while True:
             self.job.check()
             try:
-                code, body = http_json(url + ready["path"], timeout=2)
+                code, body = http_json(url + path, timeout=2,
+                                       headers=None if expected else router_auth(self.job.plan))
                 seen = body
                 counts = [_dotted(body, f) for f in ready["count"]]
                 counts = [c for c in counts if isinstance(c, int)]
@@ -370,7 +374,8 @@ class Liveness:
         job = self.job
         kind, detail, m = res
         t = self.tracks.setdefault(name, Track())
-        if name == "router" and kind == "unhealthy" and not job.recovery.all_serving():
+        if name == "router" and kind == "unhealthy" and (
+                not job.recovery.all_serving() or job.autoscaler.slots_alone()):
             kind = None  # its readiness counts the workers: one is out, on purpose
         if name != "router" and not job.recovery.serving(name):
             self.tracks.pop(name, None)

@@ -146,13 +146,14 @@ class Job:
         serving_at = now()
         # state.json names every instance before it says serving: a reader that sees "serving"
         # finds them all
-        self.recovery.begin(url)
+        if not self.recovery.active:  # a front of slots alone began it as they came
+            self.recovery.begin(url)
         self.state.update("serving", endpoint=url,
                           **({"serving_after_s": round(serving_at - self.t0, 3)} if url else {}))
         if url:
             self.log(f"serving at {url}")
         self.startup.finish(serving_at)
-        first = plan["instances"][0]
+        first = (plan["instances"] or [None])[0]  # none: a front of slots alone (a router)
         self.bench.start(found, url or f"http://{heads[first['name']]}:{first['port']}")
         self.liveness.watch(url if plan.get("router") else None,
                             lambda: self.bench.tick(self.instances.heads))
@@ -172,7 +173,10 @@ class Job:
         self.state.update(router_node=rnode[0])
         url = self._router_step(rd)
         self.startup.mark("router_registration")
-        self.state.update("router_ready", endpoint=url)
+        self.state.update("router_ready", endpoint=url, router_url=url)
+        if self.autoscaler.slots_alone():  # roles.<role>.instances: 0: its slots first
+            self.recovery.begin(url)
+            self.autoscaler.bring_up()
         if rd["smoke_tokens"]:
             self.readiness.smoke(url, rd)
             self.startup.mark("smoke_request")
@@ -218,7 +222,7 @@ class Job:
                               reason=None, finished_at=None, smoke_tokens=None,
                               serving_after_s=None, engines_ready_count=0,
                               restarts=int(os.environ.get("SLURM_RESTART_COUNT") or 0),
-                              instances={}, excluded_nodes=[], startup=None,
+                              instances={}, excluded_nodes=[], startup=None, router_url=None,
                               attach=self.plan.get("attach"), renew=None)
             self.serve()
             stop = Stop("done", "finished")  # not reached: serve() raises

@@ -17,6 +17,16 @@ COPIED = {**RUNTIME,
           "hpcserve_enroot_import.sh": ROOT / "containers" / "enroot-import.sh"}
 
 
+def copied(rel: str) -> str | None:
+    """The COPIED name of a job-directory path, in the job's own directory or in an autoscale
+    slot's under scale/<slot>/ (rendered with the front, its own runtime copy); else None."""
+    parts = rel.split("/")
+    for name in (rel, "/".join(parts[2:]) if parts[0] == "scale" else None):
+        if name in COPIED:
+            return name
+    return None
+
+
 def job_dir_for(stem: str) -> str:
     """A fixed job directory per example, so the rendered text does not depend on the machine."""
     return f"/jobs/{stem}"

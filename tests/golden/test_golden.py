@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from goldenkit import COPIED, EXAMPLES, GOLDEN, ROOT, RUNTIME
+from goldenkit import COPIED, EXAMPLES, GOLDEN, ROOT, RUNTIME, copied
 
 STEMS = [ex.stem for ex in EXAMPLES]
 # Files of tests/golden/ itself, not golden job directories.
@@ -32,7 +32,7 @@ def test_job_directory_matches_golden(stem, rendered, update_golden):
     files = rendered[stem]
     problems = []
     for rel, (text, _mode) in sorted(files.items()):
-        if rel in COPIED:
+        if copied(rel):
             continue
         gold = GOLDEN / stem / rel
         if update_golden:
@@ -62,19 +62,23 @@ def test_copied_runtime_files_equal_their_sources(stem, rendered):
     p = plan.build(config.load(next(e for e in EXAMPLES if e.stem == stem)))
     assert set(RUNTIME) <= set(files), "every job directory carries its whole runtime"
     assert ("hpcserve_sim.py" in files) == p.simulate, "the simulated engine only when simulate"
-    for rel, source in COPIED.items():
-        if rel == "hpcserve_sim.py":  # the stand-in of the deployment's own engine
+    for rel, (text, _mode) in files.items():
+        name = copied(rel)
+        if name is None:
+            continue
+        source = COPIED[name]
+        if name == "hpcserve_sim.py":  # the stand-in of the deployment's own engine
             source = ROOT / "hpcserve" / "sim" / f"{p.engine}.py"
-        if rel in files:
-            assert files[rel][0] == source.read_text(encoding="utf-8"), f"{rel} != {source}"
+        assert text == source.read_text(encoding="utf-8"), f"{rel} != {source}"
 
 
 @pytest.mark.parametrize("stem", STEMS)
 def test_file_modes(stem, rendered):
     for rel, (_text, mode) in rendered[stem].items():
         # the runtime's modules are imported (python3 -m hpcserve_runtime), not executed
-        runnable = rel.endswith((".sh", ".py")) and not rel.startswith("hpcserve_runtime/")
-        want = 0o755 if rel == "job.sbatch" or runnable else 0o644
+        # (an autoscale slot's own job directory, under scale/, is made the same way)
+        runnable = rel.endswith((".sh", ".py")) and "hpcserve_runtime/" not in rel
+        want = 0o755 if rel.rsplit("/", 1)[-1] == "job.sbatch" or runnable else 0o644
         assert mode == want, f"{stem}/{rel}: mode {oct(mode)}, expected {oct(want)}"
 
 
@@ -86,7 +90,7 @@ def test_no_stale_golden_files(rendered, update_golden):
         if not d.is_dir() or d.name not in rendered:
             stale.append(d)
             continue
-        expected = {rel for rel in rendered[d.name] if rel not in COPIED}
+        expected = {rel for rel in rendered[d.name] if not copied(rel)}
         for f in sorted(d.rglob("*")):
             if f.is_file() and f.relative_to(d).as_posix() not in expected:
                 stale.append(f)

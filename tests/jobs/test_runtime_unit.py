@@ -1070,3 +1070,38 @@ def test_an_attached_job_leaving_a_router_that_is_gone_says_so_and_goes_on(make_
     log = (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
     assert "taking this job's instances out of the router at http://127.0.0.1:" in log
     assert "no answer from the router" in log, log
+
+
+class _SlotJob:
+    """What Attach reads of a slot's job: its plan's attach and its state.json writer."""
+
+    def __init__(self, front_dir: Path):
+        self.plan = {"attach": {"router_url": None, "workers_api": "queued",
+                                "api_key_env": None, "front_job_id": None,
+                                "front_job_dir": str(front_dir), "deployment": "d"}}
+        self.recorded: list[dict] = []
+        self.state = type("S", (), {"update": lambda _s, **kw: self.recorded.append(kw)})()
+
+
+@pytest.mark.parametrize("front_state, url", [
+    # a front of router alone: its router's address from router_ready on, before it serves
+    ({"phase": "router_ready", "router_url": "http://r:8000", "endpoint": "http://r:8000",
+      "job_id": "7"}, "http://r:8000"),
+    # a front with engines of its own (state.json before spec 10 had no router_url)
+    ({"phase": "serving", "endpoint": "http://r:8000", "job_id": "7"}, "http://r:8000"),
+    ({"phase": "starting", "job_id": "7"}, None),
+    ({"phase": "cancelled", "router_url": "http://r:8000", "job_id": "7"}, None),
+])
+def test_a_slot_reads_the_front_s_router_from_router_ready_on(tmp_path, front_state, url):
+    from hpcserve.runtime.attach import Attach
+    (tmp_path / "state.json").write_text(json.dumps(front_state))
+    job = _SlotJob(tmp_path)
+    att = Attach(job)
+    if url is None:
+        with pytest.raises(Stop, match=f"names no serving router \\(phase "
+                                       f"{front_state['phase']}\\)"):
+            att._resolved(att.spec)
+        return
+    got = att._resolved(att.spec)
+    assert (got["router_url"], got["front_job_id"]) == (url, "7")
+    assert job.recorded == [{"attach": got}]

@@ -13,7 +13,8 @@ import pytest
 
 from hpcserve import engines
 from hpcserve.runtime.workers import KINDS, RouterWorkers, WorkerApiError
-from simlib import free_port, http, wait_router_ready, wait_status
+from simlib import (ROUTER_CMD, VLLM_ROUTER_CMD, free_port, http, wait_router_ready,
+                    wait_status)
 
 CHAT = {"model": "kimi-k2", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 SG_COMMON = ["--model-path", "/models/Kimi-K2", "--served-model-name", "kimi-k2",
@@ -238,6 +239,59 @@ def test_vllm_pd_router_removes_but_cannot_add_so_its_kind_is_remove_only(procs)
     assert not gone.removes and not gone.live
     with pytest.raises(WorkerApiError, match="cannot remove a worker while it runs"):
         gone.remove(extra)
+
+
+def started_empty(procs, engine: str, pd: bool):
+    """The router as hpcserve starts it for a front with no engine of its own (every role's
+    instances: 0, its autoscale slots join later): its argv from the adapter, no worker URL.
+    Its /readiness answers 503 until a worker is healthy; its worker API's listing answers 200
+    (what health.wait_router waits for then)."""
+    port, prom = free_port(), free_port()
+    router = engines.get(engine).router_for(pd)
+    argv = router.argv(pd=pd, prefill=[], decode=[], workers=[], port=port,
+                       prometheus_port=prom, policy="round_robin", args={}, start_timeout=60)
+    cmd = ROUTER_CMD if engine == "sglang" else VLLM_ROUTER_CMD
+    r = procs.start(cmd + [str(a) for a in argv], f"{router.name}-empty")
+    url = f"http://127.0.0.1:{port}"
+    wait_status(url + "/workers", proc=r, timeout=30)
+    assert http("GET", url + "/readiness")[0] == 503
+    rw = RouterWorkers(router.workers_api(pd), url)
+    assert rw.live and rw.listed() == []
+    return url, rw
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_router_started_with_no_worker_takes_one_through_its_worker_api(procs, engine):
+    url, rw = started_empty(procs, engine, pd=False)
+    if engine == "sglang":
+        w = sglang_worker(procs, "worker0")
+    else:
+        port = free_port()
+        p = procs.vllm("/models/k2", "--served-model-name", "kimi-k2", "--host", "127.0.0.1",
+                       "--port", port, name="worker0")
+        wait_status(f"http://127.0.0.1:{port}/health", proc=p)
+        w = W(p, port)
+    rw.add(w.url, "worker")
+    assert rw.listed() == [w.url]
+    chat_all(url, 3)
+    assert answered(w.proc) >= 3
+
+
+def test_sglang_pd_router_started_with_no_worker_takes_a_prefill_and_a_decode(procs):
+    url, rw = started_empty(procs, "sglang", pd=True)
+    boot = free_port()
+    pd = ["--disaggregation-transfer-backend", "mooncake", "--disaggregation-ib-device", "mlx5_0"]
+    prefill = sglang_worker(procs, "prefill0", *pd, "--disaggregation-mode", "prefill",
+                            "--disaggregation-bootstrap-port", boot)
+    decode = sglang_worker(procs, "decode0", *pd, "--disaggregation-mode", "decode",
+                           "--disaggregation-bootstrap-port", free_port())
+    rw.add(prefill.url, "prefill", boot)
+    rw.add(decode.url, "decode")
+    assert sorted(rw.listed()) == sorted([prefill.url, decode.url])
+    # the decode's own bootstrap port is wrong: a request succeeds only with the prefill's,
+    # which the router learned from the add
+    chat_all(url, 3)
+    assert answered(prefill.proc) >= 3 and answered(decode.proc) >= 3
 
 
 @pytest.mark.parametrize("name", engines.names())

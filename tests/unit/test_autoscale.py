@@ -102,3 +102,32 @@ def test_status_and_cancel_find_the_slot_jobs_in_the_front_s_state(tmp_path):
     got = slot_jobs.slot_jobs(front, LocalRunner())
     assert [(e.job_id, e.job_dir, e.front) for e in got] == \
         [("9", f"{tmp_path}/scale/decode-s1", str(tmp_path))]  # an ended slot is not listed
+
+
+@pytest.mark.parametrize("sets, words", [
+    (["roles.decode.instances=0"], "roles.decode.instances: 0 instances in the front job needs "
+                                   "roles.decode.autoscale with min at least 1"),
+    (["roles.decode.instances=0", _scale('{"min": 0, "max": 2}')],
+     "roles.decode.instances: 0 instances in the front job needs roles.decode.autoscale with "
+     "min at least 1"),
+    (["roles.decode.instances=-1"], "roles.decode.instances: must be at least 0, got -1"),
+])
+def test_a_role_left_to_slots_needs_autoscale_with_min_1(sets, words, tmp_path):
+    args = [a for s in sets for a in ("--set", s)]
+    r = CliRunner().invoke(main, ["submit", str(DEMO), *args, "--dry-run", "--out",
+                                  str(tmp_path / "job")])
+    assert r.exit_code == 2, r.output
+    assert words in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "job").exists()
+
+
+def test_a_front_without_prefill_engines_puts_its_router_on_a_component_of_its_own():
+    # demo.yaml: router.placement prefill; with no prefill engine in the front that component
+    # is gone, so the router gets one of its own, after the decode engines'
+    p = load_plan(DEMO, ["roles.prefill.instances=0",
+                         'roles.prefill.autoscale={"min": 1, "max": 2}'])
+    assert [c.name for c in p.components] == ["decode", "router"], p.components
+    assert [i.name for i in p.instances] == ["decode-0"] and p.router.component == 1
+    assert [n for n, _ in p.autoscale["prefill"].slots] == ["prefill-s1", "prefill-s2"]
+    (slot,) = {s.instances[0].role for _, s in p.autoscale["prefill"].slots}
+    assert slot == "prefill" and p.router.pd

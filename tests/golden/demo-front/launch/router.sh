@@ -1,0 +1,28 @@
+#!/bin/bash
+# router: sglang-router in PD mode in front of 0 prefill and 0 decode instance(s).
+# Runs as one task; hpcserve_runtime starts it once every instance answers /health, and writes
+# run/endpoints.env with each instance's node-rank-0 address.
+set -euo pipefail
+JOB_DIR=/jobs/demo-front
+source "$JOB_DIR/run/endpoints.env"
+exec >"$JOB_DIR/logs/router.log" 2>&1
+
+export PYTHONUNBUFFERED=1
+
+# Another deployment's router on this node could answer for this one: hpcserve_ownport.py
+# records whose process listens on the router's ports (this script's PID is the router's after
+# exec).
+mkdir -p -- "$JOB_DIR/run/ports"
+(exec python3 -S -I "$JOB_DIR/hpcserve_runtime/ownport.py" $$ 8000,29000 "$JOB_DIR/run/ports/router" \
+  120 </dev/null &)
+
+# router_main.py runs the router package's own launch_router main() without importing its
+# debugging MiniLB, which hpcserve never starts (~0.5 s sooner).
+exec \
+  python3 "${JOB_DIR}"/hpcserve_runtime/router_main.py sglang_router \
+  --pd-disaggregation \
+  --host 0.0.0.0 \
+  --port 8000 \
+  --policy round_robin \
+  --prometheus-host 0.0.0.0 \
+  --prometheus-port 29000
