@@ -8,13 +8,13 @@ between liveness rounds, decides:
   add:     the signal summed over the serving instances, divided by the role's capacity (its
            kept instances, plus each slot submitted, pending or starting: counted once, so a
            slot on its way is never asked for twice), is above target and the capacity below
-           max; or the capacity is below min. `sbatch <slot>/job.sbatch` on the first free
-           slot (one whose last job ended, or that never ran).
-  remove:  one instance fewer would still read below target and the capacity is above min:
-           a drain request (contract.drain_request_path) to the newest serving slot's
+           max; or the capacity is below min, whatever the signal. `sbatch <slot>/job.sbatch`
+           on the first free slot (one whose last job ended, or that never ran).
+  remove:  one instance fewer would still read below target (every serving instance read),
+           and the capacity is above min: a drain request (contract.drain_request_path) to the newest serving slot's
            instance; that job drains it (runtime/drain.py) and ends "done".
 
-Never a decision within cool_down_s of the last one. Each decision is one line of the job log
+decide() is that rule, pure (tests/unit/test_autoscale_decide.py). Never a decision within cool_down_s of the last one. Each decision is one line of the job log
 and kept in state.json's autoscale (what, why, the value read), with every slot's job id and
 status, where `hpcserve status` and `cancel` find the slot jobs. The front, as it stops, cancels
 the slot jobs it submitted: their router goes with it.
@@ -33,9 +33,6 @@ from .health import _DIRECT
 from .state import now
 
 DECISIONS_KEPT = 20   # the newest decisions state.json keeps per role
-COMING = ("submitting", "pending", "starting", "serving")   # a slot that is capacity
-
-
 def read_json(path: str) -> dict:
     try:
         with open(path) as f:
@@ -66,6 +63,47 @@ def signal_value(url: str, kind: str, names: list, timeout: float) -> float | No
     return sum(got)
 
 
+COMING = ("submitting", "pending", "starting", "serving")   # a slot's job counted as capacity
+
+
+def capacity(own: int, slot_statuses: list) -> int:
+    """The role's capacity: its own kept instances, plus each slot whose job is on its way or
+    serving, once whatever stage it is at (a pending slot is never asked for twice)."""
+    return own + sum(1 for st in slot_statuses if st in COMING)
+
+
+def decide(spec: dict, own: int, slots: list, values: list, at: float,
+           last_at: float) -> tuple | None:
+    """The role's next step: ("add" | "remove", slot name, why), or None. Pure: `spec` is
+    plan.json's autoscale[role], `own` the front's own kept, not failed instances, `slots`
+    (name, status, submitted at) in slot order, `values` the signal of each serving instance
+    (None where one did not answer), `at` the time now and `last_at` the last decision's.
+
+    Within cool_down_s of the last decision: nothing. Below min: add, whatever the signal (or
+    none read). Above target per instance and below max: add. Remove only when one instance
+    fewer would still read below target, above min, every instance read (one that did not
+    answer may be the busy one), and then the newest serving slot first."""
+    if at < last_at + spec["cool_down_s"]:
+        return None
+    cap = capacity(own, [st for _, st, _ in slots])
+    free = [name for name, st, _ in slots if st == "free"]
+    if free and cap < spec["min"]:
+        return "add", free[0], f"{cap} instance(s), below min {spec['min']}"
+    read = [v for v in values if v is not None]
+    if not read:
+        return None
+    total, kind, target = sum(read), spec["signal"]["kind"], spec["target"]
+    if free and cap < spec["max"] and total / max(cap, 1) > target:
+        return "add", free[0], (f"{kind} {round(total / max(cap, 1), 3):g} per instance > "
+                                f"target {target:g}")
+    serving = [(t, i, name) for i, (name, st, t) in enumerate(slots) if st == "serving"]
+    if serving and len(read) == len(values) and cap > max(spec["min"], 1) and \
+            total / (cap - 1) < target:
+        return "remove", max(serving)[2], (f"{kind} {round(total / (cap - 1), 3):g} per "
+                                           f"instance with one fewer < target {target:g}")
+    return None
+
+
 class Slot:
     """One slot: its job directory, and the job this orchestrator submitted for it."""
 
@@ -75,6 +113,7 @@ class Slot:
         self.job_id: str | None = None
         self.status = "free"   # free, submitting, pending, starting, serving, draining
         self.task = None       # the sbatch under way
+        self.submitted_at = 0.0  # when this orchestrator last submitted it (newest drains first)
         self.plan: dict | None = None
 
     def instance(self) -> dict:
@@ -198,7 +237,8 @@ class Autoscaler:
 
     def _read(self, targets: dict) -> dict:
         """In the probe pool: every slot's status (its state.json, Slurm for a queued one), then
-        every serving instance's signal. role -> (values read, slots' statuses)."""
+        every serving instance's signal. role -> (values, None where one did not answer;
+        slots' statuses)."""
         timeout = self.job.plan["liveness"]["timeout"]
         out = {}
         for name, role in self.roles.items():
@@ -206,7 +246,7 @@ class Autoscaler:
             sig = role.spec["signal"]
             values = [signal_value(url, sig["kind"], sig["metrics"], timeout)
                       for _, url in targets[name]]
-            out[name] = ([v for v in values if v is not None], statuses)
+            out[name] = (values, statuses)
         return out
 
     def _slot_status(self, s: Slot) -> str:
@@ -243,32 +283,20 @@ class Autoscaler:
                 self.job.log(f"autoscale {role.name}: {s.name} (job {s.job_id}) ended")
                 s.job_id = None
             s.status = new
-        own = len(self.job.recovery.kept(role.name)) - sum(
-            1 for r in self.job.recovery.kept(role.name) if r.status == "failed")
-        coming = [s for s in role.slots if s.status in COMING]
-        role.capacity = cap = own + len(coming)
-        spec = role.spec
-        if not values:
-            role.value = None
-            return
-        total = sum(values)
-        role.value = round(total / max(cap, 1), 3)
-        if now() < role.last_at + spec["cool_down_s"]:
-            return
-        free = [s for s in role.slots if s.status == "free"]
-        kind, target = spec["signal"]["kind"], spec["target"]
-        if free and cap < spec["min"]:
-            return self._add(role, free[0], f"{cap} instance(s), below min {spec['min']}")
-        if free and cap < spec["max"] and total / max(cap, 1) > target:
-            return self._add(role, free[0], f"{kind} {role.value:g} per instance > target "
-                                            f"{target:g}")
-        serving = [s for s in role.slots if s.status == "serving"]
-        if serving and cap > spec["min"] and cap > 1 and total / (cap - 1) < target:
-            self._remove(role, serving[-1], f"{kind} {total / (cap - 1):g} per instance with "
-                                            f"one fewer < target {target:g}")
+        kept = self.job.recovery.kept(role.name)
+        own = len(kept) - sum(1 for r in kept if r.status == "failed")
+        role.capacity = capacity(own, [s.status for s in role.slots])
+        read = [v for v in values if v is not None]
+        role.value = round(sum(read) / max(role.capacity, 1), 3) if read else None
+        got = decide(role.spec, own, [(s.name, s.status, s.submitted_at) for s in role.slots],
+                     values, now(), role.last_at)
+        if got is not None:
+            action, name, why = got
+            slot = next(s for s in role.slots if s.name == name)
+            (self._add if action == "add" else self._remove)(role, slot, why)
 
     def _add(self, role: Role, s: Slot, why: str) -> None:
-        s.status = "submitting"
+        s.status, s.submitted_at = "submitting", now()
         s.task = self.job.recovery.pool.submit(self.job.slurm.submit,
                                                os.path.join(s.dir, "job.sbatch"))
         self._decided(role, "add", why, s)
