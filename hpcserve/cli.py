@@ -494,7 +494,8 @@ def list_cmd(as_json, show_all):
               help="the last N lines of each log")
 def logs(job, role, instance, node, attempt, follow, lines):
     """Show a deployment's logs (logs/<role>-<instance>.node<rank>.<host>.log and others; a
-    restarted instance's attempt N: <role>-<instance>.attemptN.node<rank>.<host>.log).
+    restarted instance's attempt N: <role>-<instance>.attemptN.node<rank>.<host>.log). A front
+    job's include those of every instance job under its scale/ (scale, renewal, autoscale).
 
     \b
     Example:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from . import deployments
 from .errors import HpcserveError
 from .runtime import slurm_parsers as parsers
-from .runtime.contract import SERVING_PHASES, TERMINAL_PHASES
+from .runtime.contract import SCALE_DIR, SERVING_PHASES, TERMINAL_PHASES
 from .slurm.client import parse_job_id
 from .slurm.runner import SlurmUnreachable, read_json
 from .ports import least_clashing, plan_ports  # noqa: F401 (ops.plan_ports: its callers')
@@ -654,12 +654,23 @@ class LogName:
 def log_files(runner, entry: deployments.Entry, role: str | None, instance: int | None,
               node: str | None, attempt: int | None = None) -> list[str]:
     """The job's logs that match, each instance's attempts oldest first (so the newest ends the
-    output, as tail's would); `attempt` keeps one start of the instances."""
-    logs = posixpath.join(entry.job_dir, "logs")
-    named = [(LogName.of(n), n) for n in runner.list_dir(logs)]
-    picked = [(ln, n) for ln, n in named if ln.matches(role, instance, node, attempt)]
-    picked.sort(key=lambda p: (p[0].order(), p[1]))
-    return [posixpath.join(logs, n) for _, n in picked]
+    output, as tail's would); `attempt` keeps one start of the instances. A front's deployment
+    is one: the logs of every instance job under its scale/ follow its own (scale, renewal and
+    autoscale submit them; a renewing pair's two directories each)."""
+    out = []
+    for d in [entry.job_dir] + ([] if entry.front else instance_job_dirs(runner, entry.job_dir)):
+        logs = posixpath.join(d, "logs")
+        named = [(LogName.of(n), n) for n in runner.list_dir(logs)]
+        picked = [(ln, n) for ln, n in named if ln.matches(role, instance, node, attempt)]
+        picked.sort(key=lambda p: (p[0].order(), p[1]))
+        out += [posixpath.join(logs, n) for _, n in picked]
+    return out
+
+
+def instance_job_dirs(runner, front_dir: str) -> list[str]:
+    """The job directories under a front's scale/ (contract.SCALE_DIR), in name order."""
+    root = posixpath.join(front_dir, SCALE_DIR)
+    return [posixpath.join(root, n) for n in sorted(runner.list_dir(root))]
 
 
 def cancel(entry: deployments.Entry, runner, *, wait: bool, echo: Callable[[str], None]) -> int:

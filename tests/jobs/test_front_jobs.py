@@ -64,8 +64,14 @@ def test_a_front_of_router_alone_serves_through_its_slot_jobs_and_cancel_stops_t
             until(f"requests served by the {role} slot's engine",
                   lambda: requests_in(engine_log) >= 3, 30, why=slot.logs)
     assert load.results and not load.failures(), load.failures()[:3]
-    # `hpcserve cancel` of the front: the router first, then every slot job it submitted
     env = {**front.env, "HPCSERVE_STATE_DIR": str(tmp_path / "state")}
+    # `hpcserve logs` of the front: the deployment's, its slot jobs' engine logs included
+    r = subprocess.run([HPCSERVE, "logs", front.id, "--role", "decode"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    engine_log = slots["decode"].dir / slots["decode"].state()["startup"]["instances"][
+        "decode-0"]["log"]
+    assert r.returncode == 0 and f"==> {engine_log} <==" in r.stdout, (r.stdout[-2000:], r.stderr)
+    # `hpcserve cancel` of the front: the router first, then every slot job it submitted
     r = subprocess.run([HPCSERVE, "cancel", front.id, "--wait"], env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, (r.stdout, r.stderr)
