@@ -27,7 +27,7 @@ import os
 import urllib.request
 from urllib.parse import urlsplit
 
-from .contract import SERVING_PHASES, TERMINAL_PHASES, drain_request_path
+from .contract import SCALED_IN, SERVING_PHASES, TERMINAL_PHASES, drain_request_path
 from .failures import Stop
 from .health import _DIRECT
 from .state import now
@@ -318,7 +318,8 @@ class Autoscaler:
         st = read_json(os.path.join(s.job_dir, "state.json"))
         sent = st.get("renew") or {}
         succ, twin = sent.get("successor_job_id"), sent.get("twin_dir")
-        if st.get("job_id") != s.job_id or not succ or succ == s.job_id or not twin:
+        if st.get("job_id") != s.job_id or not succ or succ == s.job_id or not twin or \
+                st.get("reason") == SCALED_IN:  # drained on request: its successor cancelled
             return s.job_id, s.job_dir
         tst = read_json(os.path.join(twin, "state.json"))
         inst = (tst.get("instances") or {}).get(s.instance().get("name")) or {}
@@ -330,7 +331,7 @@ class Autoscaler:
     def _left(self, s: Slot, jid, job_dir: str) -> tuple:
         """The slot's job ended: free, unless the other directory of its pair runs a job
         Slurm still knows (a successor whose record was lost): that one is the slot's then."""
-        other = s.other(job_dir)
+        other = s.other(job_dir) if s.status != "draining" else None  # removed: not its twin
         st = read_json(os.path.join(other, "state.json")) if other else {}
         oid = st.get("job_id")
         if oid and oid != jid and st.get("phase") not in TERMINAL_PHASES and self._alive(oid):

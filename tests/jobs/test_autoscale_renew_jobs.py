@@ -17,12 +17,13 @@ from jobkit import Job, Load, deployment, requests_in, until
 pytestmark = pytest.mark.slurm
 
 FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1}
-# 8 tokens at 0.05 s: a request runs 0.4 s, so eight clients hold about eight running requests
+# 8 tokens at 0.05 s: a request runs 0.4 s, so ten clients hold about ten running requests
 ENGINE = {"name": "sglang", "version": "0.5.23", "simulate": True,
           "sim_decode_s_per_token": 0.05}
-# 8 running over 1 instance > 5: one slot added; over 2 (4 each) no second one, and one fewer
-# (8) is not below 5: no remove. A renewal counted twice (capacity 3) would remove, one counted
-# as a gap (capacity 1) would add decode-s2: either shows in the decisions.
+CLIENTS = 10
+# 10 running over 1 instance > 5: one slot added; over 2 (5 each, never above) no second one,
+# and one fewer (10) is not below 5: no remove. A renewal counted twice (capacity 3) would
+# remove, one counted as a gap (capacity 1) would add worker-s2: either shows in the decisions.
 SCALE = {"min": 1, "max": 3, "signal": "running", "target": 5, "cool_down": "4s",
          "interval": 0.5, "drain_timeout": 20}
 RENEW = {"margin": "40s", "time_limit": "00:01:00"}   # as test_renew_jobs.py
@@ -45,7 +46,7 @@ def test_a_slot_job_renews_under_load_and_stays_one_instance_of_capacity(submit)
 
     ids: set[str] = set()
     try:
-        with Load(st["endpoint"], clients=8) as load:
+        with Load(st["endpoint"], clients=CLIENTS) as load:
             added = until("an autoscale add under load", decisions, 30, why=front.logs)[0]
             assert (added["action"], added["slot"]) == ("add", "worker-s1"), added
             first_id = until("the slot's job id", lambda: decisions()[0]["job_id"], 15)

@@ -12,6 +12,7 @@ import types
 import pytest
 
 from hpcserve.runtime import autoscale as am
+from hpcserve.runtime.contract import SCALED_IN
 
 
 class Slurm:
@@ -122,3 +123,25 @@ def test_a_drain_lost_to_a_renewal_leaves_the_slot_serving_and_cancel_stops_ever
     assert any("the drain asked of job 2 went with it" in line for line in front.log)
     front.scaler.cancel_slots()  # the job the pair runs now, and the one still draining
     assert front.slurm.cancelled == [["scancel", "2", "3"]]
+
+
+def test_a_slot_drained_before_its_successor_served_is_free_not_handed_over(front):
+    front.scaler._remove(front.role, front.slot, "test")
+    st = {"job_id": "2", "phase": "done", "reason": SCALED_IN,
+          "instances": {"worker-0": {"status": "removed"}},
+          "renew": {"successor_job_id": "3", "twin_dir": str(front.b)}}
+    (front.a / "state.json").write_text(json.dumps(st))
+    _state(front.b, "3", phase="starting", inst="starting")  # its cancel under way
+    front.slurm.alive = {"3"}
+    assert _round(front) == ("2", str(front.a), "free")
+    assert not any("renewed" in line for line in front.log), front.log
+
+
+def test_no_remove_on_a_round_where_a_serving_instance_of_the_pair_did_not_answer(front):
+    front.role.spec["cool_down_s"] = 0.0
+    status = front.scaler._slot_status(front.slot)
+    front.scaler._decide(front.role, [0.0, None], {front.slot.name: ("2", *status)})
+    assert front.role.decisions == [] and front.slot.status == "serving"
+    front.scaler._decide(front.role, [0.0, 0.0], {front.slot.name: ("2", *status)})
+    assert [d["action"] for d in front.role.decisions] == ["remove"]
+    assert (front.a / "run" / "control").is_dir()  # the drain went to the job's directory
