@@ -156,3 +156,20 @@ def test_with_renew_each_slot_is_rendered_as_a_pair_that_names_its_twin():
                                                              "/jobs/demo")
         sbatch = files[f"scale/{name}/job.sbatch"][0]
         assert "#SBATCH --signal=B:USR2@40" in sbatch and "#SBATCH --time=00:02:00" in sbatch
+
+
+def test_status_and_cancel_find_a_renewing_slot_s_successor_the_front_has_not_recorded(tmp_path):
+    front = deployments.new_entry("7", "demo", str(tmp_path), None)
+    a, b = tmp_path / "scale" / "decode-s1", tmp_path / "scale" / "decode-s1b"
+    for d, twin in ((a, b), (b, a)):
+        d.mkdir(parents=True)
+        (d / "plan.json").write_text(json.dumps({"renew": {"twin_dir": str(twin),
+                                                           "margin_s": 40}}))
+    (tmp_path / "state.json").write_text(json.dumps({"autoscale": {"decode": {"slots": {
+        "decode-s1": {"dir": str(a), "job_id": "9", "status": "serving"}}}}}))
+    # job 9 submitted its successor 12 into the twin since the front last wrote its state
+    (a / "state.json").write_text(json.dumps({"job_id": "9", "phase": "serving", "renew": {
+        "twin_dir": str(b), "successor_job_id": "12"}}))
+    from hpcserve.slurm.runner import LocalRunner
+    got = slot_jobs.slot_jobs(front, LocalRunner())
+    assert [(e.job_id, e.job_dir) for e in got] == [("9", str(a)), ("12", str(b))]
