@@ -168,6 +168,7 @@ class Role:
         self.name, self.spec = name, spec
         self.slots = [Slot(d) for d in spec["slots"]]
         self.last_at = 0.0       # the last decision (cool-down)
+        self.renewed_at = 0.0    # a slot's last renewal (no remove within the cool-down)
         self.value: float | None = None
         self.capacity = 0
         self.decisions: list[dict] = []
@@ -371,10 +372,19 @@ class Autoscaler:
         role.value = round(sum(read) / max(role.capacity, 1), 3) if read else None
         got = decide(role.spec, own, [(s.name, s.status, s.submitted_at) for s in role.slots],
                      values, now(), role.last_at)
+        if got is not None and got[0] == "remove" and self._handing_over(role):
+            return
         if got is not None:
             action, name, why = got
             slot = next(s for s in role.slots if s.name == name)
             (self._add if action == "add" else self._remove)(role, slot, why)
+
+    def _handing_over(self, role: Role) -> bool:
+        """Whether a slot of the role renewed within cool_down_s, or the job it took over from
+        still runs: its load moves from one job to the other (the old one out of the router,
+        the new one taking its first requests), so a reading then counts too few: no remove."""
+        return now() < role.renewed_at + role.spec["cool_down_s"] or any(
+            s.prev and not ended(*s.prev) for s in role.slots)
 
     def _renewed(self, role: Role, s: Slot, jid: str, job_dir: str, new: str) -> None:
         """The slot's job handed over to its successor (renew): the same slot, the same
@@ -384,6 +394,7 @@ class Autoscaler:
                          f"; the drain asked of job {s.drained} went with it, {s.name} serves "
                          "on" if s.status == "draining" and new != "draining" else ""))
         s.prev, s.job_id, s.job_dir = (s.job_id, s.job_dir), jid, job_dir
+        role.renewed_at = now()
 
     def _add(self, role: Role, s: Slot, why: str) -> None:
         s.status, s.submitted_at = "submitting", now()

@@ -145,3 +145,26 @@ def test_no_remove_on_a_round_where_a_serving_instance_of_the_pair_did_not_answe
     front.scaler._decide(front.role, [0.0, 0.0], {front.slot.name: ("2", *status)})
     assert [d["action"] for d in front.role.decisions] == ["remove"]
     assert (front.a / "run" / "control").is_dir()  # the drain went to the job's directory
+
+
+def test_no_remove_while_a_slot_hands_over_nor_within_the_cool_down_after(front):
+    _state(front.a, "2", inst="draining",
+           renew={"successor_job_id": "3", "twin_dir": str(front.b)})
+    _state(front.b, "3")
+    front.role.spec["cool_down_s"] = 0.0
+    status = front.scaler._slot_status(front.slot)
+    # the round that sees the successor serve: the old job's requests are gone, the new one's
+    # not come yet: a low reading, but no remove
+    front.scaler._decide(front.role, [1.0, 0.0], {front.slot.name: ("2", *status)})
+    assert front.slot.job_id == "3" and front.role.decisions == []
+    _state(front.a, "2", phase="done", inst="removed")  # the old job ended: the hold ends
+    front.scaler._decide(front.role, [1.0, 0.0], {front.slot.name: ("3", "3", str(front.b),
+                                                                   "serving")})
+    assert [d["action"] for d in front.role.decisions] == ["remove"], front.role.decisions
+    front.role.decisions, front.role.last_at = [], 0.0
+    front.role.spec["cool_down_s"], front.slot.status = 60.0, "serving"
+    front.role.renewed_at = am.now()  # within the cool-down of a renewal: held too
+    front.role.last_at = -1e12
+    front.scaler._decide(front.role, [1.0, 0.0], {front.slot.name: ("3", "3", str(front.b),
+                                                                   "serving")})
+    assert front.role.decisions == []
