@@ -18,6 +18,10 @@ decide() is that rule, pure (tests/unit/test_autoscale_decide.py). Never a decis
 and kept in state.json's autoscale (what, why, the value read), with every slot's job id and
 status, where `hpcserve status` and `cancel` find the slot jobs. The front, as it stops, cancels
 the slot jobs it submitted: their router goes with it.
+
+With renew: a slot is a pair of directories (runtime/renew.py): its job is the one the pair runs
+now, followed to the successor the job submitted once that serves (or the job ended); a renewal
+is neither an add nor a remove, and no remove is decided while one hands over.
 """
 
 from __future__ import annotations
