@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import posixpath
 
-from .ports import clear_ports, plan_ports
+from .ports import plan_ports
 from .records import record, replace
 from .runtime.contract import CANNOT_ADD, SCALE_DIR
 
@@ -33,6 +33,7 @@ class RoleScaling:
     interval_s: float
     drain_timeout_s: float
     slots: tuple = ()            # (slot name, plan.Plan) each
+    twins: tuple = ()            # with renew: each slot's twin (<slot name>b, plan.Plan)
 
 
 def slot_name(role: str, k: int) -> str:
@@ -52,13 +53,14 @@ def signal_metrics(metrics, signal: str) -> tuple[str, ...]:
                   "kv_usage": metrics.kv_usage}[signal])
 
 
-def with_slots(cfg, front, instance_job, err, step: int, shifts: int):
+def with_slots(cfg, front, err):
     """`front` (plan.Plan of the deployment) with its autoscaled roles' slots planned (each by
-    `instance_job`, the planner's, its ports in multiples of `step`); the front itself unchanged
-    where no role autoscales. Refuses (`err`: a ConfigError at the role's autoscale key) bounds
-    the role's instances break, a signal the engine does not expose and a router that cannot
-    take a worker while it runs."""
+    scale.instance_plans, as `hpcserve scale` plans an instance job: with renew:, a pair); the
+    front itself unchanged where no role autoscales. Refuses (`err`: a ConfigError at the
+    role's autoscale key) bounds the role's instances break, a signal the engine does not
+    expose and a router that cannot take a worker while it runs."""
     from .config import duration_s
+    from .scale import instance_plans
     scaled = {r: v.autoscale for r, v in cfg.deployment.roles.items() if v.autoscale}
     if not scaled:
         return front
@@ -66,16 +68,17 @@ def with_slots(cfg, front, instance_job, err, step: int, shifts: int):
     out = {}
     for role, a in sorted(scaled.items()):
         _check(cfg, front, role, a, err)
-        slots = []
+        slots, twins = [], []
         for k in range(1, a.max - cfg.deployment.roles[role].instances + 1):
-            p = clear_ports(lambda shift, k=k: instance_job(
-                cfg, role, 1, f"{SLOT_PREFIX}{k}", shift, slot_attach(front)), k, taken,
-                step, shifts)
-            taken |= plan_ports(p)
-            slots.append((slot_name(role, k), p))
+            (first, *twin) = instance_plans(cfg, role, 1, k, slot_attach(front), taken,
+                                            label=f"{SLOT_PREFIX}{k}")
+            for _, p in (first, *twin):
+                taken |= plan_ports(p)
+            slots.append(first)
+            twins += twin
         out[role] = RoleScaling(a.min, a.max, a.signal, signal_metrics(front.metrics, a.signal),
                                 a.target, duration_s(a.cool_down), a.interval,
-                                a.drain_timeout, tuple(slots))
+                                a.drain_timeout, tuple(slots), tuple(twins))
     return replace(front, autoscale=out)
 
 
@@ -101,9 +104,6 @@ def _check(cfg, front, role: str, a, _err) -> None:
                                           "hpcserve reads; this engine's signals: " + (", ".join(
                                               s for s in ("queued", "running", "kv_usage")
                                               if signal_metrics(front.metrics, s)) or "none"))
-    if cfg.deployment.renew:
-        raise _err(cfg, at, "autoscale and renew: together are not supported yet: a slot job "
-                            "would end at its time limit instead of renewing")
     r = front.router
     if r is None:
         raise _err(cfg, at, "autoscaled instances join the deployment's router: "

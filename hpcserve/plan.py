@@ -331,8 +331,7 @@ def build(cfg: Resolved, port_shift: int = 0) -> Plan:
             _plan_role(d, len(d.components), role)
     router = _plan_router(d)
     _check_node_limit(d)
-    return with_slots(cfg, _finish(d, router), instance_job, _err, PORT_SHIFT_STEP,
-                      PORT_SHIFTS)
+    return with_slots(cfg, _finish(d, router), _err)
 
 
 def instance_job(cfg: Resolved, role: str, count: int, seq: int, port_shift: int,

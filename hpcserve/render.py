@@ -249,13 +249,15 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
 
 
 def _slot_files(plan: Plan, jd: str) -> dict[str, tuple[str, int]]:
-    """Each autoscale slot's job directory (autoscale.py), under the front's: rendered now, as
-    the job that submits it later runs no hpcserve."""
+    """Each autoscale slot's job directory (autoscale.py), and with renew: its twin's, under
+    the front's: rendered now, as the job that submits it later runs no hpcserve."""
     from .autoscale import slot_dir
+    from .scale import with_twin_dir
     files = {}
     for a in plan.autoscale.values():
-        for name, slot in a.slots:
+        for name, slot in a.slots + a.twins:
             sd = slot_dir(jd, name)
+            slot = with_twin_dir(slot, os.path.dirname(sd))
             sub = render_files(replace(slot, attach={**slot.attach, "front_job_dir": jd}), sd)
             files.update({os.path.relpath(sd, jd) + "/" + k: v for k, v in sub.items()})
     return files

@@ -21,7 +21,7 @@ from typing import Callable
 
 from . import deployments, ops, ports, renewals
 from .errors import HpcserveError
-from .records import record
+from .records import record, replace
 from .runtime.contract import (CANNOT_ADD, CONTROL_DIR, SCALE_DIR, SERVING_PHASES,
                                 drain_request_path)
 from .slurm.runner import read_json
@@ -104,24 +104,46 @@ def instance_job(cfg, role: str, count: int, seq: int, attach: dict, front_dir: 
                  taken: set[int], label: str | None = None) -> list[tuple[str, str, dict]]:
     """(job name, job directory, files) of the instance job of `count` instances of `role`,
     <front>/scale/<role>-<label>/ (label: seq unless given; seq picks its port block): one
-    directory, or with the deployment's renew: the pair of it and its twin <role>-<label>b/,
-    each plan.json's renew naming the other, the twin's ports clear of the first's too (both
-    run on one node while they overlap). Every caller that renders an instance job renders it
-    here."""
+    directory, or with the deployment's renew: the pair of it and its twin <role>-<label>b/
+    (instance_plans). Every caller that renders an instance job plans it there."""
+    from .render import render_files
+    root = posixpath.join(front_dir, SCALE_DIR)
+    out = []
+    for name, p in instance_plans(cfg, role, count, seq, attach, taken, label):
+        d = posixpath.join(root, name)
+        out.append((p.name, d, render_files(with_twin_dir(p, root), d)))
+    return out
+
+
+def instance_plans(cfg, role: str, count: int, seq: int, attach: dict, taken: set[int],
+                   label: str | None = None) -> list[tuple[str, object]]:
+    """(directory name, plan.Plan) of the instance job of `count` instances of `role`, named
+    <role>-<label> (label: seq unless given) and its Slurm job <name>-<role>-<label>: one, or
+    with the deployment's renew: the pair of it and its twin <role>-<label>b, each plan's renew
+    naming the other's directory by its name under scale/ (with_twin_dir makes it absolute as
+    it is rendered), the twin's ports clear of the first's too (both run on one node while they
+    overlap). Pure: `hpcserve scale` and the autoscale slots (autoscale.py) plan here."""
     from . import plan as planner
     from .config import duration_s
-    from .render import render_files
-    job_dir = posixpath.join(front_dir, SCALE_DIR, f"{role}-{label or seq}")
-    dirs = [job_dir, job_dir + TWIN_SUFFIX] if cfg.deployment.renew else [job_dir]
+    first = f"{role}-{label or seq}"
+    names = [first, first + TWIN_SUFFIX] if cfg.deployment.renew else [first]
     out = []
-    for k, d in enumerate(dirs):
-        renew = {"twin_dir": dirs[1 - k], "margin_s": duration_s(cfg.deployment.renew.margin)} \
-            if len(dirs) == 2 else None
-        p = clear_ports(lambda shift: planner.instance_job(cfg, role, count, seq, shift, attach,
-                                                           renew), seq + k, taken)
+    for k, name in enumerate(names):
+        renew = {"twin_dir": names[1 - k], "margin_s": duration_s(cfg.deployment.renew.margin)} \
+            if len(names) == 2 else None
+        p = clear_ports(lambda shift: planner.instance_job(cfg, role, count, label or seq, shift,
+                                                           attach, renew), seq + k, taken)
         taken = taken | ops.plan_ports(p)
-        out.append((p.name, d, render_files(p, d)))
+        out.append((name, p))
     return out
+
+
+def with_twin_dir(p, scale_root: str):
+    """`p` with its renew's twin named by its absolute directory under `scale_root`."""
+    if not p.renew:
+        return p
+    return replace(p, renew={**p.renew, "twin_dir": posixpath.join(scale_root,
+                                                                   p.renew["twin_dir"])})
 
 
 def scale_ports(runner, front_dir: str) -> set[int]:

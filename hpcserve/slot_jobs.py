@@ -4,12 +4,14 @@ the front's state.json (runtime/autoscale.py)."""
 
 from __future__ import annotations
 
-from . import deployments, ops
+from . import deployments, ops, renewals
 
 
 def slot_jobs(front, runner) -> list:
     """The slot jobs the front's orchestrator submitted that have not ended
-    (deployments.Entry each, with `front` set), from its state.json autoscale record."""
+    (deployments.Entry each, with `front` set), from its state.json autoscale record; a
+    renewing slot's by the jobs its pair runs now (renewals.current: a successor submitted
+    since the front last wrote its state.json too)."""
     got = (ops.job_state(runner, front.job_dir).get("autoscale") or {})
     out = []
     for role in got.values():
@@ -18,7 +20,7 @@ def slot_jobs(front, runner) -> list:
                 out.append(deployments.new_entry(
                     s["job_id"], f"{front.name}-{name}", s["dir"], front.remote,
                     front.cluster, front=front.job_dir))
-    return out
+    return renewals.current(out, runner)
 
 
 def with_slot_jobs(entries: list, runner_of) -> list:

@@ -18,6 +18,10 @@ decide() is that rule, pure (tests/unit/test_autoscale_decide.py). Never a decis
 and kept in state.json's autoscale (what, why, the value read), with every slot's job id and
 status, where `hpcserve status` and `cancel` find the slot jobs. The front, as it stops, cancels
 the slot jobs it submitted: their router goes with it.
+
+With renew: a slot is a pair of directories (runtime/renew.py): its job is the one the pair runs
+now, followed to the successor the job submitted once that serves (or the job ended); a renewal
+is neither an add nor a remove, and no remove is decided while one hands over.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import os
 import urllib.request
 from urllib.parse import urlsplit
 
-from .contract import SERVING_PHASES, TERMINAL_PHASES, drain_request_path
+from .contract import SCALED_IN, SERVING_PHASES, TERMINAL_PHASES, drain_request_path
 from .failures import Stop
 from .health import _DIRECT
 from .state import now
@@ -105,16 +109,30 @@ def decide(spec: dict, own: int, slots: list, values: list, at: float,
 
 
 class Slot:
-    """One slot: its job directory, and the job this orchestrator submitted for it."""
+    """One slot: its job directory (with renew: its pair's first), and the job it runs now:
+    the one this orchestrator submitted, or after a renewal the successor that job submitted
+    into the twin directory (runtime/renew.py), which takes the slot over as it serves."""
 
     def __init__(self, job_dir: str):
         self.dir = job_dir
         self.name = os.path.basename(job_dir.rstrip("/"))
         self.job_id: str | None = None
+        self.job_dir = job_dir  # where job_id runs: the slot's directory or its twin
+        self.prev: tuple | None = None  # (job id, dir) the last renewal took over from
+        self.drained: str | None = None  # the job a remove's drain request went to
         self.status = "free"   # free, submitting, pending, starting, serving, draining
         self.task = None       # the sbatch under way
         self.submitted_at = 0.0  # when this orchestrator last submitted it (newest drains first)
         self.plan: dict | None = None
+
+    def twin(self) -> str | None:
+        """The other directory of the slot's pair (renew:), None without renewal."""
+        self.instance()
+        return (self.plan.get("renew") or {}).get("twin_dir")
+
+    def other(self, job_dir: str) -> str | None:
+        twin = self.twin()
+        return twin and (self.dir if job_dir == twin else twin)
 
     def instance(self) -> dict:
         if self.plan is None:
@@ -122,7 +140,31 @@ class Slot:
         return (self.plan.get("instances") or [{}])[0]
 
     def as_state(self) -> dict:
-        return {"dir": self.dir, "job_id": self.job_id, "status": self.status}
+        return {"dir": self.job_dir, "job_id": self.job_id, "status": self.status}
+
+
+def job_instance(job_dir: str) -> dict:
+    """The instance of a slot's directory (its plan.json's one; both of a pair name it alike)."""
+    return (read_json(os.path.join(job_dir, "plan.json")).get("instances") or [{}])[0]
+
+
+def pair_jobs(s: Slot) -> list[tuple]:
+    """(job id, dir) of every job the slot may run now: its job, the one it took over from
+    (draining), the successor its job submitted (not serving yet)."""
+    out = [(s.job_id, s.job_dir)] if s.job_id else []
+    if s.prev:
+        out.append(s.prev)
+    sent = read_json(os.path.join(s.job_dir, "state.json")).get("renew") or {}
+    if s.job_id and sent.get("successor_job_id") not in (None, s.job_id) and sent.get(
+            "twin_dir"):
+        out.append((str(sent["successor_job_id"]), sent["twin_dir"]))
+    return list(dict.fromkeys(out))
+
+
+def ended(jid: str, job_dir: str) -> bool:
+    """Whether the job's own state.json in `job_dir` says it ended."""
+    st = read_json(os.path.join(job_dir, "state.json"))
+    return st.get("job_id") == jid and st.get("phase") in TERMINAL_PHASES
 
 
 class Role:
@@ -130,6 +172,7 @@ class Role:
         self.name, self.spec = name, spec
         self.slots = [Slot(d) for d in spec["slots"]]
         self.last_at = 0.0       # the last decision (cool-down)
+        self.renewed_at = 0.0    # a slot's last renewal (no remove within the cool-down)
         self.value: float | None = None
         self.capacity = 0
         self.decisions: list[dict] = []
@@ -220,16 +263,19 @@ class Autoscaler:
             if spec["role"] == role.name and m and rec is not None and rec.status == "serving":
                 out.append((None, m["url"]))
         for s in role.slots:
-            if s.status == "serving":
-                url = self._slot_metrics_url(s)
-                if url:
-                    out.append((s.name, url))
+            if s.status in ("serving", "draining"):
+                out += [(s.name, u) for u in map(self._slot_metrics_url, pair_jobs(s)) if u]
         return out
 
-    def _slot_metrics_url(self, s: Slot) -> str | None:
-        inst = s.instance()
-        health = (read_json(os.path.join(s.dir, "state.json")).get("health_urls") or {}).get(
-            inst.get("name"))
+    def _slot_metrics_url(self, job: tuple) -> str | None:
+        """The metrics URL of the slot's instance in the job (id, dir), while it serves: while
+        a renewal hands over, the pair's two jobs share the slot's load."""
+        jid, job_dir = job
+        st, inst = read_json(os.path.join(job_dir, "state.json")), job_instance(job_dir)
+        if st.get("job_id") != jid or (st.get("instances") or {}).get(
+                inst.get("name"), {}).get("status") != "serving":
+            return None
+        health = (st.get("health_urls") or {}).get(inst.get("name"))
         if not health or not inst.get("metrics"):
             return None
         u = urlsplit(health)
@@ -242,46 +288,86 @@ class Autoscaler:
         timeout = self.job.plan["liveness"]["timeout"]
         out = {}
         for name, role in self.roles.items():
-            statuses = {s.name: (s.job_id, self._slot_status(s)) for s in role.slots}
+            statuses = {s.name: (s.job_id, *self._slot_status(s)) for s in role.slots}
             sig = role.spec["signal"]
             values = [signal_value(url, sig["kind"], sig["metrics"], timeout)
                       for _, url in targets[name]]
             out[name] = (values, statuses)
         return out
 
-    def _slot_status(self, s: Slot) -> str:
-        """Where the slot's job stands: its state.json once it runs, Slurm's queue before."""
+    def _slot_status(self, s: Slot) -> tuple:
+        """(job id, its dir, status): the job the slot runs now (renewals followed) and where
+        it stands: its state.json once it runs, Slurm's queue before. Free only when neither
+        directory of a pair runs a job."""
         if s.status in ("free", "submitting"):
-            return s.status
-        st = read_json(os.path.join(s.dir, "state.json"))
-        if st.get("job_id") != s.job_id:  # not started yet: still queued?
-            try:
-                out = self.job.slurm.run(["squeue", "-h", "-j", s.job_id, "-o", "%T"],
-                                         retry=False, timeout=5).strip()
-            except Exception:  # an unreachable controller: it counts as coming meanwhile
-                return "pending"
-            return "pending" if out else "free"
+            return s.job_id, s.job_dir, s.status
+        jid, job_dir = self._current(s)
+        st = read_json(os.path.join(job_dir, "state.json"))
+        if st.get("job_id") != jid:  # not started yet: still queued?
+            alive = self._alive(jid)
+            return (jid, job_dir, "pending") if alive is not False else self._left(s, jid,
+                                                                                    job_dir)
         phase = st.get("phase")
         if phase in TERMINAL_PHASES:
-            return "free"
-        if s.status == "draining":
-            return "draining"
+            return self._left(s, jid, job_dir)
+        if s.status == "draining" and s.drained == jid:
+            return jid, job_dir, "draining"
         inst = (st.get("instances") or {}).get(s.instance().get("name")) or {}
         if phase in SERVING_PHASES and inst.get("status") == "serving":
-            return "serving"
-        return "starting"
+            return jid, job_dir, "serving"
+        return jid, job_dir, "starting"
+
+    def _current(self, s: Slot) -> tuple:
+        """(job id, dir) the slot's pair runs now: the job's successor (its state.json renew)
+        once that serves or the job ended, else the job itself."""
+        st = read_json(os.path.join(s.job_dir, "state.json"))
+        sent = st.get("renew") or {}
+        succ, twin = sent.get("successor_job_id"), sent.get("twin_dir")
+        if st.get("job_id") != s.job_id or not succ or succ == s.job_id or not twin or \
+                st.get("reason") == SCALED_IN:  # drained on request: its successor cancelled
+            return s.job_id, s.job_dir
+        tst = read_json(os.path.join(twin, "state.json"))
+        inst = (tst.get("instances") or {}).get(s.instance().get("name")) or {}
+        if st.get("phase") in TERMINAL_PHASES or (
+                tst.get("job_id") == succ and inst.get("status") == "serving"):
+            return succ, twin
+        return s.job_id, s.job_dir
+
+    def _left(self, s: Slot, jid, job_dir: str) -> tuple:
+        """The slot's job ended: free, unless the other directory of its pair runs a job
+        Slurm still knows (a successor whose record was lost): that one is the slot's then."""
+        other = s.other(job_dir) if s.status != "draining" else None  # removed: not its twin
+        st = read_json(os.path.join(other, "state.json")) if other else {}
+        oid = st.get("job_id")
+        if oid and oid != jid and st.get("phase") not in TERMINAL_PHASES and self._alive(oid):
+            return oid, other, "starting"
+        return jid, job_dir, "free"
+
+    def _alive(self, jid) -> bool | None:
+        """Whether Slurm still knows the job (None: the controller does not answer)."""
+        try:
+            return bool(self.job.slurm.run(["squeue", "-h", "-j", jid, "-o", "%T"],
+                                           retry=False, timeout=5).strip())
+        except RuntimeError as e:  # squeue refuses an id it no longer knows
+            return False if "invalid job id" in str(e).lower() else None
+        except Exception:  # an unreachable controller: it counts as coming meanwhile
+            return None
 
     # -- the decision
     def _decide(self, role: Role, values: list, statuses: dict) -> None:
         for s in role.slots:
-            read_for, new = statuses.get(s.name, (None, s.status))
+            read_for, jid, job_dir, new = statuses.get(s.name, (None, s.job_id, s.job_dir,
+                                                                s.status))
             # read before this slot was submitted (or while it was): not its job's status
-            if s.task is not None or s.status == "submitting" or read_for != s.job_id or \
-                    new == s.status:
+            if s.task is not None or s.status == "submitting" or read_for != s.job_id:
+                continue
+            if jid != s.job_id:
+                self._renewed(role, s, jid, job_dir, new)
+            if new == s.status:
                 continue
             if new == "free":
                 self.job.log(f"autoscale {role.name}: {s.name} (job {s.job_id}) ended")
-                s.job_id = None
+                s.job_id, s.job_dir, s.prev = None, s.dir, None
             s.status = new
         kept = self.job.recovery.kept(role.name)
         own = len(kept) - sum(1 for r in kept if r.status == "failed")
@@ -290,10 +376,29 @@ class Autoscaler:
         role.value = round(sum(read) / max(role.capacity, 1), 3) if read else None
         got = decide(role.spec, own, [(s.name, s.status, s.submitted_at) for s in role.slots],
                      values, now(), role.last_at)
+        if got is not None and got[0] == "remove" and self._handing_over(role):
+            return
         if got is not None:
             action, name, why = got
             slot = next(s for s in role.slots if s.name == name)
             (self._add if action == "add" else self._remove)(role, slot, why)
+
+    def _handing_over(self, role: Role) -> bool:
+        """Whether a slot of the role renewed within cool_down_s, or the job it took over from
+        still runs: its load moves from one job to the other (the old one out of the router,
+        the new one taking its first requests), so a reading then counts too few: no remove."""
+        return now() < role.renewed_at + role.spec["cool_down_s"] or any(
+            s.prev and not ended(*s.prev) for s in role.slots)
+
+    def _renewed(self, role: Role, s: Slot, jid: str, job_dir: str, new: str) -> None:
+        """The slot's job handed over to its successor (renew): the same slot, the same
+        capacity, neither an add nor a remove. A drain asked of the old job is lost with it."""
+        self.job.log(f"autoscale {role.name}: {s.name} renewed: job {jid} in {job_dir} "
+                     f"takes over from job {s.job_id}" + (
+                         f"; the drain asked of job {s.drained} went with it, {s.name} serves "
+                         "on" if s.status == "draining" and new != "draining" else ""))
+        s.prev, s.job_id, s.job_dir = (s.job_id, s.job_dir), jid, job_dir
+        role.renewed_at = now()
 
     def _add(self, role: Role, s: Slot, why: str) -> None:
         s.status, s.submitted_at = "submitting", now()
@@ -309,7 +414,7 @@ class Autoscaler:
             s.status = "free"
             self.job.log(f"autoscale {role.name}: sbatch of {s.name} failed: {e}")
             return
-        s.status = "pending"
+        s.status, s.job_dir, s.prev, s.drained = "pending", s.dir, None, None
         self.job.log(f"autoscale {role.name}: {s.name} submitted as job {s.job_id}")
         for d in role.decisions[-1:]:
             if d["slot"] == s.name and d["job_id"] is None:
@@ -317,7 +422,7 @@ class Autoscaler:
         self._save()
 
     def _remove(self, role: Role, s: Slot, why: str) -> None:
-        path = drain_request_path(s.dir, s.instance()["name"])
+        path = drain_request_path(s.job_dir, s.instance()["name"])
         body = json.dumps({"timeout_s": role.spec["drain_timeout_s"], "requested_at": now()})
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -327,7 +432,7 @@ class Autoscaler:
         except OSError as e:
             self.job.log(f"autoscale {role.name}: cannot write {path}: {e}")
             return
-        s.status = "draining"
+        s.status, s.drained = "draining", s.job_id
         self._decided(role, "remove", why, s)
 
     def _decided(self, role: Role, what: str, why: str, s: Slot) -> None:
@@ -350,8 +455,8 @@ class Autoscaler:
         """scancel every slot job this front submitted that may still run (bounded: one
         command, not retried); their instances leave the router first, as any instance
         job's."""
-        ids = [s.job_id for r in self.roles.values() for s in r.slots
-               if s.job_id and s.status != "free"]
+        ids = sorted({jid for r in self.roles.values() for s in r.slots if s.status != "free"
+                      for jid, d in pair_jobs(s) if not ended(jid, d)}, key=int)
         if not ids:
             return
         err = self.job.slurm.command(["scancel", *ids], retry=False)

@@ -29,7 +29,8 @@ autoscaled role: min, max, signal {kind, metrics}, target, cool_down_s, interval
 drain_timeout_s and its slots, the job directories of instance jobs rendered at submit that the
 front submits on load, or null), attach.router_url and attach.front_job_id null in a slot (read
 from the front's state.json as the slot starts), and state.json's autoscale (per role: the value
-read, the capacity, each slot's job id and status, the decisions), renew (a renewing instance
+read, the capacity, each slot's job id, the directory it runs in and status: with renew:, the
+job the slot's pair runs now, in either directory), renew (a renewing instance
 job: {"twin_dir": the absolute directory of its twin, "margin_s": how long before the time limit
 it submits that twin}, or null) and state.json's renew (runtime/renew.py: the successor
 submitted, when and why, and the job it renewed into), and state.json's router_url (the
@@ -189,7 +190,8 @@ ATTACH_SCHEMA = {
 }
 
 # The front's autoscaling (runtime/autoscale.py), per role: the signal per instance last read,
-# the capacity counted, each slot's job and status, the newest decisions.
+# the capacity counted, each slot's job and status (a renewing slot's: the job its pair runs
+# now, and that job's directory), the newest decisions.
 AUTOSCALE_SCHEMA = {"type": "object", "additionalProperties": {
     "type": "object", "required": ["value", "capacity", "slots", "decisions"],
     "additionalProperties": False,

@@ -131,3 +131,45 @@ def test_a_front_without_prefill_engines_puts_its_router_on_a_component_of_its_o
     assert [n for n, _ in p.autoscale["prefill"].slots] == ["prefill-s1", "prefill-s2"]
     (slot,) = {s.instances[0].role for _, s in p.autoscale["prefill"].slots}
     assert slot == "prefill" and p.router.pd
+
+
+def test_with_renew_each_slot_is_rendered_as_a_pair_that_names_its_twin():
+    p = load_plan(DEMO, [_scale(OK), 'renew={"margin": "40s", "time_limit": "00:02:00"}'])
+    a = p.autoscale["decode"]
+    assert [n for n, _ in a.slots] == ["decode-s1", "decode-s2"]
+    assert [n for n, _ in a.twins] == ["decode-s1b", "decode-s2b"]
+    seen = ops.plan_ports(p)
+    for _, slot in a.slots + a.twins:  # four port blocks: each clear of the front and the rest
+        mine = ops.plan_ports(slot)
+        assert not mine & seen, (mine, seen)
+        seen |= mine
+    from hpcserve.render import render_files
+    files = render_files(p, "/jobs/demo")
+    spec = json.loads(files["plan.json"][0])
+    assert spec["autoscale"]["decode"]["slots"] == ["/jobs/demo/scale/decode-s1",
+                                                    "/jobs/demo/scale/decode-s2"]  # the pairs
+    for name, twin in (("decode-s1", "decode-s1b"), ("decode-s1b", "decode-s1")):
+        s = json.loads(files[f"scale/{name}/plan.json"][0])
+        jsonschema.validate(s, SCHEMA)
+        assert s["renew"] == {"twin_dir": f"/jobs/demo/scale/{twin}", "margin_s": 40}, s
+        assert (s["name"], s["attach"]["front_job_dir"]) == ("demo-kimi-k2-decode-s1",
+                                                             "/jobs/demo")
+        sbatch = files[f"scale/{name}/job.sbatch"][0]
+        assert "#SBATCH --signal=B:USR2@40" in sbatch and "#SBATCH --time=00:02:00" in sbatch
+
+
+def test_status_and_cancel_find_a_renewing_slot_s_successor_the_front_has_not_recorded(tmp_path):
+    front = deployments.new_entry("7", "demo", str(tmp_path), None)
+    a, b = tmp_path / "scale" / "decode-s1", tmp_path / "scale" / "decode-s1b"
+    for d, twin in ((a, b), (b, a)):
+        d.mkdir(parents=True)
+        (d / "plan.json").write_text(json.dumps({"renew": {"twin_dir": str(twin),
+                                                           "margin_s": 40}}))
+    (tmp_path / "state.json").write_text(json.dumps({"autoscale": {"decode": {"slots": {
+        "decode-s1": {"dir": str(a), "job_id": "9", "status": "serving"}}}}}))
+    # job 9 submitted its successor 12 into the twin since the front last wrote its state
+    (a / "state.json").write_text(json.dumps({"job_id": "9", "phase": "serving", "renew": {
+        "twin_dir": str(b), "successor_job_id": "12"}}))
+    from hpcserve.slurm.runner import LocalRunner
+    got = slot_jobs.slot_jobs(front, LocalRunner())
+    assert [(e.job_id, e.job_dir) for e in got] == [("9", str(a)), ("12", str(b))]
