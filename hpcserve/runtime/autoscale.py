@@ -37,6 +37,8 @@ from .health import _DIRECT
 from .state import now
 
 DECISIONS_KEPT = 20   # the newest decisions state.json keeps per role
+
+
 def read_json(path: str) -> dict:
     try:
         with open(path) as f:
