@@ -27,8 +27,11 @@ BUNDLED_SITES = package_data.path("site_configs")
 BUNDLED_PROFILES = package_data.path("models")
 
 TIME = r"(\d+-)?\d{1,3}:\d{2}:\d{2}"
-# A duration in seconds, minutes or hours (90s, 15m, 1h), or as a Slurm time (00:15:00)
-DURATION = rf"\d+[smh]|{TIME}"
+# A duration: seconds (900, 1.5), with a unit (90s, 15m, 1.5h), or a Slurm time (00:15:00)
+DURATION = rf"\d+(\.\d+)?[smh]?|{TIME}"
+DURATION_HELP = "seconds, or a duration such as 90s, 15m, 1h or 00:15:00"
+# sbatch(1), --signal: "sig_time must have an integer value between 0 and 65535"
+SIGNAL_MAX_S = 65535
 # Job directories become sbatch's --output: % starts a Slurm filename pattern (%j, %x...) and a
 # backslash turns them off, so a path holding either would not be the path written.
 JOB_PATH = r"[^%\\]+"
@@ -281,16 +284,18 @@ class Recovery:
 # autoscale.signal: what the orchestrator reads per serving instance from its engine's own
 # Prometheus metrics (the names per engine: engines/*.py Metrics).
 AUTOSCALE_SIGNALS = ("queued", "running", "kv_usage")
-DURATION = r"[0-9]+(\.[0-9]+)?(s|m|h)?"
-DURATION_HELP = "seconds, or a duration such as 90s, 5m or 1h"
-
-
 def duration_s(v: float | str) -> float:
-    """Seconds of a duration field: a number, or a number with s, m or h."""
-    if not isinstance(v, str):
-        return float(v)
-    scale = {"s": 1, "m": 60, "h": 3600}.get(v[-1:], 1)
-    return float(v.rstrip("smh")) * scale
+    """Seconds of a DURATION field (a number of seconds, 90s / 15m / 1.5h, or a Slurm time
+    [D-]HH:MM:SS, as TIME); whole seconds as an int, so plan.json says 900, not 900.0."""
+    if isinstance(v, str) and ":" in v:
+        days, _, hms = v.rpartition("-")
+        h, m, sec = (int(x) for x in hms.split(":"))
+        got: float = int(days or 0) * 86400 + h * 3600 + m * 60 + sec
+    elif isinstance(v, str):
+        got = float(v.rstrip("smh")) * {"s": 1, "m": 60, "h": 3600}.get(v[-1:], 1)
+    else:
+        got = float(v)
+    return int(got) if got == int(got) else got
 
 
 @record
@@ -548,20 +553,10 @@ class Renew:
 
     margin: str = field(default="15m", metadata=doc(
         "submit the successor this long before the instance job's time limit: its queue wait "
-        "and a cold start must fit in it", pattern=DURATION,
-        pattern_help="a duration such as 15m, 90s, 1h or 00:15:00"))
+        "and a cold start must fit in it", pattern=DURATION, pattern_help=DURATION_HELP))
     time_limit: str | None = field(default=None, metadata=doc(
         "the instance jobs' own Slurm time limit (default: the deployment's time_limit)",
         pattern=TIME, pattern_help="a time such as 04:00:00 or 1-00:00:00"))
-
-
-def duration_s(text: str) -> int:
-    """Seconds of a DURATION (15m, 90s, 1h) or a Slurm time ([D-]HH:MM:SS)."""
-    if text[-1] in "smh":
-        return int(text[:-1]) * {"s": 1, "m": 60, "h": 3600}[text[-1]]
-    days, _, hms = text.rpartition("-")
-    h, m, sec = (int(x) for x in hms.split(":"))
-    return int(days or 0) * 86400 + h * 3600 + m * 60 + sec
 
 
 @record
@@ -615,6 +610,10 @@ class Deployment:
                                         f"{missing} is missing")
         if self.renew:
             limit = self.renew.time_limit or self.time_limit
+            if duration_s(self.renew.margin) > SIGNAL_MAX_S:  # sbatch --signal's bound
+                raise FieldProblem(("renew", "margin"), f"{self.renew.margin} is more than "
+                                   f"{SIGNAL_MAX_S} s, the most sbatch --signal takes (Slurm's "
+                                   "warning signal is sent margin before the limit)")
             if duration_s(self.renew.margin) >= duration_s(limit):
                 raise FieldProblem(("renew", "margin"), f"{self.renew.margin} is not shorter "
                                    f"than the instance jobs' time limit {limit}: every job "

@@ -28,6 +28,13 @@ def _scale(spec: str) -> str:
     return f"roles.decode.autoscale={spec}"
 
 
+@pytest.mark.parametrize("cool_down, seconds", [(30, 30), ("1.5m", 90), ("00:02:00", 120)])
+def test_cool_down_is_seconds_a_duration_or_a_slurm_time(cool_down, seconds, tmp_path):
+    spec = json.dumps({"min": 1, "max": 2, "cool_down": cool_down})
+    p = load_plan(DEMO, [_scale(spec)])
+    assert p.autoscale["decode"].cool_down_s == seconds
+
+
 @pytest.mark.parametrize("spec, words", [
     ('{"min": 2, "max": 3}', "roles.decode.autoscale.min: must be at most "
                              "roles.decode.instances (1), got 2"),

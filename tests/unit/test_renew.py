@@ -24,8 +24,11 @@ RENEW = {"margin": "40s", "time_limit": "00:01:00"}
 @pytest.mark.parametrize("block, words", [
     ({"margin": "15m", "every": 1}, "renew.every: unknown key 'every'; valid keys here: margin, "
                                     "time_limit"),
-    ({"margin": "40x"}, "renew.margin: expected a duration such as 15m, 90s, 1h or 00:15:00, "
-                        "got '40x'"),
+    ({"margin": "40x"}, "renew.margin: expected seconds, or a duration such as 90s, 15m, 1h or "
+                        "00:15:00, got '40x'"),
+    ({"margin": "19h", "time_limit": "1-00:00:00"},
+     "renew.margin: 19h is more than 65535 s, the most sbatch --signal takes (Slurm's warning "
+     "signal is sent margin before the limit)"),
     ({"margin": "2m", "time_limit": "00:01:00"},
      "renew.margin: 2m is not shorter than the instance jobs' time limit 00:01:00: every job "
      "would renew as soon as it serves"),
@@ -42,9 +45,11 @@ def test_a_bad_renew_block_is_one_line_naming_file_line_and_field(tmp_path, bloc
     assert line <= int(said.split(":")[1]) <= line + 2, said  # the block or its key
 
 
-def test_margin_and_time_limit_read_as_seconds():
-    assert [config.duration_s(t) for t in ("90s", "15m", "1h", "00:15:00", "1-00:00:01")] == \
-        [90, 900, 3600, 900, 86401]
+def test_margin_cool_down_and_time_limit_read_as_seconds():
+    """One reading of every duration field: a number, a number with a unit, a Slurm time."""
+    assert [config.duration_s(t) for t in ("90s", "15m", "1h", "00:15:00", "1-00:00:01", "900",
+                                           "1.5m", "0.5s", 30, 2.5)] == \
+        [90, 900, 3600, 900, 86401, 900, 90, 0.5, 30, 2.5]
 
 
 @pytest.fixture
