@@ -26,6 +26,7 @@ is neither an add nor a remove, and no remove is decided while one hands over.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import urllib.request
@@ -55,7 +56,7 @@ def signal_value(url: str, kind: str, names: list, timeout: float) -> float | No
     try:
         with _DIRECT.open(urllib.request.Request(url), timeout=timeout) as r:
             text = r.read(4 << 20).decode(errors="replace")
-    except (OSError, ValueError):
+    except (OSError, ValueError, http.client.HTTPException):  # a bad reply: not read this round
         return None
     got = []
     for line in text.splitlines():
@@ -246,7 +247,12 @@ class Autoscaler:
         if self.reading is not None:
             if not self.reading.done():
                 return
-            readings, self.reading = self.reading.result(), None
+            try:
+                readings = self.reading.result()
+            except Exception as e:  # a bug in one round's reading must not end the deployment
+                job.log(f"autoscale: reading the signal failed, this round skipped: {e!r}")
+                readings = {}
+            self.reading = None
             for name, got in readings.items():
                 self._decide(self.roles[name], *got)
             self._save()

@@ -108,3 +108,33 @@ def test_the_newest_serving_slot_drains_first(spec):
     # a draining or pending slot is never the one removed; same age: the later slot
     three = slots("draining", "serving", "serving", at=(500.0, 0.0, 0.0))
     assert decide(spec, 1, three, [0.0, 0.0, 0.0], T0 + 60, T0)[:2] == ("remove", "decode-s3")
+
+
+@pytest.mark.parametrize("reply, want", [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 42\r\n\r\nvllm:num_requests_waiting 3\n", 3.0),
+    (b"not http at all\r\n\r\n", None),  # http.client.BadStatusLine: not read, no traceback
+])
+def test_a_bad_metrics_reply_reads_as_no_value(reply, want):
+    """An engine whose metrics port answers garbage is one instance not read this round; it
+    must not raise into the front's liveness loop (which would end the deployment)."""
+    import socket
+    import threading
+    from hpcserve.runtime.autoscale import signal_value
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def answer():
+        conn, _ = srv.accept()
+        conn.recv(4096)
+        conn.sendall(reply.replace(b"42", str(len(reply.split(b"\r\n\r\n", 1)[1])).encode()))
+        conn.close()
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    try:
+        url = f"http://127.0.0.1:{srv.getsockname()[1]}/metrics"
+        assert signal_value(url, "queued", ["vllm:num_requests_waiting"], 5) == want
+    finally:
+        t.join(5)
+        srv.close()
