@@ -26,7 +26,7 @@ import posixpath
 import time
 from typing import Callable
 
-from . import config, deployments, engines, ops, scale
+from . import config, deployments, engines, ops, renewals, scale
 from .errors import HpcserveError
 from .records import record
 from .engines.flags import vkey
@@ -80,6 +80,11 @@ def target(f: scale.Front, runner, sets: tuple[str, ...]) -> config.Resolved:
     if (v_old, i_old) == (v_new, i_new):
         raise HpcserveError(f"deployment {f.entry.name} (job {f.entry.job_id}) runs "
                             f"{adapter.title} {v_new}{_image(i_new)} already: nothing to upgrade")
+    if f.spec.get("autoscale"):
+        raise HpcserveError(f"deployment {f.entry.name} (job {f.entry.job_id}) autoscales: its "
+                            "slots were rendered at submit at its release and its front submits "
+                            "them, so an upgrade cannot replace them; submit a new deployment "
+                            "at the new release instead")
     if "prefill" in f.roles and not adapter.pd_talks(v_old, v_new):
         raise HpcserveError(pd_refusal(adapter, v_old, v_new))
     planner.build(new)  # the new release's flags are checked before anything is submitted
@@ -104,7 +109,8 @@ def _image(image: str | None) -> str:
 def olds(f: scale.Front, runner, new: config.Resolved) -> list[Old]:
     """Every serving instance of the deployment not at the new release: the front's own first,
     then each instance job's, oldest first."""
-    jobs = [f.entry] + deployments.instance_jobs(f.entry)
+    # a renewing instance job's pair: whichever job runs each of its directories now
+    jobs = [f.entry] + renewals.current(deployments.instance_jobs(f.entry), runner)
     views = {v.job_dir: v for v in ops.status(jobs[1:], lambda _r: runner)} if jobs[1:] else {}
     views[f.entry.job_dir] = f.view
     want = release(new)

@@ -66,6 +66,18 @@ def test_bad_input_is_one_line_and_nothing_is_submitted_or_written(workers, args
     assert refused(cluster, jd, args) == words
 
 
+def test_an_autoscaled_deployment_is_refused_its_slots_rendered_at_its_release(workers):
+    """Its slots were rendered at submit at the old release and its front submits them: an
+    upgrade that replaced only the running instances would leave the next add at the old one."""
+    _, cluster, jd = workers
+    spec = json.loads((jd / "plan.json").read_text())
+    (jd / "plan.json").write_text(json.dumps({**spec, "autoscale": {"worker": {"min": 1}}}))
+    assert refused(cluster, jd, ["--set", "engine.version=0.5.22"]) == (
+        "deployment workers (job 42) autoscales: its slots were rendered at submit at its "
+        "release and its front submits them, so an upgrade cannot replace them; submit a new "
+        "deployment at the new release instead")
+
+
 def test_a_release_the_deployment_file_would_refuse_is_refused_with_the_set_named(workers):
     _, cluster, jd = workers
     said = refused(cluster, jd, ["--set", "engine.version=banana"])
