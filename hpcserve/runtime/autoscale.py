@@ -34,10 +34,12 @@ from urllib.parse import urlsplit
 
 from .contract import SCALED_IN, SERVING_PHASES, TERMINAL_PHASES, drain_request_path
 from .failures import Stop
+from .slurm_parsers import TERMINAL_STATES
 from .health import _DIRECT
 from .state import now
 
 DECISIONS_KEPT = 20   # the newest decisions state.json keeps per role
+ALIVE_S = 30.0        # s between two asks whether a slot's running job still is, per slot
 
 
 def read_json(path: str) -> dict:
@@ -126,6 +128,7 @@ class Slot:
         self.status = "free"   # free, submitting, pending, starting, serving, draining
         self.task = None       # the sbatch under way
         self.submitted_at = 0.0  # when this orchestrator last submitted it (newest drains first)
+        self.asked_at = 0.0    # when Slurm was last asked whether its running job still is
         self.plan: dict | None = None
 
     def twin(self) -> str | None:
@@ -309,6 +312,8 @@ class Autoscaler:
         directory of a pair runs a job."""
         if s.status in ("free", "submitting"):
             return s.job_id, s.job_dir, s.status
+        if s.prev and not ended(*s.prev) and self._gone(s, s.prev[0]):
+            s.prev = None  # the job a renewal took over from was killed without a word
         jid, job_dir = self._current(s)
         st = read_json(os.path.join(job_dir, "state.json"))
         if st.get("job_id") != jid:  # not started yet: still queued?
@@ -316,7 +321,7 @@ class Autoscaler:
             return (jid, job_dir, "pending") if alive is not False else self._left(s, jid,
                                                                                     job_dir)
         phase = st.get("phase")
-        if phase in TERMINAL_PHASES:
+        if phase in TERMINAL_PHASES or self._gone(s, jid):
             return self._left(s, jid, job_dir)
         if s.status == "draining" and s.drained == jid:
             return jid, job_dir, "draining"
@@ -351,11 +356,23 @@ class Autoscaler:
             return oid, other, "starting"
         return jid, job_dir, "free"
 
+    def _gone(self, s: Slot, jid) -> bool:
+        """Whether a job whose state.json stopped short of an end (killed with its node, or by
+        SIGKILL: its orchestrator wrote nothing more) has ended for Slurm; asked every ALIVE_S
+        per slot, not at every reading."""
+        if now() - s.asked_at < ALIVE_S:
+            return False
+        s.asked_at = now()
+        return self._alive(jid) is False
+
     def _alive(self, jid) -> bool | None:
-        """Whether Slurm still knows the job (None: the controller does not answer)."""
+        """Whether the job is still on its way or running for Slurm (None: the controller does
+        not answer). squeue -j still lists an ended job for a while (MinJobAge): its state
+        says so then."""
         try:
-            return bool(self.job.slurm.run(["squeue", "-h", "-j", jid, "-o", "%T"],
-                                           retry=False, timeout=5).strip())
+            state = self.job.slurm.run(["squeue", "-h", "-j", jid, "-o", "%T"], retry=False,
+                                       timeout=5).strip()
+            return bool(state) and state.split()[0] not in TERMINAL_STATES
         except RuntimeError as e:  # squeue refuses an id it no longer knows
             return False if "invalid job id" in str(e).lower() else None
         except Exception:  # an unreachable controller: it counts as coming meanwhile

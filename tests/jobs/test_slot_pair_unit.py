@@ -40,7 +40,7 @@ def _state(d, job_id, phase="serving", inst="serving", renew=None) -> None:
 
 
 @pytest.fixture
-def front(tmp_path):
+def front(tmp_path, monkeypatch):
     """A front whose one autoscaled role has one slot, the pair scale/worker-s1{,b}, its own
     instance kept; the slot's job 2 serves in worker-s1."""
     a, b = tmp_path / "worker-s1", tmp_path / "worker-s1b"
@@ -49,6 +49,8 @@ def front(tmp_path):
         (d / "plan.json").write_text(json.dumps({
             "instances": [{"name": "worker-0"}], "renew": {"twin_dir": str(twin),
                                                            "margin_s": 40}}))
+    # Slurm is asked whether a running slot job still is only where a test says so
+    monkeypatch.setattr(am, "ALIVE_S", float("inf"))
     logged: list[str] = []
     spec = {"min": 1, "max": 2, "signal": {"kind": "running", "metrics": ["m"]}, "target": 5,
             "cool_down_s": float("inf"), "interval_s": 1, "drain_timeout_s": 5, "slots": [str(a)]}
@@ -168,3 +170,20 @@ def test_no_remove_while_a_slot_hands_over_nor_within_the_cool_down_after(front)
     front.scaler._decide(front.role, [1.0, 0.0], {front.slot.name: ("3", "3", str(front.b),
                                                                    "serving")})
     assert front.role.decisions == []
+
+
+@pytest.mark.parametrize("slurm_says", ["gone", "ended"])
+def test_a_slot_job_killed_without_a_word_is_freed_once_slurm_says_it_ended(front, monkeypatch,
+                                                                             slurm_says):
+    """A slot job killed with its node or by SIGKILL leaves its state.json at "serving": Slurm
+    decides. squeue -j lists an ended job for a while (MinJobAge) with its end state."""
+    monkeypatch.setattr(am, "ALIVE_S", 0.0)
+    front.slurm.alive = {"2"}
+    assert _round(front) == ("2", str(front.a), "serving")  # Slurm: RUNNING
+    if slurm_says == "ended":
+        monkeypatch.setattr(front.slurm, "run", lambda argv, **_: "NODE_FAIL\n")
+    else:
+        front.slurm.alive = set()
+    assert _round(front) == ("2", str(front.a), "free")
+    assert front.slot.status == "free" and front.slot.job_id is None
+    assert "autoscale worker: worker-s1 (job 2) ended" in front.log
