@@ -53,14 +53,13 @@ def signal_metrics(metrics, signal: str) -> tuple[str, ...]:
                   "kv_usage": metrics.kv_usage}[signal])
 
 
-def with_slots(cfg, front, err):
+def with_slots(cfg, front, err, instance_plans):
     """`front` (plan.Plan of the deployment) with its autoscaled roles' slots planned (each by
-    scale.instance_plans, as `hpcserve scale` plans an instance job: with renew:, a pair); the
-    front itself unchanged where no role autoscales. Refuses (`err`: a ConfigError at the
-    role's autoscale key) bounds the role's instances break, a signal the engine does not
-    expose and a router that cannot take a worker while it runs."""
+    the planner's `instance_plans`, as `hpcserve scale` plans an instance job: with renew:, a
+    pair); the front itself unchanged where no role autoscales. Refuses (`err`: a ConfigError
+    at the role's autoscale key) bounds the role's instances break, a signal the engine does
+    not expose and a router that cannot take a worker while it runs."""
     from .config import duration_s
-    from .scale import instance_plans
     scaled = {r: v.autoscale for r, v in cfg.deployment.roles.items() if v.autoscale}
     if not scaled:
         return front

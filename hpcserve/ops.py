@@ -20,7 +20,7 @@ from .runtime import slurm_parsers as parsers
 from .runtime.contract import SCALE_DIR, SERVING_PHASES, TERMINAL_PHASES
 from .slurm.client import parse_job_id
 from .slurm.runner import SlurmUnreachable, read_json
-from .ports import least_clashing, plan_ports  # noqa: F401 (ops.plan_ports: its callers')
+from .ports import least_clashing
 from .records import field, record
 
 ACTIVE_SLURM = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
@@ -189,8 +189,6 @@ def job_state(runner, job_dir: str) -> dict:
     return read_json(runner, posixpath.join(job_dir, "state.json")) or {}
 
 
-
-
 def ports_in_use(runner, remote: str | None) -> set[int]:
     """Every port of this user's hpcserve deployments that Slurm still runs or queues on this
     cluster (from their plan.json files)."""
@@ -238,8 +236,6 @@ def clear_of_my_other_deployments(p, cfg, runner, remote: str | None, warn):
              "deployments on these shared nodes")
     # a port the file sets that another deployment holds remains: the job names that clash
     return best
-
-
 
 
 def check_router_python(p, runner) -> None:

@@ -22,6 +22,7 @@ from .engines.base import EngineAdapter, Layout, Net, RoleContext, gpus_from
 from .engines.bench_clients import CLIENTS, BenchPoint
 from .engines.flags import FlagError, Release
 from .errors import ConfigError
+from .ports import clear_ports, plan_ports
 from .runtime.contract import RENEW_SIGNAL
 from .values import FromEnv
 from .words import Var, Word
@@ -319,6 +320,7 @@ class _Draft:
 # ephemeral range (32768+) at the largest shift.
 PORT_SHIFT_STEP = 20
 PORT_SHIFTS = 64
+TWIN_SUFFIX = "b"   # <role>-<seq>b/: a renewing instance job's twin
 
 
 def build(cfg: Resolved, port_shift: int = 0) -> Plan:
@@ -331,7 +333,7 @@ def build(cfg: Resolved, port_shift: int = 0) -> Plan:
             _plan_role(d, len(d.components), role)
     router = _plan_router(d)
     _check_node_limit(d)
-    return with_slots(cfg, _finish(d, router), _err)
+    return with_slots(cfg, _finish(d, router), _err, instance_plans)
 
 
 def instance_job(cfg: Resolved, role: str, count: int, seq: int, port_shift: int,
@@ -357,6 +359,37 @@ def instance_job(cfg: Resolved, role: str, count: int, seq: int, port_shift: int
     _check_node_limit(d)
     p = replace(_finish(d, None), attach=attach, renew=renew)
     return _renew_signal(p) if renew else p
+
+
+def instance_plans(cfg, role: str, count: int, seq: int, attach: dict, taken: set[int],
+                   label: str | None = None) -> list[tuple[str, object]]:
+    """(directory name, plan.Plan) of the instance job of `count` instances of `role`, named
+    <role>-<label> (label: seq unless given) and its Slurm job <name>-<role>-<label>: one, or
+    with the deployment's renew: the pair of it and its twin <role>-<label>b, each plan's renew
+    naming the other's directory by its name under scale/ (with_twin_dir makes it absolute as
+    it is rendered), the twin's ports clear of the first's too (both run on one node while they
+    overlap). Pure: `hpcserve scale` and the autoscale slots (autoscale.py) plan here."""
+    from .config import duration_s
+    first = f"{role}-{label or seq}"
+    names = [first, first + TWIN_SUFFIX] if cfg.deployment.renew else [first]
+    out = []
+    for k, name in enumerate(names):
+        renew = {"twin_dir": names[1 - k], "margin_s": duration_s(cfg.deployment.renew.margin)} \
+            if len(names) == 2 else None
+        p = clear_ports(lambda shift: instance_job(cfg, role, count, label or seq, shift,
+                                                   attach, renew), seq + k, taken,
+                        PORT_SHIFT_STEP, PORT_SHIFTS)
+        taken = taken | plan_ports(p)
+        out.append((name, p))
+    return out
+
+
+def with_twin_dir(p, scale_root: str):
+    """`p` with its renew's twin named by its absolute directory under `scale_root`."""
+    if not p.renew:
+        return p
+    return replace(p, renew={**p.renew, "twin_dir": posixpath.join(scale_root,
+                                                                   p.renew["twin_dir"])})
 
 
 def _renew_signal(p: Plan) -> Plan:

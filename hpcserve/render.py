@@ -252,7 +252,7 @@ def _slot_files(plan: Plan, jd: str) -> dict[str, tuple[str, int]]:
     """Each autoscale slot's job directory (autoscale.py), and with renew: its twin's, under
     the front's: rendered now, as the job that submits it later runs no hpcserve."""
     from .autoscale import slot_dir
-    from .scale import with_twin_dir
+    from .plan import with_twin_dir
     files = {}
     for a in plan.autoscale.values():
         for name, slot in a.slots + a.twins:

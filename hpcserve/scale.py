@@ -19,14 +19,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import deployments, ops, ports, renewals
+from . import deployments, ops, renewals
 from .errors import HpcserveError
-from .records import record, replace
+from .records import record
 from .runtime.contract import (CANNOT_ADD, CONTROL_DIR, SCALE_DIR, SERVING_PHASES,
                                 drain_request_path)
 from .slurm.runner import read_json
 
-TWIN_SUFFIX = "b"            # <role>-<seq>b/: a renewing instance job's twin
 WAIT_MARGIN_S = 30           # --wait: the drain's own timeout, and this for the stop after it
 
 
@@ -105,45 +104,15 @@ def instance_job(cfg, role: str, count: int, seq: int, attach: dict, front_dir: 
     """(job name, job directory, files) of the instance job of `count` instances of `role`,
     <front>/scale/<role>-<label>/ (label: seq unless given; seq picks its port block): one
     directory, or with the deployment's renew: the pair of it and its twin <role>-<label>b/
-    (instance_plans). Every caller that renders an instance job plans it there."""
+    (plan.instance_plans). Every caller that renders an instance job plans it there."""
+    from . import plan as planner
     from .render import render_files
     root = posixpath.join(front_dir, SCALE_DIR)
     out = []
-    for name, p in instance_plans(cfg, role, count, seq, attach, taken, label):
+    for name, p in planner.instance_plans(cfg, role, count, seq, attach, taken, label):
         d = posixpath.join(root, name)
-        out.append((p.name, d, render_files(with_twin_dir(p, root), d)))
+        out.append((p.name, d, render_files(planner.with_twin_dir(p, root), d)))
     return out
-
-
-def instance_plans(cfg, role: str, count: int, seq: int, attach: dict, taken: set[int],
-                   label: str | None = None) -> list[tuple[str, object]]:
-    """(directory name, plan.Plan) of the instance job of `count` instances of `role`, named
-    <role>-<label> (label: seq unless given) and its Slurm job <name>-<role>-<label>: one, or
-    with the deployment's renew: the pair of it and its twin <role>-<label>b, each plan's renew
-    naming the other's directory by its name under scale/ (with_twin_dir makes it absolute as
-    it is rendered), the twin's ports clear of the first's too (both run on one node while they
-    overlap). Pure: `hpcserve scale` and the autoscale slots (autoscale.py) plan here."""
-    from . import plan as planner
-    from .config import duration_s
-    first = f"{role}-{label or seq}"
-    names = [first, first + TWIN_SUFFIX] if cfg.deployment.renew else [first]
-    out = []
-    for k, name in enumerate(names):
-        renew = {"twin_dir": names[1 - k], "margin_s": duration_s(cfg.deployment.renew.margin)} \
-            if len(names) == 2 else None
-        p = clear_ports(lambda shift: planner.instance_job(cfg, role, count, label or seq, shift,
-                                                           attach, renew), seq + k, taken)
-        taken = taken | ops.plan_ports(p)
-        out.append((name, p))
-    return out
-
-
-def with_twin_dir(p, scale_root: str):
-    """`p` with its renew's twin named by its absolute directory under `scale_root`."""
-    if not p.renew:
-        return p
-    return replace(p, renew={**p.renew, "twin_dir": posixpath.join(scale_root,
-                                                                   p.renew["twin_dir"])})
 
 
 def scale_ports(runner, front_dir: str) -> set[int]:
@@ -197,13 +166,6 @@ def next_seq(runner, front_dir: str, role: str) -> int:
         posixpath.join(front_dir, SCALE_DIR)) if n.rpartition("-")[0] == role
         and n.rpartition("-")[2].isdigit()]
     return max(seqs, default=0) + 1
-
-
-def clear_ports(plan_at: Callable[[int], object], seq: int, taken: set[int]):
-    """An instance job's own port block, clear of `taken` (this user's running deployments'
-    ports and the front's): ports.clear_ports in steps of the planner's PORT_SHIFT_STEP."""
-    from . import plan as planner
-    return ports.clear_ports(plan_at, seq, taken, planner.PORT_SHIFT_STEP, planner.PORT_SHIFTS)
 
 
 # ------------------------------------------------------------------------------------- remove

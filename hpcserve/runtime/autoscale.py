@@ -160,7 +160,9 @@ def pair_jobs(s: Slot) -> list[tuple]:
     out = [(s.job_id, s.job_dir)] if s.job_id else []
     if s.prev:
         out.append(s.prev)
-    sent = read_json(os.path.join(s.job_dir, "state.json")).get("renew") or {}
+    st = read_json(os.path.join(s.job_dir, "state.json"))
+    # only the slot's own job's record: while it is queued the file is its directory's last job's
+    sent = (st.get("renew") or {}) if st.get("job_id") == s.job_id else {}
     if s.job_id and sent.get("successor_job_id") not in (None, s.job_id) and sent.get(
             "twin_dir"):
         out.append((str(sent["successor_job_id"]), sent["twin_dir"]))

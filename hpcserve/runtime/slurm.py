@@ -81,16 +81,6 @@ class Slurm:
         except (RuntimeError, Unreachable) as e:
             return str(e)
 
-    def submit(self, script: str) -> str:
-        """`sbatch --parsable` of a job directory rendered ahead of time; the new job's id.
-        This job's own SLURM_* and SBATCH_* variables stay here: sbatch exports the caller's
-        environment, and they describe this job, not the new one (its het components, its
-        nodes)."""
-        env = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or
-               not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_"))}
-        out = self.run(["sbatch", "--parsable", script], timeout=30, env=env)
-        return out.strip().split(";")[0]
-
     # -- the job
     def records(self) -> list[dict]:
         """`scontrol -o show job`: one key=value record per component of this job."""

@@ -154,9 +154,10 @@ def test_a_job_scaled_in_on_request_no_longer_renews_and_cancels_its_successor(j
     assert "no longer renews; its successor job 501 is cancelled" in _log(job)
 
 
-def test_the_job_stops_itself_signal_grace_before_its_limit(job, slurm):
-    slurm("0:09")  # the TERM at signal_grace is not asked for: RENEW_SIGNAL is
-    assert job.renewal.time_is_up(renewmod.now())
+@pytest.mark.parametrize("left, up", [("0:09", True), ("0:11", False)])
+def test_the_job_stops_itself_signal_grace_before_its_limit(job, slurm, left, up):
+    slurm(left)  # the TERM at signal_grace (10 s) is not asked for: RENEW_SIGNAL is
+    assert job.renewal.time_is_up(renewmod.now()) is up
 
 
 def test_the_successor_does_not_inherit_this_job_s_slurm_variables(job, slurm, monkeypatch,

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from hpcserve import deployments, ops, slot_jobs
+from hpcserve import deployments, ports, slot_jobs
 from hpcserve.cli import main
 from hpcserve.plan_json import SCHEMA
 from hpcserve.runtime.contract import STATE_SCHEMA
@@ -71,10 +71,10 @@ def test_slots_are_rendered_under_scale_with_ports_clear_of_the_front_and_each_o
     p = load_plan(DEMO, [_scale(OK)])
     a = p.autoscale["decode"]
     assert [n for n, _ in a.slots] == ["decode-s1", "decode-s2"]  # max 3 - the front's 1
-    seen = ops.plan_ports(p)
+    seen = ports.plan_ports(p)
     for _, slot in a.slots:
         assert [i.role for i in slot.instances] == ["decode"] and slot.router is None
-        mine = ops.plan_ports(slot)
+        mine = ports.plan_ports(slot)
         assert not mine & seen, (mine, seen)
         seen |= mine
     from hpcserve.render import render_files
@@ -145,9 +145,9 @@ def test_with_renew_each_slot_is_rendered_as_a_pair_that_names_its_twin():
     a = p.autoscale["decode"]
     assert [n for n, _ in a.slots] == ["decode-s1", "decode-s2"]
     assert [n for n, _ in a.twins] == ["decode-s1b", "decode-s2b"]
-    seen = ops.plan_ports(p)
+    seen = ports.plan_ports(p)
     for _, slot in a.slots + a.twins:  # four port blocks: each clear of the front and the rest
-        mine = ops.plan_ports(slot)
+        mine = ports.plan_ports(slot)
         assert not mine & seen, (mine, seen)
         seen |= mine
     from hpcserve.render import render_files

@@ -299,8 +299,9 @@ DIFFERENTIAL: dict[tuple, tuple[Any, Any, dict]] = {
 
 # Fields that legitimately leave no trace in the job directory.
 ALLOW = {
-    ("renew", "margin"): "reaches only the instance jobs `hpcserve scale` renders (their plan.json "
-                         "renew.margin_s, their --signal): tests/unit/test_renew.py",
+    ("renew", "margin"): "reaches only instance jobs (`hpcserve scale`'s, and autoscale slots "
+                         "rendered beside the front: their plan.json renew.margin_s, their "
+                         "--signal): tests/unit/test_renew.py, test_autoscale.py",
     ("renew", "time_limit"): "the instance jobs' own --time, not the front's: "
                              "tests/unit/test_renew.py",
     ("site", "name"): "names the site file; the job directory records the site's values, not "

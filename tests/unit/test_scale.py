@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from hpcserve import config, deployments, ops, plan, scale
+from hpcserve import config, deployments, ops, plan, ports, scale
 from hpcserve.cli import main
 from hpcserve.plan_json import SCHEMA, job_spec
 from hpcserve.records import replace
@@ -90,14 +90,15 @@ def test_instance_jobs_take_port_blocks_clear_of_the_front_and_each_other():
     def at(shift):
         return plan.instance_job(cfg, "decode", 1, 1, shift, ATTACH)
 
-    front = ops.plan_ports(plan.build(cfg))
-    first = scale.clear_ports(at, 1, front)
-    assert not ops.plan_ports(first) & front
+    front = ports.plan_ports(plan.build(cfg))
+    SHIFTS = (plan.PORT_SHIFT_STEP, plan.PORT_SHIFTS)  # noqa: N806 - the planner's port blocks
+    first = ports.clear_ports(at, 1, front, *SHIFTS)
+    assert not ports.plan_ports(first) & front
     # the second instance job's own block (seq 2), and past it when that block is taken
-    second = scale.clear_ports(at, 2, front | ops.plan_ports(first))
-    assert not ops.plan_ports(second) & (front | ops.plan_ports(first))
-    third = scale.clear_ports(at, 2, front | ops.plan_ports(second))
-    assert not ops.plan_ports(third) & ops.plan_ports(second)
+    second = ports.clear_ports(at, 2, front | ports.plan_ports(first), *SHIFTS)
+    assert not ports.plan_ports(second) & (front | ports.plan_ports(first))
+    third = ports.clear_ports(at, 2, front | ports.plan_ports(second), *SHIFTS)
+    assert not ports.plan_ports(third) & ports.plan_ports(second)
     assert third.instances[0].port > second.instances[0].port
 
 
