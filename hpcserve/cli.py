@@ -724,7 +724,7 @@ def upgrade(job, sets, drain_timeout, start_timeout):
     instance at the new release joins the router after its smoke request, then the old one is
     drained. A failure stops it with the deployment serving; run it again to go on. A
     prefill/decode deployment changes release only between releases whose prefill and decode
-    work together.
+    work together; an autoscaled one not at all (its slots were rendered at its release).
 
     \b
     Example:
