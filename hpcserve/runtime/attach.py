@@ -11,13 +11,12 @@ runs as in any job.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 
 from .contract import SERVING_PHASES
 from .failures import Stop, step_identity
-from .state import now
+from .state import now, read_state
 from .workers import RouterWorkers, WorkerApiError
 
 LEAVE_S = 5.0  # s for taking every instance of the job out of the front's router as it stops
@@ -57,11 +56,7 @@ class Attach:
         if att["router_url"] and att["front_job_id"]:
             return att
         path = os.path.join(att["front_job_dir"], "state.json")
-        try:
-            with open(path) as f:
-                st = json.load(f)
-        except (OSError, ValueError) as e:
-            st = {"error": str(e)}
+        st = read_state(att["front_job_dir"])
         # a front with no engine of a role (instances: 0) serves only once its slots do: its
         # router's address is there from router_ready on
         url = st.get("router_url") or st.get("endpoint")

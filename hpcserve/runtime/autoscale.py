@@ -27,28 +27,19 @@ is neither an add nor a remove, and no remove is decided while one hands over.
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import urllib.request
 from urllib.parse import urlsplit
 
-from .contract import SCALED_IN, SERVING_PHASES, TERMINAL_PHASES, drain_request_path
+from .contract import SCALED_IN, SERVING_PHASES, TERMINAL_PHASES
+from .drain import write_request
 from .failures import Stop
-from .slurm_parsers import TERMINAL_STATES
 from .health import _DIRECT
-from .state import now
+from .slurm_parsers import TERMINAL_STATES
+from .state import now, read_json, read_state
 
 DECISIONS_KEPT = 20   # the newest decisions state.json keeps per role
 ALIVE_S = 30.0        # s between two asks whether a slot's running job still is, per slot
-
-
-def read_json(path: str) -> dict:
-    try:
-        with open(path) as f:
-            got = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return got if isinstance(got, dict) else {}
 
 
 def signal_value(url: str, kind: str, names: list, timeout: float) -> float | None:
@@ -160,7 +151,7 @@ def pair_jobs(s: Slot) -> list[tuple]:
     out = [(s.job_id, s.job_dir)] if s.job_id else []
     if s.prev:
         out.append(s.prev)
-    st = read_json(os.path.join(s.job_dir, "state.json"))
+    st = read_state(s.job_dir)
     # only the slot's own job's record: while it is queued the file is its directory's last job's
     sent = (st.get("renew") or {}) if st.get("job_id") == s.job_id else {}
     if s.job_id and sent.get("successor_job_id") not in (None, s.job_id) and sent.get(
@@ -171,7 +162,7 @@ def pair_jobs(s: Slot) -> list[tuple]:
 
 def ended(jid: str, job_dir: str) -> bool:
     """Whether the job's own state.json in `job_dir` says it ended."""
-    st = read_json(os.path.join(job_dir, "state.json"))
+    st = read_state(job_dir)
     return st.get("job_id") == jid and st.get("phase") in TERMINAL_PHASES
 
 
@@ -284,7 +275,7 @@ class Autoscaler:
         """The metrics URL of the slot's instance in the job (id, dir), while it serves: while
         a renewal hands over, the pair's two jobs share the slot's load."""
         jid, job_dir = job
-        st, inst = read_json(os.path.join(job_dir, "state.json")), job_instance(job_dir)
+        st, inst = read_state(job_dir), job_instance(job_dir)
         if st.get("job_id") != jid or (st.get("instances") or {}).get(
                 inst.get("name"), {}).get("status") != "serving":
             return None
@@ -317,7 +308,7 @@ class Autoscaler:
         if s.prev and not ended(*s.prev) and self._gone(s, s.prev[0]):
             s.prev = None  # the job a renewal took over from was killed without a word
         jid, job_dir = self._current(s)
-        st = read_json(os.path.join(job_dir, "state.json"))
+        st = read_state(job_dir)
         if st.get("job_id") != jid:  # not started yet: still queued?
             alive = self._alive(jid)
             return (jid, job_dir, "pending") if alive is not False else self._left(s, jid,
@@ -335,13 +326,13 @@ class Autoscaler:
     def _current(self, s: Slot) -> tuple:
         """(job id, dir) the slot's pair runs now: the job's successor (its state.json renew)
         once that serves or the job ended, else the job itself."""
-        st = read_json(os.path.join(s.job_dir, "state.json"))
+        st = read_state(s.job_dir)
         sent = st.get("renew") or {}
         succ, twin = sent.get("successor_job_id"), sent.get("twin_dir")
         if st.get("job_id") != s.job_id or not succ or succ == s.job_id or not twin or \
                 st.get("reason") == SCALED_IN:  # drained on request: its successor cancelled
             return s.job_id, s.job_dir
-        tst = read_json(os.path.join(twin, "state.json"))
+        tst = read_state(twin)
         inst = (tst.get("instances") or {}).get(s.instance().get("name")) or {}
         if st.get("phase") in TERMINAL_PHASES or (
                 tst.get("job_id") == succ and inst.get("status") == "serving"):
@@ -352,7 +343,7 @@ class Autoscaler:
         """The slot's job ended: free, unless the other directory of its pair runs a job
         Slurm still knows (a successor whose record was lost): that one is the slot's then."""
         other = s.other(job_dir) if s.status != "draining" else None  # removed: not its twin
-        st = read_json(os.path.join(other, "state.json")) if other else {}
+        st = read_state(other) if other else {}
         oid = st.get("job_id")
         if oid and oid != jid and st.get("phase") not in TERMINAL_PHASES and self._alive(oid):
             return oid, other, "starting"
@@ -449,15 +440,10 @@ class Autoscaler:
         self._save()
 
     def _remove(self, role: Role, s: Slot, why: str) -> None:
-        path = drain_request_path(s.job_dir, s.instance()["name"])
-        body = json.dumps({"timeout_s": role.spec["drain_timeout_s"], "requested_at": now()})
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path + ".tmp", "w") as f:
-                f.write(body + "\n")
-            os.replace(path + ".tmp", path)
+            write_request(s.job_dir, s.instance()["name"], role.spec["drain_timeout_s"])
         except OSError as e:
-            self.job.log(f"autoscale {role.name}: cannot write {path}: {e}")
+            self.job.log(f"autoscale {role.name}: cannot ask {s.name} to drain: {e}")
             return
         s.status, s.drained = "draining", s.job_id
         self._decided(role, "remove", why, s)

@@ -25,7 +25,7 @@ import math
 import os
 from concurrent.futures import Future
 
-from .contract import CONTROL_DIR, DRAIN_PREFIX, DRAIN_SUFFIX, SCALED_IN
+from .contract import CONTROL_DIR, DRAIN_PREFIX, DRAIN_SUFFIX, SCALED_IN, drain_request_path
 from .failures import Stop
 from .health import metrics_totals
 from .state import now
@@ -36,6 +36,17 @@ ZEROS = 2        # reads of 0 in a row: a request the router sent just before it
 
 class DrainRequestError(Exception):
     """A drain request file this runtime cannot act on; the message names the file and field."""
+
+
+def write_request(job_dir: str, instance: str, timeout_s: float) -> None:
+    """A drain request for `instance` of the job in `job_dir`, as `hpcserve scale --remove`
+    writes one (a temporary file renamed: the job never reads half of it): renewal hands its
+    own instances over this way, autoscale a slot's."""
+    path = drain_request_path(job_dir, instance)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"timeout_s": round(timeout_s, 1), "requested_at": now()}, f)
+    os.replace(path + ".tmp", path)
 
 
 def read_request(path: str) -> float:

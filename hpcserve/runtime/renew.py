@@ -21,30 +21,19 @@ asked by every check), as a job in an allocation does: the teardown at the limit
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 
-from .contract import CONTROL_DIR, RENEW_SIGNAL, SERVING_PHASES, TERMINAL_PHASES, \
-    drain_request_path
+from .contract import RENEW_SIGNAL, SERVING_PHASES, TERMINAL_PHASES
+from .drain import write_request
 from .failures import Stop
 from .slurm import Unreachable
-from .state import now
+from .state import now, read_state
 
 REREAD_S = 30.0   # s between two reads of the job's end (an extension moves it)
 RETRY_S = 5.0     # s before an sbatch that failed, or a successor that ended, is tried again
 TRIES = 3         # successors submitted at most (one that fails before serving is replaced)
 DRAIN_S = 60.0    # s at most for an instance's in-flight requests once it left the router
-
-
-def read_state(job_dir: str) -> dict:
-    """A job directory's state.json ({} where there is none, or half of one)."""
-    try:
-        with open(os.path.join(job_dir, "state.json")) as f:
-            got = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return got if isinstance(got, dict) else {}
 
 
 class Renewal:
@@ -189,10 +178,9 @@ class Renewal:
         end = self.end_at(now())
         budget = DRAIN_S if end is None else max(
             1.0, min(DRAIN_S, end - float(job.plan["signal_grace"]) - now() - 5))
-        os.makedirs(os.path.join(job.dir, CONTROL_DIR), exist_ok=True)
         for name, rec in job.recovery.recs.items():
             if rec.status == "serving":
-                _write_request(drain_request_path(job.dir, name), budget)
+                write_request(job.dir, name, budget)
 
     def _handed_over(self) -> None:
         """Ends the job once none of its instances serves or drains (one that was out or
@@ -201,11 +189,3 @@ class Renewal:
         if not any(r.status in ("serving", "draining") for r in recs) and \
                 not self.job.drains.under_way:
             raise Stop("done", self.job.drains.end_reason)
-
-
-def _write_request(path: str, timeout_s: float) -> None:
-    """A drain request as `hpcserve scale --remove` writes one: a temporary file renamed."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"timeout_s": round(timeout_s, 1), "requested_at": now()}, f)
-    os.replace(tmp, path)

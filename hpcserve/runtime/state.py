@@ -12,6 +12,21 @@ def now() -> float:
     return time.time()
 
 
+def read_json(path: str) -> dict:
+    """A JSON object from `path`: {} where there is none, half of one, or not an object."""
+    try:
+        with open(path) as f:
+            got = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
+def read_state(job_dir: str) -> dict:
+    """Another job directory's state.json (a twin's, a slot's, the front's), as read_json."""
+    return read_json(os.path.join(job_dir, "state.json"))
+
+
 class State:
     def __init__(self, job_dir: str):
         self.path = os.path.join(job_dir, "state.json")
