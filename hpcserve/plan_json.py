@@ -276,7 +276,8 @@ SCHEMA = {
             "target": {"type": "number"}, "cool_down_s": {"type": "number"},
             "interval_s": {"type": "number"}, "drain_timeout_s": {"type": "number"},
             "slots": {"type": "array", "items": _STR}})}]},
-        "renew": {"anyOf": [{"type": "null"}, _obj({"twin_dir": _STR, "margin_s": {"type": "number"}})]},
+        "renew": {"anyOf": [{"type": "null"}, _obj({"twin_dir": _STR,
+                                                    "margin_s": {"type": "number"}})]},
         "file_sd_dir": _OPT_STR,
         "caches": {"anyOf": [{"type": "null"}, _obj({
             "dir": _STR, "storage": {"enum": ["node-local", "shared"]},

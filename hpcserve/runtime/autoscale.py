@@ -11,13 +11,15 @@ between liveness rounds, decides:
            max; or the capacity is below min, whatever the signal. `sbatch <slot>/job.sbatch`
            on the first free slot (one whose last job ended, or that never ran).
   remove:  one instance fewer would still read below target (every serving instance read),
-           and the capacity is above min: a drain request (contract.drain_request_path) to the newest serving slot's
-           instance; that job drains it (runtime/drain.py) and ends "done".
+           and the capacity is above min: a drain request (drain.write_request) to the
+           newest serving slot's instance; that job drains it (runtime/drain.py) and ends
+           "done".
 
-decide() is that rule, pure (tests/unit/test_autoscale_decide.py). Never a decision within cool_down_s of the last one. Each decision is one line of the job log
-and kept in state.json's autoscale (what, why, the value read), with every slot's job id and
-status, where `hpcserve status` and `cancel` find the slot jobs. The front, as it stops, cancels
-the slot jobs it submitted: their router goes with it.
+decide() is that rule, pure (tests/unit/test_autoscale_decide.py). Never a decision within
+cool_down_s of the last one. Each decision is one line of the job log and kept in state.json's
+autoscale (what, why, the value read), with every slot's job id and status, where `hpcserve
+status` and `cancel` find the slot jobs. The front, as it stops, cancels the slot jobs it
+submitted: their router goes with it.
 
 With renew: a slot is a pair of directories (runtime/renew.py): its job is the one the pair runs
 now, followed to the successor the job submitted once that serves (or the job ended); a renewal

@@ -320,8 +320,8 @@ class Liveness:
         """While serving: every round, all targets probed at once (each bounded by `timeout`),
         the engines' metrics read beside their health; Slurm asked about the nodes now and then;
         drain requests taken between rounds; tick() called once a round (the benchmark's). One
-        instance that fails `failures` rounds in a row is recovery's (recovery.py); the router's failure, a
-        signal or a lost router node end the deployment by raising Stop. `router_url` is the
+        instance that fails `failures` rounds in a row is recovery's (recovery.py); the router's
+        failure, a signal or a lost router node end the deployment by raising Stop. `router_url` is the
         job's own router only: an instance job (attach) probes its engines, and the router it
         joined is its front job's to watch."""
         job = self.job
