@@ -37,7 +37,6 @@ from .contract import SCALED_IN, SERVING_PHASES, TERMINAL_PHASES
 from .drain import write_request
 from .failures import Stop
 from .health import _DIRECT
-from .slurm_parsers import TERMINAL_STATES
 from .state import now, read_json, read_state
 
 DECISIONS_KEPT = 20   # the newest decisions state.json keeps per role
@@ -312,7 +311,7 @@ class Autoscaler:
         jid, job_dir = self._current(s)
         st = read_state(job_dir)
         if st.get("job_id") != jid:  # not started yet: still queued?
-            alive = self._alive(jid)
+            alive = self.job.slurm.job_alive(jid)
             return (jid, job_dir, "pending") if alive is not False else self._left(s, jid,
                                                                                     job_dir)
         phase = st.get("phase")
@@ -347,7 +346,8 @@ class Autoscaler:
         other = s.other(job_dir) if s.status != "draining" else None  # removed: not its twin
         st = read_state(other) if other else {}
         oid = st.get("job_id")
-        if oid and oid != jid and st.get("phase") not in TERMINAL_PHASES and self._alive(oid):
+        if oid and oid != jid and st.get("phase") not in TERMINAL_PHASES and \
+                self.job.slurm.job_alive(oid):
             return oid, other, "starting"
         return jid, job_dir, "free"
 
@@ -358,20 +358,7 @@ class Autoscaler:
         if now() - s.asked_at < ALIVE_S:
             return False
         s.asked_at = now()
-        return self._alive(jid) is False
-
-    def _alive(self, jid) -> bool | None:
-        """Whether the job is still on its way or running for Slurm (None: the controller does
-        not answer). squeue -j still lists an ended job for a while (MinJobAge): its state
-        says so then."""
-        try:
-            state = self.job.slurm.run(["squeue", "-h", "-j", jid, "-o", "%T"], retry=False,
-                                       timeout=5).strip()
-            return bool(state) and state.split()[0] not in TERMINAL_STATES
-        except RuntimeError as e:  # squeue refuses an id it no longer knows
-            return False if "invalid job id" in str(e).lower() else None
-        except Exception:  # an unreachable controller: it counts as coming meanwhile
-            return None
+        return self.job.slurm.job_alive(jid) is False
 
     # -- the decision
     def _decide(self, role: Role, values: list, statuses: dict) -> None:

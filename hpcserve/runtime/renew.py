@@ -143,13 +143,7 @@ class Renewal:
         if not st or st.get("phase") in TERMINAL_PHASES:
             return False
         jid = str(st.get("job_id") or "")
-        try:
-            return bool(jid) and bool(self.job.slurm.run(
-                ["squeue", "-h", "-j", jid, "-o", "%T"], retry=False, timeout=5).strip())
-        except RuntimeError as e:  # squeue refuses an id it no longer knows
-            return "invalid job id" not in str(e).lower()
-        except Unreachable:
-            return True
+        return bool(jid) and self.job.slurm.job_alive(jid) is not False
 
     def _watch(self, at: float) -> None:
         st = read_state(self.spec["twin_dir"])

@@ -96,6 +96,19 @@ class Slurm:
                        timeout=5).split()
         return sp.parse_duration(out[0]) if out else None
 
+    def job_alive(self, job_id: str) -> bool | None:
+        """Whether another job (a twin's, a slot's) is still on its way or running for Slurm;
+        None where the controller does not answer. squeue -j lists an ended job for a while
+        (MinJobAge), its end state saying so, and refuses an id it no longer knows."""
+        try:
+            state = self.run(["squeue", "-h", "-j", job_id, "-o", "%T"], retry=False,
+                             timeout=5).strip()
+        except RuntimeError as e:
+            return False if "invalid job id" in str(e).lower() else None
+        except Unreachable:
+            return None
+        return bool(state) and state.split()[0] not in sp.TERMINAL_STATES
+
     def submit(self, script: str) -> str:
         """`sbatch --parsable SCRIPT`: the new job's id. Not retried: a controller that took
         the job but did not answer would get it twice (the caller tries again later)."""
