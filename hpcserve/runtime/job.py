@@ -144,15 +144,16 @@ class Job:
         url = self.start_router(found, rd) if plan.get("router") else \
             self.attach.join() if plan.get("attach") else None
         serving_at = now()
-        # state.json names every instance before it says serving: a reader that sees "serving"
-        # finds them all
+        # state.json names every instance and holds the start-up record before it says serving:
+        # a reader that sees "serving" finds them
         if not self.recovery.active:  # a front of slots alone began it as they came
             self.recovery.begin(url)
+        started = self.startup.finish(serving_at)  # the start-up record too
         self.state.update("serving", endpoint=url,
                           **({"serving_after_s": round(serving_at - self.t0, 3)} if url else {}))
         if url:
             self.log(f"serving at {url}")
-        self.startup.finish(serving_at)
+        self.startup.add_queue_wait(started)
         first = (plan["instances"] or [None])[0]  # none: a front of slots alone (a router)
         self.bench.start(found, url or f"http://{heads[first['name']]}:{first['port']}")
         self.liveness.watch(url if plan.get("router") else None,

@@ -176,18 +176,26 @@ class Startup:
                 "phase": worst if worst else "unknown",
                 "phase_s": ph[worst] if worst else instances[name]["unknown_s"]}
 
-    def finish(self, serving_at: float) -> None:
-        """Written into state.json and the log as the deployment starts serving; then Slurm's
-        queue wait (one scontrol query, not retried: the deployment serves meanwhile)."""
+    def finish(self, serving_at: float) -> dict | None:
+        """Written into state.json and the log just before the deployment says it serves (a
+        reader that sees "serving" finds it); the record, for add_queue_wait."""
         job = self.job
         try:
             rec = self.record(serving_at)
         except Exception as e:  # a measurement must never stop a deployment that serves
             job.log(f"start-up phases not recorded: {e!r}")
-            return
+            return None
         job.state.update(startup=rec)
         for line in summary(rec):
             job.log(line)
+        return rec
+
+    def add_queue_wait(self, rec: dict | None) -> None:
+        """Slurm's queue wait added to the record once the deployment serves (one scontrol
+        query, not retried: the deployment serves meanwhile)."""
+        if rec is None:
+            return
+        job = self.job
         wait = self.queue_wait()
         if wait is not None:
             rec["queue_wait_s"] = wait
