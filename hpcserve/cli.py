@@ -755,7 +755,7 @@ def cancel(job, wait):
     Example:
       hpcserve cancel 12345 --wait
     """
-    from . import deployments, ops, renewals, slot_jobs
+    from . import ops, renewals, slot_jobs
     from .runtime.contract import TERMINAL_PHASES
     ssh = _ssh()
     e = ops.resolve(job, ssh.remote, ssh.runner(ssh.remote))
@@ -764,7 +764,7 @@ def cancel(job, wait):
     named = renewals.current([e], runner) if e.front else [e]
     if len(named) == 1:
         rc = ops.cancel(named[0], runner, wait=wait, echo=click.echo)
-        rest = [] if e.front else (renewals.current(deployments.instance_jobs(e), runner)
+        rest = [] if e.front else (renewals.instance_jobs(e, runner)
                                    + slot_jobs.slot_jobs(e, runner))
     else:  # a renewing instance job named: whichever job of its pair runs now
         rc, rest = 0, named

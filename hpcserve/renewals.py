@@ -33,6 +33,12 @@ def current(entries: Iterable[deployments.Entry], runner) -> list[deployments.En
     return out
 
 
+def instance_jobs(front: deployments.Entry, runner) -> list[deployments.Entry]:
+    """The front's instance jobs (`hpcserve scale`'s, as the index holds them), each renewing
+    pair's as the jobs it runs now, oldest first."""
+    return current(deployments.instance_jobs(front), runner)
+
+
 def newest_jobs(dirs: list[str], runner, known: dict[str, str]) -> dict[str, str]:
     """job directory -> the newest job id that ran it or was submitted into it."""
     ids: dict[str, list[str]] = {d: [known[d]] if d in known else [] for d in dirs}

@@ -173,8 +173,7 @@ def next_seq(runner, front_dir: str, role: str) -> int:
 def pick(f: Front, runner, role: str, count: int) -> list[Drain]:
     """`count` serving instances of `role` to drain: the newest instance job's first, the
     front's own last; one with a drain request pending is not picked again."""
-    jobs = list(reversed(renewals.current(deployments.instance_jobs(f.entry), runner))) + \
-        [f.entry]
+    jobs = list(reversed(renewals.instance_jobs(f.entry, runner))) + [f.entry]
     views = {v.job_dir: v for v in ops.status(jobs[:-1], lambda _r: runner)}
     views[f.entry.job_dir] = f.view
     found = []

@@ -110,7 +110,7 @@ def olds(f: scale.Front, runner, new: config.Resolved) -> list[Old]:
     """Every serving instance of the deployment not at the new release: the front's own first,
     then each instance job's, oldest first."""
     # a renewing instance job's pair: whichever job runs each of its directories now
-    jobs = [f.entry] + renewals.current(deployments.instance_jobs(f.entry), runner)
+    jobs = [f.entry] + renewals.instance_jobs(f.entry, runner)
     views = {v.job_dir: v for v in ops.status(jobs[1:], lambda _r: runner)} if jobs[1:] else {}
     views[f.entry.job_dir] = f.view
     want = release(new)
