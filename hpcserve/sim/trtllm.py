@@ -227,16 +227,16 @@ class Engine(EngineBase):
             self.iter_stats = collections.deque(maxlen=int(api.get("max_stats_len") or 1000))
 
     # -- iteration stats, as the PyTorch executor records them (one iteration per token here)
-    def prefilled(self, prompt):
-        super().prefilled(prompt)
+    def prefilled(self, prompt, rank=0):
+        super().prefilled(prompt, rank)
         self.iteration(ctx_tokens=prompt)
 
-    def generated(self):
-        super().generated()
+    def generated(self, rank=0):
+        super().generated(rank)
         self.iteration()
 
-    def finished(self, decoding):
-        super().finished(decoding)
+    def finished(self, decoding, rank=0, prompt=0, generated=0):
+        super().finished(decoding, rank, prompt, generated)
         if decoding:
             self.iteration(completed=1, scheduled=0)
 
