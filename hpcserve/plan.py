@@ -773,7 +773,7 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
         interface=site.network.interface, ib_devices=site.network.ib_devices,
         site_python=site.paths.python, engine_python=_engine_python(d),
         engine_command=tuple(a.command(_engine_python(d))), health_path=a.health_path,
-        metrics=a.metrics, probe=a.liveness(), hung_after=_hung_after(cfg, a),
+        metrics=a.metrics, probe=a.liveness(d.pd), hung_after=_hung_after(cfg, a),
         smoke=a.instance_smoke(d.pd),
         stop_signal=a.stop_signal, scratch=a.scratch and not dep.engine.simulate,
         readiness=dep.readiness, liveness=dep.liveness,

@@ -385,10 +385,12 @@ class EngineAdapter:
     # (vllm/distributed/kv_transfer/kv_connector/v1/nixl: compute_nixl_compatibility_hash).
     pd_release_groups: tuple[frozenset[str], ...] = ()
 
-    def liveness(self) -> tuple[str, bool]:
-        """(path, whether its 200 proves generation) of the probe asked while serving."""
-        path = self.liveness_path or self.health_path
-        proves = ((self.facts or {}).get("health") or {}).get(path, {}).get("proves")
+    def liveness(self, pd: bool = False) -> tuple[str, bool]:
+        """(path, whether its 200 proves generation) of the probe asked while serving (`pd`: on
+        an instance of a disaggregated pair, where the facts may name another)."""
+        facts = self.facts or {}
+        path = (pd and facts.get("liveness_path_pd")) or self.liveness_path or self.health_path
+        proves = (facts.get("health") or {}).get(path, {}).get("proves")
         return path, proves == "generation"
 
     def pd_talks(self, a: str, b: str) -> bool:

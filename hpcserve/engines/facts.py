@@ -148,6 +148,55 @@ VLLM = {
     "env": {},
 }
 
+# TensorRT-LLM 1.3.0rc3 (the release hpcserve pins): read in tensorrt_llm/serve/openai_server.py
+# as the nctu6/vllm-tensorrt fork imported that release (commit 5978a46). No NVIDIA tag of these
+# files could be read where hpcserve is built (the repository is 2.5 GB; its index keeps files
+# at the commits that changed them), so no test proves these against NVIDIA's own release:
+# docs/engines.md says so.
+TRTLLM = {
+    "engine": "trtllm",
+    "release": "1.3.0rc3",
+    # /metrics answers JSON iteration statistics (OpenAIServer.get_iteration_stats, drained per
+    # read), only with enable_iter_perf_stats: no Prometheus counter hpcserve reads
+    "metrics_path": None,
+    "metrics": {},
+    "health": {
+        "/health": {
+            "proves": "process",
+            "where": "tensorrt_llm/serve/openai_server.py: OpenAIServer.health -> "
+                     "LLM._check_health (not self._executor.is_shutdown())"},
+        "/health_generate": {
+            "proves": "generation",
+            "where": "tensorrt_llm/serve/openai_server.py: OpenAIServer.health_generate "
+                     "(a 1-token chat completion through the executor; 500 when it fails)"},
+    },
+    "liveness_path": "/health_generate",
+    # a context or generation server of a disaggregated pair answers a chat only through the
+    # front server that pairs them: its process health is what can be asked alone
+    "liveness_path_pd": "/health",
+    "env": {},
+}
+
+# The legacy KTransformers server (ktransformers/server/main.py), at 0.2.1.post1, the release
+# whose sdist PyPI has (scripts/setup-ktransformers-parser.sh fetches it for the tests): no
+# health route and no metrics on its port; /v1/models answers a fixed list from the HTTP
+# process (ktransformers/server/api/openai/endpoints/chat.py: list_models), which uvicorn
+# serves only once main() has built the interface, the model loaded.
+KTRANSFORMERS_LEGACY = {
+    "engine": "ktransformers_legacy",
+    "release": "0.2.1.post1",
+    "metrics_path": None,
+    "metrics": {},
+    "health": {
+        "/v1/models": {
+            "proves": "process",
+            "where": "ktransformers/server/api/openai/endpoints/chat.py: list_models (returns "
+                     "the module's fixed `models` list)"},
+    },
+    "liveness_path": "/v1/models",
+    "env": {},
+}
+
 
 def exported(name: str, kind: str) -> str:
     """The name prometheus_client exposes: a counter gets _total, a histogram's sample count

@@ -59,3 +59,14 @@ def vllm(request) -> Release:
     rel = installed(site_packages(venv), "vllm")
     assert rel.version.split("+")[0] == request.param, rel
     return rel
+
+
+@pytest.fixture(scope="session")
+def kt_legacy() -> Release:
+    """The legacy KTransformers server's modules from its 0.2.1.post1 sdist
+    (scripts/setup-ktransformers-parser.sh keeps the ones hpcserve's checks read)."""
+    folder = _setup("setup-ktransformers-parser.sh", "HPCSERVE_KT_PARSER_DIR",
+                    REPO / ".cache" / "ktransformers-parser")
+    import json
+    version = json.loads((folder / "index.json").read_text()).get("version", "")
+    return Release(folder / "src" / "ktransformers", version)

@@ -63,8 +63,8 @@ def test_a_long_answer_is_busy_and_a_stopped_engine_core_is_hung_within_30_s(
     jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
     cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
     dep = real_deployment("real-live", tiny_models["llama"], "tiny-llama", jobs,
-                          {"recovery": {"backoff_s": 1},
-                           "args": {"max-model-len": TOKENS + 512}}, cache)
+                          {"recovery": {"backoff_s": 1}, "context_length": TOKENS + 512},
+                          cache)
     # the tiny llama declares 512 positions; its dummy weights serve any length
     dep["env"].update({"PYTHONPATH": str(PLUGINS), "VLLM_PLUGINS": "hpcserve_test_slow_steps",
                        "HPCSERVE_TEST_STEP_S": 0.02, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": 1})

@@ -283,7 +283,8 @@ def test_trtllm_metrics_without_iter_perf_stats_is_an_empty_list_after_2s(procs,
     assert time.monotonic() - t0 >= 1.9  # get_stats_async(2) waited for stats that never come
 
 
-def test_hung_trtllm_answers_health_and_an_empty_metrics(procs, tmp_path):
+def test_hung_trtllm_answers_health_and_an_empty_metrics_but_not_health_generate(procs,
+                                                                                tmp_path):
     port = trtllm(procs, tmp_path, {"enable_iter_perf_stats": "true"},
                   HPCSERVE_SIM_FAULT="hang:1.5")
     base = f"http://127.0.0.1:{port}"
@@ -293,6 +294,9 @@ def test_hung_trtllm_answers_health_and_an_empty_metrics(procs, tmp_path):
     http("GET", f"{base}/metrics")  # what came before the hang
     assert get_status(f"{base}/health", timeout=1) == 200
     assert http("GET", f"{base}/metrics", timeout=5)[1] == []
+    # its liveness path runs a 1-token chat through the (hung) executor
+    assert facts.TRTLLM["liveness_path"] == "/health_generate"
+    assert get_status(f"{base}/health_generate", timeout=1) == "TimeoutError"
 
 
 # ---------------------------------------------------------------- SGLang: health and loads
