@@ -99,10 +99,11 @@ class Release:
                     out.append(Site(rel, self.enclosing(rel, node), node))
         return out
 
-    def calls(self, func_name: str) -> list[Site]:
-        """Every call of a method or function named `func_name`."""
+    def calls(self, func_name: str, files: list[str] | None = None) -> list[Site]:
+        """Every call of a method or function named `func_name` (in `files`, else in every file
+        that names it)."""
         out = []
-        for rel in self.files_with(func_name):
+        for rel in self.files_with(func_name) if files is None else files:
             for node in ast.walk(self.tree(rel)):
                 if isinstance(node, ast.Call) and _call_name(node) == func_name:
                     out.append(Site(rel, self.enclosing(rel, node), node))
@@ -189,10 +190,15 @@ def logged(constant: str) -> str:
 def printed_by(release: "Release", pattern: str) -> list[str]:
     """Each top-level alternative of `pattern` that no string of the release (as logged)
     matches: [] when every one is printed somewhere."""
-    words = [w for w in re.findall(r"[A-Za-z]{4,}", pattern)]
-    files = release.files_with(words[0]) if words else []
-    consts = [logged(c) for rel in files for c in string_constants(release.tree(rel))]
-    return [alt for alt in pattern.split("|") if not any(re.search(alt, c) for c in consts)]
+    missing = []
+    for alt in pattern.split("|"):
+        # only the files that hold the alternative's longest literal run are parsed
+        runs = re.findall(r"[A-Za-z][A-Za-z ]{3,}[A-Za-z]", alt)
+        files = release.files_with(max(runs, key=len)) if runs else []
+        consts = [logged(c) for rel in files for c in string_constants(release.tree(rel))]
+        if not any(re.search(alt, c) for c in consts):
+            missing.append(alt)
+    return missing
 
 
 @lru_cache(maxsize=None)

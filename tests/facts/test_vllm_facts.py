@@ -64,7 +64,7 @@ def test_a_step_metric_moves_in_record_with_every_iteration(vllm, name):
     fn = ast.unparse(vllm.function(LOGGERS, RECORD))
     assert re.search(r"if iteration_stats is None:\s+return\n", fn), fn[:1500]
     # and record is called from the output handler loop, each engine core output batch
-    callers = [c for c in vllm.calls("record") if c.file == "v1/engine/async_llm.py"]
+    callers = vllm.calls("record", ["v1/engine/async_llm.py"])
     assert callers, "AsyncLLM never calls a stat logger's record"
 
 
