@@ -31,7 +31,8 @@ def test_a_load_step_adds_a_slot_job_and_its_end_drains_it_after_the_cool_down(s
     url = st["endpoint"]
     spec = json.loads((front.dir / "plan.json").read_text())["autoscale"]["worker"]
     (slot_dir,) = spec["slots"]  # max 2 - the front's own 1
-    assert spec["signal"] == {"kind": "running", "metrics": ["sglang:num_running_reqs"]}, spec
+    # read where every DP rank reports (SGLang's /v1/loads), not node rank 0's /metrics
+    assert spec["signal"] == {"kind": "running", "metrics": ["sglang_num_running_reqs"]}, spec
     slot_log = front.dir / "scale" / "worker-s1" / "logs" / "hpcserve-job.log"
 
     def decisions() -> list[dict]:

@@ -24,6 +24,8 @@ NEEDS = {
     "kimi-k2-instruct": {"remote_code": True, "tool": "kimi_k2"},
     "kimi-k2-thinking": {"remote_code": True, "tool": "kimi_k2", "reasoning": "kimi_k2"},
     "tiny-llama": {"tool": "hermes"},
+    # DeepSeek-V3's config names no remote code of its own, but its tokenizer set-up did
+    "deepseek-v3": {"remote_code": True},
 }
 # How each engine spells them. None: the engine has no option for it (checked below against its
 # option table, so a release that adds one fails this test until hpcserve sets it).

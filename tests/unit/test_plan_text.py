@@ -24,8 +24,9 @@ def _plan(args: list[str]) -> str:
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=IDS)
 def test_no_line_of_the_plan_passes_100_columns(example):
+    # a single shell word longer than that (a long path) stays whole on a line of its own
     long = [(n, len(ln)) for n, ln in enumerate(_plan([str(example)]).splitlines(), 1)
-            if len(ln) > 100]
+            if len(ln) > 100 and len(ln.strip().removesuffix(" \\").split()) > 1]
     assert not long, f"{example.name}: lines over 100 columns (line, width): {long}"
 
 
@@ -46,7 +47,16 @@ def _launch_options(stem: str, inst: str) -> list[str]:
 def test_each_instance_command_is_its_launch_scripts_once(example):
     """The plan shows the very option lines the launch script runs, each instance's once."""
     text = _plan([str(example)])
-    shown = [ln.strip().removesuffix(" \\") for ln in text.splitlines()]
+    shown: list[str] = []
+    indent = folded = 0
+    for ln in text.splitlines():
+        word, deeper = ln.strip().removesuffix(" \\"), len(ln) - len(ln.lstrip()) > indent
+        if shown and folded and deeper and shown[-1].startswith("--") and \
+                not word.startswith("--"):
+            shown[-1] += " " + word  # an option's values folded onto a line of their own
+            continue
+        shown.append(word)
+        indent, folded = len(ln) - len(ln.lstrip()), ln.endswith(" \\")
     p = plan.build(config.load(example))
     for i in p.instances:
         want = _launch_options(example.stem, i.name)

@@ -56,8 +56,8 @@ OTHERS = [
 
 
 @pytest.mark.parametrize("engine,version,cases", [
-    ("vllm", "0.32.0", VLLM_032), ("sglang", "0.5.23", SGLANG), ("sglang", "0.4.6.post5", SGLANG),
-    ("ktransformers", "0.5.23", SGLANG)])
+    ("vllm", "0.32.0", VLLM_032), ("vllm", "0.33.0", VLLM_032), ("sglang", "0.5.23", SGLANG),
+    ("sglang", "0.4.6.post5", SGLANG), ("ktransformers", "0.5.23", SGLANG)])
 def test_each_pattern_matches_its_release_line_and_no_other(engine, version, cases):
     pats = _lines(engine, version)
     for key, line in cases:
@@ -69,7 +69,7 @@ def test_each_pattern_matches_its_release_line_and_no_other(engine, version, cas
 
 
 @pytest.mark.parametrize("engine,version", [
-    ("vllm", "0.33.0"), ("trtllm", "1.3.0rc3"), ("ktransformers_legacy", "0.2.4")])
+    ("vllm", "0.31.0"), ("trtllm", "1.3.0rc3"), ("ktransformers_legacy", "0.2.4")])
 def test_a_release_whose_lines_were_not_verified_has_none(engine, version):
     assert _lines(engine, version) == {"weights_loaded": None, "ready": None}
 
