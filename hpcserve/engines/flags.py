@@ -195,7 +195,7 @@ class Vocabulary:
             have = matrix.versions_having(flag)
             msg = f"{rel.engine} {rel.version} has no {flag}"
             if have:
-                msg += f" (it exists in {have[0]}..{have[-1]} of the releases hpcserve knows)"
+                msg += f" (it exists in {have[0]}..{have[-1]} of the releases in its flag table)"
             if flag in self.legacy:
                 msg += f"; write {self.legacy[flag]} and hpcserve spells it for {rel.version}"
             raise FlagError(key, msg)
