@@ -14,7 +14,7 @@
 # by side. A stamp file (hash of this script + python version) makes a re-run a no-op (~0.1 s).
 #
 # RELEASES is every SGLang release hpcserve accepts (hpcserve/engines/sglang.py CHECKED) except
-# the engines venv's; tests/unit/test_sglang_releases_listed.py keeps the two lists equal.
+# the engines venv's; tests/engine_parsers/test_sglang_releases.py keeps the lists equal.
 set -euo pipefail
 SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
 cd "$(dirname "$SELF")/.."
