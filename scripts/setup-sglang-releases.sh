@@ -34,6 +34,8 @@ exec 9>"$DIR/.hpcserve-sglang-releases.lock"
 if command -v flock >/dev/null; then flock 9; fi
 current && exit 0
 
+# A fetch that failed last time (a release PyPI lacks, a cut connection) leaves its folder.
+rm -rf "$DIR"/.tmp-*
 t0=$(date +%s)
 echo "hpcserve setup-sglang-releases: fetching sglang ${RELEASES[*]} into $DIR" >&2
 # Some pip configs point at local mirrors that print a warning per missing project: keep it quiet.
