@@ -59,11 +59,17 @@ class SglangParser:
             )
         return json.loads(proc.stdout)
 
-    def __call__(self, argvs: list[list[str]], keys: list[str] | None = None) -> list[dict[str, Any]]:
+    def __call__(self, argvs: list[list[str]], keys: list[str] | None = None,
+                 list_flags: bool = False) -> list[dict[str, Any]]:
+        """``list_flags``: also answer list_flags() from the same subprocess."""
         req: dict[str, Any] = {"argvs": [[str(a) for a in argv] for argv in argvs]}
         if keys is not None:
             req["keys"] = keys
+        if list_flags:
+            req["list_flags"] = True
         out = self._run([], json.dumps(req))
+        if list_flags:
+            self._flags = out["list_flags"]
         assert len(out["results"]) == len(argvs)
         return out["results"]
 

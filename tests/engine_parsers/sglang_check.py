@@ -5,8 +5,9 @@ Run with the python of the engines venv (scripts/setup-engines.sh), never with t
     echo '{"argvs": [["--model-path", "/m", "--tp-size", "8"]]}' | .venv-engines/bin/python sglang_check.py
     .venv-engines/bin/python sglang_check.py --list-flags
 
-Batch mode reads ``{"argvs": [[...], ...], "keys": [...]?}`` on stdin and prints
-``{"sglang_version": "...", "results": [...]}``, one result per argv:
+Batch mode reads ``{"argvs": [[...], ...], "keys": [...]?, "list_flags": true?}`` on stdin and
+prints ``{"sglang_version": "...", "results": [...], "list_flags": {...}?}``, one result per argv
+(and, when asked, what ``--list-flags`` prints):
 
 * ``ok`` / ``error``: the strict parse, exactly
   ``parser = argparse.ArgumentParser(allow_abbrev=False); ServerArgs.add_cli_args(parser);
@@ -284,6 +285,8 @@ def main(argv=None) -> int:
     else:
         req = json.load(sys.stdin)
         out = check(req["argvs"], req.get("keys"))
+        if req.get("list_flags"):  # both answers from one import of SGLang (~5 s each)
+            out["list_flags"] = list_flags()
     json.dump(out, sys.stdout, sort_keys=True)
     sys.stdout.write("\n")
     return 0

@@ -47,10 +47,28 @@ def test_every_accepted_release_has_its_own_parser():
     assert sglang.SGLang.matrix.known_versions() == sorted(sglang.CHECKED, key=vkey)
 
 
+_RUNS: dict[str, tuple[list, list]] = {}
+
+
+def _run(parser, version: str) -> tuple[list, list]:
+    """(cases, results): every argv hpcserve renders at `version` for the SGLang examples, each
+    rank, parsed by the release's parser in ONE subprocess, which also lists its flags."""
+    if version not in _RUNS:
+        cases = []
+        for example in EXAMPLES:
+            p = plan.build(config.load(example, sets=[f"engine.version={version}"]))
+            assert p.version == version
+            cases += [(example.stem, p, *case) for case in _argvs(p)]
+        results = parser([argv for *_, argv, _ in cases], list_flags=True)
+        _RUNS[version] = (cases, results)
+    return _RUNS[version]
+
+
 @pytest.mark.engine_parser
 @pytest.mark.parametrize("version", list(SGLANG_RELEASES))
 def test_the_release_parser_is_its_flag_table(sglang_release_parsers, version):
     parser = sglang_release_parsers[version]
+    _run(parser, version)
     real = parser.list_flags()
     assert real["sglang_version"] == version  # not the venv's own release
     assert set(real["stubs"]) <= set(SGLANG_RELEASES[version]), real["stubs"]
@@ -82,14 +100,9 @@ def _check_values(inst, rank, vals, v) -> None:
 @pytest.mark.engine_parser
 @pytest.mark.parametrize("version", list(SGLANG_RELEASES))
 def test_every_generated_argv_parses_with_its_own_release(sglang_release_parsers, version):
-    cases = []
-    for example in EXAMPLES:
-        p = plan.build(config.load(example, sets=[f"engine.version={version}"]))
-        assert p.version == version
-        cases += [(example.stem, p, *case) for case in _argvs(p)]
+    cases, results = _run(sglang_release_parsers[version], version)
     # the SGLang examples have several instances, multi-node ones and PD: a floor on what runs
     assert len(cases) >= 2 * len(EXAMPLES), len(cases)
-    results = sglang_release_parsers[version]([argv for *_, argv, _ in cases])
     for (stem, p, name, rank, argv, vals), res in zip(cases, results):
         assert res["ok"] and res["server_ok"], (stem, name, rank, res, argv)
         assert not res["warnings"], (stem, name, res["warnings"])  # no deprecated spelling
