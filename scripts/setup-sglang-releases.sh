@@ -24,7 +24,8 @@ PY=${PYTHON:-python3}
 RELEASES=(0.5.20 0.5.21 0.5.22)
 
 stamp=$DIR/.hpcserve-sglang-releases-stamp
-want="$(sha256sum < "$SELF" | cut -d' ' -f1) $("$PY" -c 'import sys; print(sys.version.split()[0])')"
+pyver=$("$PY" -c 'import sys; print(sys.version.split()[0])')
+want="$(sha256sum < "$SELF" | cut -d' ' -f1) $pyver"
 current() { [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; }
 current && exit 0
 

@@ -32,7 +32,8 @@ def engines_venv() -> Path:
 
 
 class SglangParser:
-    """``parse(argvs)`` -> one result dict per argv; ``list_flags()`` -> the parser's option strings.
+    """``parse(argvs)`` -> one result dict per argv; ``list_flags()`` -> the parser's option
+    strings.
 
     ``release_dir``: an older release's unpacked wheel, put first on PYTHONPATH so its `sglang`
     package is the one imported; ``stubs``: the modules sglang_check.py may stand in for."""
@@ -132,7 +133,8 @@ def sglang_release_parsers(sglang_parser) -> dict[str, SglangParser]:
     with the release's unpacked wheel first on PYTHONPATH. A failed setup FAILS the tests."""
     root = sglang_releases_dir()
     proc = subprocess.run(["bash", str(RELEASES_SETUP)], capture_output=True, text=True,
-                          timeout=1800, env={**os.environ, "HPCSERVE_SGLANG_RELEASES_DIR": str(root)})
+                          timeout=1800,
+                          env={**os.environ, "HPCSERVE_SGLANG_RELEASES_DIR": str(root)})
     if proc.returncode != 0:
         pytest.fail(f"scripts/setup-sglang-releases.sh failed ({proc.returncode}); the older "
                     f"SGLang releases' parser tests need it.\n{proc.stdout[-3000:]}\n"

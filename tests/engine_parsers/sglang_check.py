@@ -152,6 +152,14 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 _STUBS = _StubFinder(())
 
 
+def install_stubs(names) -> _StubFinder:
+    """Placeholders for `names`, LAST on sys.meta_path so every real finder answers first."""
+    _STUBS.names.update(names)
+    if _STUBS not in sys.meta_path:
+        sys.meta_path.append(_STUBS)
+    return _STUBS
+
+
 def _import_server_args():
     # Importing sglang may print to stdout; keep stdout for our JSON only.
     with contextlib.redirect_stdout(sys.stderr):
@@ -278,8 +286,7 @@ def main(argv=None) -> int:
     ap.add_argument("--list-flags", action="store_true")
     ap.add_argument("--stub", action="append", default=[], metavar="MODULE")
     args = ap.parse_args(argv)
-    _STUBS.names.update(args.stub)
-    sys.meta_path.append(_STUBS)
+    install_stubs(args.stub)
     if args.list_flags:
         out = list_flags()
     else:

@@ -108,3 +108,27 @@ def test_every_generated_argv_parses_with_its_own_release(sglang_release_parsers
         assert not res["warnings"], (stem, name, res["warnings"])  # no deprecated spelling
         inst = next(i for i in p.instances if i.name == name)
         _check_values(inst, rank, vals, res["values"])
+
+
+def test_a_placeholder_never_hides_a_real_module():
+    """sglang_check.py --stub answers only for a listed name no other finder has: were it to
+    shadow a real package, the release's parser could be built from placeholders unnoticed."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("sglang_check_mod",
+                                                  ROOT / "tests/engine_parsers/sglang_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    finder = check.install_stubs(["tabnanny", "hpcserve_no_such_package"])
+    try:
+        assert importlib.util.find_spec("tabnanny").loader is not finder  # the standard library's
+        assert importlib.util.find_spec("hpcserve_no_such_package.sub").loader is finder
+        assert finder.used == {"hpcserve_no_such_package"}
+        mod = check._StubModule("hpcserve_no_such_package")
+
+        class Sub(mod.Base, total=False):  # subclassing with keywords, as TypedDicts do
+            pass
+        assert list(mod.Registry) == [] and mod.Generic[int] is mod.Generic
+    finally:
+        sys.meta_path.remove(finder)
