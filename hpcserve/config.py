@@ -347,6 +347,10 @@ ROLE_FIELDS = (
     ("spares", int, field(default=0, metadata=doc(
         "spare nodes in the role's het-job component, idle until an instance of the role loses "
         "a node and restarts on one", ge=0, le=10_000))),
+    ("hung_after", float | None, field(default=None, metadata=doc(
+        "this role's liveness.hung_after: seconds without progress before failed probes name "
+        "an instance hung (longer steps: long-context prefill chunks, first-use JIT)", ge=1,
+        le=86400))),
     ("recovery", Recovery, field(default_factory=Recovery)),
     ("autoscale", Autoscale | None, field(default=None, metadata=doc(
         "add and remove instances of the role on load (instance jobs of their own)"))),
@@ -435,11 +439,12 @@ class Liveness:
     """While serving: every `interval` s all instance leaders and the router are probed at once,
     each probe bounded by `timeout` s, and each engine's progress counters (its Prometheus
     metrics, where it has them) read beside. An instance that fails `failures` rounds in a row
-    (no answer: hung; refused: unreachable; an error status: unhealthy; or it answers but holds
-    requests while its counters stand still: hung) is taken out and replaced (roles.<role>
-    .recovery); the router's failure ends the deployment. An engine that answers slowly while
-    its counters move is busy, never hung. The defaults name a hung engine within about 25 s
-    (3 x (3 s + 5 s))."""
+    (refused: unreachable; an error status: unhealthy) is taken out and replaced (roles.<role>
+    .recovery); one whose probes time out, or that answers a health path which proves nothing
+    of progress while it holds requests, is hung only once it has also shown no sign of
+    progress for `hung_after` s: an engine working through a long step, or streaming a long
+    answer, is busy, never hung. The router's failure ends the deployment. The defaults name a
+    hung engine within about 25 s (hung_after 20 s, then the round that sees it)."""
 
     interval: float = field(default=3.0, metadata=doc("seconds between probe rounds", ge=0.1,
                                                       le=600))
@@ -449,6 +454,11 @@ class Liveness:
                                                   "instance out", ge=1, le=1000))
     node_interval: float = field(default=10.0, metadata=doc(
         "seconds between asking Slurm whether the job's nodes still respond", ge=1, le=3600))
+    hung_after: float | None = field(default=None, metadata=doc(
+        "seconds an instance may go without a sign of progress (its counters moving, a "
+        "generating health path answering) before failed probes name it hung (default: the "
+        "engine's, 20 s, longer than its longest legitimate step; roles.<role>.hung_after "
+        "sets one role's)", ge=1, le=86400))
 
 
 @record

@@ -149,6 +149,8 @@ class Plan:
     engine_command: tuple[Word, ...]   # the real engine's program (simulate: the stand-in's)
     health_path: str
     metrics: Any           # engines.base.Metrics or None
+    probe: tuple[str, bool]   # the liveness probe's path, whether its 200 proves generation
+    hung_after: dict          # role -> seconds without progress before failed probes mean hung
     smoke: tuple[str, str]  # how a restarted instance is checked alone (instance_smoke)
     stop_signal: str
     scratch: bool
@@ -589,6 +591,14 @@ def _fabric_directives(d: _Draft, role: str, inst_nodes: int, total: int) -> tup
     return ()
 
 
+def _hung_after(cfg, adapter) -> dict:
+    """Each role's hung threshold: roles.<role>.hung_after, else liveness.hung_after, else the
+    engine's default (longer than its longest legitimate step)."""
+    dep = cfg.deployment
+    default = dep.liveness.hung_after or adapter.hung_after
+    return {role: r.hung_after or default for role, r in dep.roles.items()}
+
+
 def _check_recovery(d: _Draft, role: str, ci: int, comp_nodes: int) -> None:
     """The role's recovery policy for plan.json: its restarts, its minimum, its spare nodes
     (the component's nodes from `first_spare` on)."""
@@ -763,7 +773,8 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
         interface=site.network.interface, ib_devices=site.network.ib_devices,
         site_python=site.paths.python, engine_python=_engine_python(d),
         engine_command=tuple(a.command(_engine_python(d))), health_path=a.health_path,
-        metrics=a.metrics, smoke=a.instance_smoke(d.pd),
+        metrics=a.metrics, probe=a.liveness(d.pd), hung_after=_hung_after(cfg, a),
+        smoke=a.instance_smoke(d.pd),
         stop_signal=a.stop_signal, scratch=a.scratch and not dep.engine.simulate,
         readiness=dep.readiness, liveness=dep.liveness,
         jobs_dir=dep.jobs_dir or site.paths.jobs_dir, requeue=dep.requeue,

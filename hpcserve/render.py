@@ -31,6 +31,8 @@ from .words import Var, Word, argv_lines, quote
 RUNTIME = package_data.path("runtime")
 RUNTIME_DIR = "hpcserve_runtime"
 SIM_CORE = package_data.path("sim", "hpcserve_simcore.py")  # every stand-in's
+# the engines' facts, which the stand-ins move their counters and answer their health by
+FACTS = package_data.path("engines", "facts.py")
 
 
 def _directive(key: str, value: str | None) -> str:
@@ -244,6 +246,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
         sim = engines.get(plan.engine).sim_source()
         files["hpcserve_sim.py"] = (sim.read_text(encoding="utf-8"), 0o755)
         files[SIM_CORE.name] = (SIM_CORE.read_text(encoding="utf-8"), 0o755)
+        files["hpcserve_facts.py"] = (FACTS.read_text(encoding="utf-8"), 0o755)
     files.update(_slot_files(plan, jd))
     return files
 

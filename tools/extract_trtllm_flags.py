@@ -43,9 +43,20 @@ For every ref it reads:
   with other keys (the ``**kwargs`` of those two functions), derived from the shape of the code.
 * ``tensorrt_llm/version.py``: ``__version__``, used as the version key of the output.
 
+The input can also be a directory of single files saved at one commit (``--src-dir``), laid out
+by their repository paths, for when the repository (2.5 GB) cannot be mirrored: only the files
+above are read (plus the ones their ``from X import Y`` lead to, e.g. ``tensorrt_llm/logger.py``
+and ``tensorrt_llm/llmapi/reasoning_parser.py``; a missing one leaves that option's choices in
+``choices_unresolved``). ``--repo``, ``--tag`` and ``--commit`` then say where the files come
+from and are recorded as the version's ``repo``, ``ref`` and ``commit``.
+
 Usage::
 
     python3 tools/extract_trtllm_flags.py --git-dir /path/to/TensorRT-LLM.git
+    # the files of NVIDIA/TensorRT-LLM at tag v1.2.1, each saved from
+    # https://raw.githubusercontent.com/NVIDIA/TensorRT-LLM/v1.2.1/<path> into DIR/<path>:
+    python3 tools/extract_trtllm_flags.py --src-dir DIR --repo NVIDIA/TensorRT-LLM \
+        --tag v1.2.1 --commit <the tag's 40-hex commit> --no-merge
     python3 tools/extract_trtllm_flags.py --git-dir DIR --refs v1.2.1 --stdout
     python3 tools/extract_trtllm_flags.py --git-dir DIR --refs HEAD --out /tmp/x.json
 
@@ -136,6 +147,23 @@ class GitTree:
             if self.read(cand) is not None:
                 return cand
         return None
+
+
+class FileTree(GitTree):
+    """The same files, saved one by one under a directory at one commit (no git history)."""
+
+    def __init__(self, root: Path, ref: str, commit: str | None):
+        super().__init__(root, ref)
+        self._commit = commit
+
+    def commit(self) -> str | None:
+        return self._commit
+
+    def read(self, path: str) -> str | None:
+        if path not in self._cache:
+            f = self.git_dir / path
+            self._cache[path] = f.read_text() if f.is_file() else None
+        return self._cache[path]
 
 
 def package_of(path: str) -> str:
@@ -543,8 +571,8 @@ def read_version(tree: GitTree) -> str | None:
     return None
 
 
-def extract_ref(git_dir: Path, ref: str) -> tuple[str, dict] | None:
-    tree = GitTree(git_dir, ref)
+def extract_ref(git_dir: Path, ref: str, tree: GitTree | None = None) -> tuple[str, dict] | None:
+    tree = tree or GitTree(git_dir, ref)
     commit = tree.commit()
     if commit is None:
         print(f"{ref}: no such ref in {git_dir}; skipped", file=sys.stderr)
@@ -573,8 +601,16 @@ def extract_ref(git_dir: Path, ref: str) -> tuple[str, dict] | None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--git-dir", type=Path, required=True,
-                    help="NVIDIA/TensorRT-LLM git directory (bare mirror or .git)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--git-dir", type=Path,
+                     help="NVIDIA/TensorRT-LLM git directory (bare mirror or .git)")
+    src.add_argument("--src-dir", type=Path,
+                     help="directory of single files saved at one commit, by repository path")
+    ap.add_argument("--repo", default=None,
+                    help="the repository the files come from (with --src-dir: default "
+                    "NVIDIA/TensorRT-LLM); recorded as each version's `repo`")
+    ap.add_argument("--tag", help="with --src-dir: the release tag the files were saved at")
+    ap.add_argument("--commit", help="with --src-dir: the tag's commit (40 hex digits)")
     ap.add_argument("--refs", nargs="+", default=REFS, help=f"tags or commits (default: {REFS})")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--stdout", action="store_true", help="print the JSON instead of writing it")
@@ -588,11 +624,24 @@ def main(argv=None) -> int:
     versions: dict[str, dict] = {}
     if not args.stdout and not args.no_merge and args.out.exists():
         versions.update(json.loads(args.out.read_text()).get("versions", {}))
-    for ref in args.refs:
-        got = extract_ref(args.git_dir, ref)
+    jobs: list[tuple[str, GitTree | None]] = [(ref, None) for ref in args.refs]
+    if args.src_dir is not None:
+        if not (args.tag and args.commit and re.fullmatch(r"[0-9a-f]{40}", args.commit)):
+            ap.error("--src-dir needs --tag and --commit (40 hex digits): the table must say "
+                     "which release its files come from")
+        jobs = [(args.tag, FileTree(args.src_dir, args.tag, args.commit))]
+        args.repo = args.repo or "NVIDIA/TensorRT-LLM"
+    for ref, tree in jobs:
+        got = extract_ref(args.git_dir or args.src_dir, ref, tree)
         if got is not None:
+            if args.repo:
+                got[1]["repo"] = args.repo
             if args.source:
                 got[1]["source"] = args.source
+            elif tree is not None:
+                got[1]["source"] = (f"{args.repo} tag {args.tag} (commit {args.commit}): "
+                                    f"{SERVE}, {LLM_ARGS}, {DISAGG}, {VERSION}, saved file by "
+                                    "file at that commit")
             versions[got[0]] = got[1]
             print(f"{ref} -> {got[0]} ({got[1]['commit'][:12]}): {len(got[1]['flags'])} serve "
                   f"flags", file=sys.stderr)

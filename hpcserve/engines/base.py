@@ -254,6 +254,10 @@ class Metrics:
     pending: tuple[str, ...]
     queued: tuple[str, ...] = ()
     kv_usage: tuple[str, ...] = ()
+    # Where the gauges (pending, queued, kv_usage) are read, where not at `path`: an engine
+    # whose /metrics sees only some of its schedulers reports every one's load there. Each of
+    # its label sets is one scheduler (one DP rank): they add up.
+    gauges_path: str | None = None
 
 
 class RouterAdapter:
@@ -351,7 +355,17 @@ class EngineAdapter:
     router: RouterAdapter
     sim_file: str            # the stand-in under hpcserve/sim/, copied as hpcserve_sim.py
     port_fields: dict[str, str] = {}  # role keys that move a port's first value -> their doc
-    health_path: str = "/health"
+    health_path: str = "/health"   # asked until the instance is ready
+    # The engine's facts (engines/facts.py), each proved against its pinned release by
+    # tests/facts/: the names it reads, what its health paths prove.
+    facts: Mapping[str, Any] | None = None
+    # Asked while serving (None: health_path); where it proves generation (facts: "proves"), an
+    # answer is progress, and the engine holding requests under still counters is not hung.
+    liveness_path: str | None = None
+    # Seconds without a sign of progress (a counter moving, a generating health path answering)
+    # after which failed probes name an instance hung: longer than the engine's longest
+    # legitimate step (docs/operating.md, "Liveness"); roles.<role>.hung_after overrides it.
+    hung_after: float = 20
     # Prometheus metrics that show progress (None: the engine exposes none hpcserve reads).
     metrics: Metrics | None = None
     stop_signal: str = "TERM"
@@ -370,6 +384,14 @@ class EngineAdapter:
     # NixlConnector refuses a peer whose handshake hash differs, which hashes the vLLM version
     # (vllm/distributed/kv_transfer/kv_connector/v1/nixl: compute_nixl_compatibility_hash).
     pd_release_groups: tuple[frozenset[str], ...] = ()
+
+    def liveness(self, pd: bool = False) -> tuple[str, bool]:
+        """(path, whether its 200 proves generation) of the probe asked while serving (`pd`: on
+        an instance of a disaggregated pair, where the facts may name another)."""
+        facts = self.facts or {}
+        path = (pd and facts.get("liveness_path_pd")) or self.liveness_path or self.health_path
+        proves = (facts.get("health") or {}).get(path, {}).get("proves")
+        return path, proves == "generation"
 
     def pd_talks(self, a: str, b: str) -> bool:
         """Whether prefill at release `a` and decode at `b` (or the other way) work together."""

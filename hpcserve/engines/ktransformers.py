@@ -27,6 +27,7 @@ from ..words import Var, Word
 from .base import (EngineAdapter, Launch, Layout, NoRouter, PortRequest, RoleContext,
                    SettingsBase, args_field, env_field)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
+from .facts import KTRANSFORMERS_LEGACY as KT_LEGACY_FACTS
 from .sglang import LEGACY as SGLANG_LEGACY
 from .sglang import OWNED as SGLANG_OWNED
 from .sglang import SPELLINGS as SGLANG_SPELLINGS
@@ -214,7 +215,9 @@ class KTransformersLegacy(EngineAdapter):
     bench_client = "sglang"
     # It has no health route; the model is loaded before uvicorn starts, so the first answer
     # of /v1/models means ready.
-    health_path = "/v1/models"
+    # no health route: the first answer of /v1/models (facts.KTRANSFORMERS_LEGACY)
+    facts = KT_LEGACY_FACTS
+    health_path = KT_LEGACY_FACTS["liveness_path"]
     # No start-up lines: the legacy server prints "loading <tensor> to <device>" per tensor
     # (ktransformers/util/utils.py, v0.2.0 to v0.4.1) and nothing once all are loaded; its
     # ready moment is the first answer of /v1/models. Its engine phases show as unknown.

@@ -18,6 +18,7 @@ from .base import (CacheVar, EngineAdapter, Launch, Layout, MemoryBudget, Metric
                    RoleContext, RouterAdapter, RouterReadiness, SettingsBase, args_field, env_field,
                    kv_dtype_bytes, tp_pp, tp_words)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
+from .facts import SGLANG as SGLANG_FACTS, moving
 from ..records import field, record
 
 ENGINE_PORT = 30000
@@ -207,18 +208,21 @@ class SGLang(EngineAdapter):
     sim_file = "sglang.py"
     bench_client = "sglang"
     caches = CACHES
-    # sglang/srt/metrics/collector.py (0.5.23): on the server port with --enable-metrics. The
-    # forward time moves with every batch, prefill chunks included; only running requests count
-    # as held (a queued one may wait for memory or for its KV from a prefill); a drain waits
-    # for the queued ones too, PD's transfer queues included (the same collector).
-    metrics = Metrics("/metrics", ("sglang:generation_tokens_total", "sglang:prompt_tokens_total",
-                                   "sglang:forward_execution_seconds_total"),
-                      ("sglang:num_running_reqs",),
-                      ("sglang:num_queue_reqs", "sglang:num_prefill_inflight_queue_reqs",
-                       "sglang:num_decode_transfer_queue_reqs"),
-                      # the KV pool's used share: Gauge "sglang:token_usage", 0.5.23's
-                      # sglang/srt/observability/metrics_collector.py
-                      ("sglang:token_usage",))
+    facts = SGLANG_FACTS
+    # Progress: the counter 0.5.23 moves every decode iteration and every prefill batch
+    # (sglang:realtime_tokens_total); its prompt and generation token counters move only when a
+    # request finishes, so a long answer streaming would read as still (engines/facts.py).
+    # The gauges come from /v1/loads, one sample per DP rank of every node: rank 0's /metrics
+    # holds its own node's schedulers only. Only running requests count as held (a queued one
+    # may wait for memory or for its KV from a prefill); a drain waits for the waiting ones
+    # too, PD's bootstrap, pre-allocation and transfer queues included (LoadSnapshot's
+    # num_waiting_reqs); kv_usage is each DP rank's token_usage, the fullest deciding.
+    _loads = SGLANG_FACTS["loads"]
+    metrics = Metrics(SGLANG_FACTS["metrics_path"], tuple(moving(SGLANG_FACTS, {})),
+                      (_loads["running"],), (_loads["waiting"],), (_loads["kv_usage"],),
+                      gauges_path=_loads["path"])
+    # /health_generate: a 200 there proves the scheduler produced output since the probe began
+    liveness_path = SGLANG_FACTS["liveness_path"]
     port_fields = {"bootstrap_port": "first PD bootstrap port (prefill)",
                    "dist_init_port": "first torch.distributed init port"}
     # Read in each accepted release's wheel (0.5.20 to 0.5.23; as far back as 0.4.6.post5 the

@@ -35,6 +35,7 @@ from .base import (EngineAdapter, Launch, Layout, MemoryBudget, NoRouter, PortRe
                    RoleContext, RouterAdapter, RouterReadiness, SettingsBase, args_field,
                    env_field, kv_dtype_bytes, tp_pp, tp_words)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
+from .facts import TRTLLM as TRTLLM_FACTS
 from ..records import field, record
 
 HTTP_PORT = 8200          # not trtllm-serve's 8000, which the router in front usually takes
@@ -181,6 +182,10 @@ class TRTLLM(EngineAdapter):
     # No start-up lines: those of 1.3.0rc3 could not be read in its source here (the NVIDIA
     # repository is too large to mirror), so its engine phases show as unknown.
     startup_patterns: dict = {}
+    # While serving: /health_generate runs a 1-token chat through the executor (facts.TRTLLM);
+    # /health only says the executor has not shut down, which a hung one has not
+    facts = TRTLLM_FACTS
+    liveness_path = TRTLLM_FACTS["liveness_path"]
 
     def command(self, python: str) -> list[Word]:
         # The launcher maps Slurm's rank to TensorRT-LLM's MPI roles (rank 0 serves HTTP).

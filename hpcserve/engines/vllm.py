@@ -31,6 +31,7 @@ from .base import (CacheVar, EngineAdapter, Launch, Layout, MemoryBudget, Metric
                    RoleContext, RouterAdapter, RouterReadiness, SettingsBase, args_field,
                    derived_tp, env_field, kv_dtype_bytes, tp_words)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
+from .facts import VLLM as VLLM_FACTS, moving
 from ..records import field, record
 
 PARALLEL = ("pp", "dp")   # tp is the instance's GPUs / (pp x dp) unless set
@@ -219,17 +220,18 @@ class VLLM(EngineAdapter):
     bench_client = "vllm"
     caches = CACHES
     scratch = True  # ZMQ socket files and /tmp/vllm_dist_* stay in /tmp after a clean exit
-    # vllm/v1/metrics/loggers.py (0.33.0), always on: its /health only says the engine has not
-    # errored, so a hung engine core shows as running requests while these stand still. The
-    # iteration histogram's count moves with every engine step, prefill chunks included; a
-    # waiting request (for memory, or for its KV from a prefill) is not held.
-    metrics = Metrics("/metrics", ("vllm:iteration_tokens_total_count",
-                                   "vllm:generation_tokens_total", "vllm:prompt_tokens_total"),
+    facts = VLLM_FACTS
+    # Always on (engines/facts.py VLLM, proved in 0.32.0 and 0.33.0): its /health only says the
+    # engine has not errored, so a hung engine core shows as running requests while these stand
+    # still. The iteration histogram's count and the token counters move with every engine
+    # step, prefill chunks included; a waiting request (for memory, or for its KV from a
+    # prefill) is not held; one series per DP engine (label "engine"), which add up.
+    metrics = Metrics(VLLM_FACTS["metrics_path"], tuple(moving(VLLM_FACTS, {})),
                       ("vllm:num_requests_running",),
                       ("vllm:num_requests_waiting",),  # the scheduler's waiting queue: drains
-                      # KV-cache usage, 1 = full: Gauge "vllm:kv_cache_usage_perc" (loggers.py of
-                      # 0.33.0; named so since vllm-project/vllm#18354, before 0.10.0, which
-                      # deprecated vllm:gpu_cache_usage_perc)
+                      # KV-cache usage, 1 = full: Gauge "vllm:kv_cache_usage_perc" (named so
+                      # since vllm-project/vllm#18354, before 0.10.0, which deprecated
+                      # vllm:gpu_cache_usage_perc)
                       ("vllm:kv_cache_usage_perc",))
     port_fields = {"master_port": "first torch.distributed port of multi-node TP/PP "
                                   "(--master-port)",
@@ -244,9 +246,9 @@ class VLLM(EngineAdapter):
     # on %s" (vllm/entrypoints/launchers/api_server/entry.py) once the engine core is up and
     # the app built, before uvicorn serves. The dummy loader (--load-format dummy) prints no
     # weights line: unknown then. Other releases' lines are not verified: unknown.
-    startup_patterns = {"0.32.0": {
+    startup_patterns = {v: {
         "weights_loaded": r"Loading weights took [0-9.]+ seconds|Model loading took .* seconds",
-        "ready": r"Starting vLLM server on "}}
+        "ready": r"Starting vLLM server on "} for v in ("0.32.0", "0.33.0")}
 
     def command(self, python: str) -> list[Word]:
         # `vllm serve` without relying on the console script being on PATH in the image.

@@ -28,15 +28,13 @@ is neither an add nor a remove, and no remove is decided while one hands over.
 
 from __future__ import annotations
 
-import http.client
 import os
-import urllib.request
 from urllib.parse import urlsplit
 
 from .contract import SCALED_IN, SERVING_PHASES, TERMINAL_PHASES
 from .drain import write_request
 from .failures import Stop
-from .health import _DIRECT
+from .health import samples, scrape
 from .state import now, read_json, read_state
 
 DECISIONS_KEPT = 20   # the newest decisions state.json keeps per role
@@ -44,21 +42,14 @@ ALIVE_S = 30.0        # s between two asks whether a slot's running job still is
 
 
 def signal_value(url: str, kind: str, names: list, timeout: float) -> float | None:
-    """The instance's signal from its Prometheus text at `url`: the sum of the named gauges
-    over every label set (requests), or for kv_usage their largest (a share of each engine's
-    pool: the fullest decides); None where it does not answer."""
-    try:
-        with _DIRECT.open(urllib.request.Request(url), timeout=timeout) as r:
-            text = r.read(4 << 20).decode(errors="replace")
-    except (OSError, ValueError, http.client.HTTPException):  # a bad reply: not read this round
+    """The instance's signal from its Prometheus text at `url` (its gauges URL: one label set
+    per scheduler): the sum of the named gauges over every label set (requests), or for
+    kv_usage their largest (a share of each scheduler's pool: the fullest decides); None where
+    it does not answer."""
+    text = scrape(url, timeout)
+    if text is None:  # a bad reply: not read this round
         return None
-    got = []
-    for line in text.splitlines():
-        if line and line[0] != "#" and line.split("{", 1)[0].split(" ", 1)[0] in names:
-            try:
-                got.append(float(line.rsplit(" ", 1)[-1]))
-            except ValueError:
-                pass
+    got = samples(text, names)
     if kind == "kv_usage":
         return max(got, default=0.0)
     return sum(got)
@@ -266,7 +257,7 @@ class Autoscaler:
             rec = job.recovery.recs.get(spec["name"])
             m = job.liveness.metrics_of(spec)
             if spec["role"] == role.name and m and rec is not None and rec.status == "serving":
-                out.append((None, m["url"]))
+                out.append((None, m["gauges_url"] or m["url"]))
         for s in role.slots:
             if s.status in ("serving", "draining"):
                 out += [(s.name, u) for u in map(self._slot_metrics_url, pair_jobs(s)) if u]
@@ -283,8 +274,8 @@ class Autoscaler:
         health = (st.get("health_urls") or {}).get(inst.get("name"))
         if not health or not inst.get("metrics"):
             return None
-        u = urlsplit(health)
-        return f"{u.scheme}://{u.netloc}{inst['metrics']['path']}"
+        u, m = urlsplit(health), inst["metrics"]
+        return f"{u.scheme}://{u.netloc}{m.get('gauges_path') or m['path']}"
 
     def _read(self, targets: dict) -> dict:
         """In the probe pool: every slot's status (its state.json, Slurm for a queued one), then

@@ -35,7 +35,11 @@ job: {"twin_dir": the absolute directory of its twin, "margin_s": how long befor
 it submits that twin}, or null) and state.json's renew (runtime/renew.py: the successor
 submitted, when and why, and the job it renewed into), and state.json's router_url (the
 front's router from router_ready on, which a slot joins before the front serves: a front with
-`instances: 0` of a role serves only once that role's slots do).
+`instances: 0` of a role serves only once that role's slots do). Spec 11 adds each instance's
+liveness (the path probed while serving, whether its 200 proves generation, and hung_after: the
+seconds without a sign of progress before failed probes name it hung) and metrics.gauges_path
+(where the pending, queued and kv-usage gauges are read, one sample per scheduler, when not at
+metrics.path; null: there).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import json
 import os
 
 SPEC = "hpcserve-job"
-SPEC_VERSION = 10
+SPEC_VERSION = 11
 
 # The job's phases, in the order a deployment goes through them.
 # degraded: serving with an instance out (being replaced); recovering: a role has fewer serving

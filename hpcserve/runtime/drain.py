@@ -180,7 +180,7 @@ class Drains:
         if m and now() >= d.next_poll:
             # what it runs and what waits in it: its stop would fail either
             m = {**m, "pending": list(m["pending"]) + list(m.get("queued", []))}
-            d.task = job.recovery.pool.submit(metrics_totals, m["url"], m,
+            d.task = job.recovery.pool.submit(metrics_totals, m,
                                               job.plan["liveness"]["timeout"])
             d.next_poll = now() + POLL_S
 

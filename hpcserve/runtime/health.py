@@ -6,6 +6,7 @@ on a shared node another deployment's engine may answer on the same port."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -226,60 +227,81 @@ class Readiness:
             raise _smoke_failed(f"smoke request failed: {e}") from None
 
 
-def metrics_totals(url: str, metrics: dict, timeout: float) -> tuple[float, float] | None:
-    """(progress, pending) from the engine's Prometheus text: the sums of its `progress`
-    counters and of its `pending` gauges over every label set; None when it does not answer."""
+def scrape(url: str, timeout: float) -> str | None:
+    """The Prometheus text at `url`, None when it does not answer (or answers badly)."""
     try:
         with _DIRECT.open(urllib.request.Request(url), timeout=timeout) as r:
-            text = r.read(4 << 20).decode(errors="replace")
-    except (OSError, ValueError, urllib.error.URLError):
+            return r.read(4 << 20).decode(errors="replace")
+    except (OSError, ValueError, urllib.error.URLError, http.client.HTTPException):
         return None
-    sums = {"progress": 0.0, "pending": 0.0}
-    want = {n: k for k in sums for n in metrics[k]}
+
+
+def samples(text: str, names) -> list[float]:
+    """The value of every sample of the metrics `names`, over every label set."""
+    got = []
     for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in want:
+        if line and line[0] != "#" and line.split("{", 1)[0].split(" ", 1)[0] in names:
             try:
-                sums[want[name]] += float(line.rsplit(" ", 1)[-1])
+                got.append(float(line.rsplit(" ", 1)[-1]))
             except ValueError:
                 pass
-    return sums["progress"], sums["pending"]
+    return got
+
+
+def metrics_totals(m: dict, timeout: float) -> tuple[float | None, float] | None:
+    """(progress, pending) of an instance (Liveness.metrics_of): the sum of its `progress`
+    counters (None where the engine exports none of them: no stall can be told from them) and of
+    its `pending` gauges over every label set, read at its gauges URL where it has one (one
+    label set per scheduler there); None when either does not answer."""
+    text = scrape(m["url"], timeout)
+    gauges = text if text is None or not m.get("gauges_url") else scrape(m["gauges_url"],
+                                                                          timeout)
+    if gauges is None:
+        return None
+    progress = samples(text, m["progress"])
+    return (sum(progress) if progress else None), sum(samples(gauges, m["pending"]))
 
 
 class Track:
-    """One probe target's record across rounds: failed probes in a row, rounds in which it
-    answered but held requests without progress, its last progress counter."""
+    """One probe target's record across rounds: its failed rounds in a row, its last progress
+    counter, and when it last showed a sign of progress (its counters moved, a health path
+    that proves generation answered, or it answered holding no request)."""
 
-    def __init__(self):
+    def __init__(self, at: float):
         self.failed = 0
-        self.stalled = 0
         self.progress: float | None = None
+        self.alive_at = at
         self.busy = False   # its last probe failed while its counters moved
 
-    def judge(self, kind: str | None, detail: str, m: tuple[float, float] | None):
-        """(kind, detail) of a failure this round, or None. Hung is not busy: an engine whose
-        progress counters moved since the last round is working, however slowly it answers;
-        one that answers but holds requests while its counters stand still is hung."""
+    def judge(self, kind: str | None, detail: str, m: tuple | None, at: float,
+              hung_after: float, proves_progress: bool):
+        """(kind, detail, ripe) of a failure this round, or None; ripe: it has failed long
+        enough to be taken out. Hung is not busy: an engine whose counters moved since the
+        last round works, however slowly it answers; a timed-out probe, or an answer that
+        proves nothing while requests stand still, is hung only after `hung_after` s without
+        any sign of progress (a long step shows none until it ends)."""
         prev = self.progress
-        moved = m is not None and prev is not None and m[0] > prev
-        if m is not None:
+        moved = m is not None and m[0] is not None and prev is not None and m[0] > prev
+        if m is not None and m[0] is not None:
             self.progress = m[0]
+        held = m[1] if m is not None else None
+        if moved or (kind is None and (proves_progress or held == 0)):
+            self.alive_at = at
         self.busy = kind is not None and moved
-        if self.busy:
-            self.failed = self.stalled = 0
-            return None  # busy: it answers slowly because it works
-        if kind is None and m is not None and m[1] > 0 and not moved and prev is not None:
-            self.stalled += 1
-            return "hung", (f"it answers its health path but holds {m[1]:g} request(s) while "
-                            f"its progress counters stand still ({self.stalled} round(s))")
-        self.stalled = 0 if kind is None else self.stalled
-        if kind is None:
+        stalled = (kind is None and not proves_progress and bool(held) and not moved
+                   and prev is not None)
+        if moved or (kind is None and not stalled):
             self.failed = 0
-            return None
+            return None  # busy (it answers slowly because it works), or well
         self.failed += 1
-        return kind, detail
+        still = at - self.alive_at
+        if stalled:
+            return "hung", (f"it answers its health path but holds {held:g} request(s) while "
+                            f"its progress counters stand still ({still:.0f} s)"), \
+                still >= hung_after
+        if kind == "hung":
+            return kind, f"{detail}, no sign of progress for {still:.0f} s", still >= hung_after
+        return kind, detail, True
 
 
 SCAN_S = 0.5  # s between two looks for drain requests (run/control/) while serving
@@ -293,7 +315,7 @@ class Liveness:
         self._next_scan = 0.0
 
     def targets(self, router_url: str | None) -> list[tuple[str, str, dict | None]]:
-        """(name, health URL, metrics URL and names) of every serving instance, and the
+        """(name, liveness URL, metrics URLs and names) of every serving instance, and the
         router's readiness."""
         job = self.job
         inst = job.instances
@@ -302,19 +324,21 @@ class Liveness:
             if not job.recovery.serving(i["name"]):
                 self.tracks.pop(i["name"], None)  # its next attempt's counters start at 0
                 continue
-            out.append((i["name"], inst.health_url(inst.heads, i), self.metrics_of(i)))
+            out.append((i["name"], inst.liveness_url(inst.heads, i), self.metrics_of(i)))
         if router_url:
             out.append(("router", router_url + job.plan["router"]["readiness"]["path"], None))
         return out
 
     def metrics_of(self, spec: dict) -> dict | None:
-        """The instance's metrics (plan.json: path, progress and pending names) with the URL
-        of its leader's; None where its engine has none."""
+        """The instance's metrics (plan.json: path, progress and pending names) with the URLs
+        of its leader's (url: the counters; gauges_url: the gauges, where the engine reports
+        them elsewhere); None where its engine has none."""
         m = spec.get("metrics")
         if not m:
             return None
-        return {**m, "url": f"http://{self.job.instances.heads[spec['name']]}:{spec['port']}"
-                            f"{m['path']}"}
+        base = f"http://{self.job.instances.heads[spec['name']]}:{spec['port']}"
+        return {**m, "url": base + m["path"],
+                "gauges_url": m.get("gauges_path") and base + m["gauges_path"]}
 
     def watch(self, router_url: str | None, tick) -> None:
         """While serving: every round, all targets probed at once (each bounded by `timeout`),
@@ -333,8 +357,7 @@ class Liveness:
             for name, url, res in self._round(self.targets(router_url), lv["timeout"]):
                 self._judge(name, url, res, lv)
             job.state.record(job.log, health={
-                n: ("ok" if t.failed + t.stalled == 0 else
-                    f"failing {max(t.failed, t.stalled)}/{lv['failures']}")
+                n: ("ok" if t.failed == 0 else f"failing {t.failed}/{lv['failures']}")
                 for n, t in self.tracks.items() if job.recovery.serving(n)})
             if now() >= next_nodes:
                 job.supervisor.check_nodes()
@@ -364,7 +387,7 @@ class Liveness:
         """Every target's health probe and metrics read at once, waited for while the job's
         checks and recovery go on."""
         futs = [(name, url, self.pool.submit(probe, url, timeout),
-                 m and self.pool.submit(metrics_totals, m["url"], m, timeout))
+                 m and self.pool.submit(metrics_totals, m, timeout))
                 for name, url, m in targets]
         while not all(f.done() and (g is None or g.done()) for _, _, f, g in futs):
             self._pause(0.05)
@@ -373,15 +396,20 @@ class Liveness:
     def _judge(self, name: str, url: str, res: tuple, lv: dict) -> None:
         job = self.job
         kind, detail, m = res
-        t = self.tracks.setdefault(name, Track())
+        if name not in self.tracks:  # alive since it went serving (its readiness, or its
+            rec = job.recovery.recs.get(name)  # replacement's smoke request): its last sign
+            self.tracks[name] = Track(rec.since if rec else now())
+        t = self.tracks[name]
         if name == "router" and kind == "unhealthy" and (
                 not job.recovery.all_serving() or job.autoscaler.slots_alone()):
             kind = None  # its readiness counts the workers: one is out, on purpose
         if name != "router" and not job.recovery.serving(name):
             self.tracks.pop(name, None)
             return  # taken out meanwhile (its step ended while the round ran)
-        was, was_busy = t.failed + t.stalled, t.busy
-        verdict = t.judge(kind, detail, m)
+        was, was_busy = t.failed, t.busy
+        live = {} if name == "router" else job.instances.spec(name)["liveness"]
+        verdict = t.judge(kind, detail, m, now(), live.get("hung_after", 0),
+                          live.get("proves_progress", False))
         if t.busy and not was_busy:
             job.log(f"{name}: busy, not hung: {kind} ({detail}) at {url}, but its progress "
                     "counters moved")
@@ -389,10 +417,10 @@ class Liveness:
             if was or (was_busy and not t.busy):
                 job.log(f"{name} answers again at {url}")
             return
-        kind, detail = verdict
-        count = max(t.failed, t.stalled)
+        kind, detail, ripe = verdict
+        count = t.failed
         job.log(f"{name}: {kind} ({detail}) at {url}, {count} of {lv['failures']}")
-        if count >= lv["failures"]:
+        if count >= lv["failures"] and ripe:
             self.tracks.pop(name, None)
             stop = self._gone(name, kind, url, detail, count)
             if not job.recovery.handles(name):

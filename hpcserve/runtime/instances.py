@@ -109,6 +109,12 @@ class Instances:
     def health_url(heads: dict, inst: dict) -> str:
         return f"http://{heads[inst['name']]}:{inst['port']}{inst['health_path']}"
 
+    @staticmethod
+    def liveness_url(heads: dict, inst: dict) -> str:
+        """What the liveness probe asks while it serves (an engine may prove generation on
+        another path than its readiness)."""
+        return f"http://{heads[inst['name']]}:{inst['port']}{inst['liveness']['path']}"
+
     def node_names(self) -> list[str]:
         """Every node the instances run on, and the spares."""
         return sorted({r[1] for rows in self.nodes.values() for r in rows} |

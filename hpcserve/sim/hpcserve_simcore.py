@@ -37,6 +37,7 @@ Shared knobs (environment):
                                      to 0 at the first start and 1, 2, .. at restarts
 """
 
+import importlib.util
 import json
 import os
 import socket
@@ -305,12 +306,62 @@ class EngineBase:
         self.requests = 0               # generation requests so far
         self.request_faults = {}        # "empty" / "kv-lost" -> requests answered before it
         self.slow = None                # slow fault: (monotonic time from, seconds per probe)
-        # What the engine's metrics count: requests before (waiting) and in (running) decode,
-        # and tokens in and out so far, the latter token by token as they are generated.
-        self.waiting = 0
-        self.running = 0
+        # What the engine's metrics count: requests before (waiting) and in (running) decode
+        # per DP rank (a request goes to rank requests % dp, as a round-robin balancer sends
+        # it), tokens in and out so far, and each counter of the engine's facts table as the
+        # release moves it (counters, set_facts()).
+        self.dp = 1
+        self.waiting_by = [0]
+        self.running_by = [0]
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.facts = None
+        self.counters = {}
+        self.env_on = set()
+
+    @property
+    def waiting(self):
+        return sum(self.waiting_by)
+
+    @property
+    def running(self):
+        return sum(self.running_by)
+
+    def set_facts(self, facts, dp=1):
+        """Move counters as the release does (hpcserve_facts: each metric's `moves`): "step"
+        ones with every prompt taken in and token produced, "finish" ones when a request
+        ends, "env:NAME" ones only where NAME is set true, gauges never by themselves."""
+        self.facts, self.dp = facts, max(1, dp)
+        self.waiting_by, self.running_by = [0] * self.dp, [0] * self.dp
+        self.counters = {n: 0.0 for n, m in facts["metrics"].items() if m["kind"] != "gauge"}
+        for m in facts["metrics"].values():
+            var = m["moves"][4:] if m["moves"].startswith("env:") else None
+            if var and os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
+                self.env_on.add(var)
+
+    def local(self, rank):
+        """Whether DP rank `rank`'s scheduler runs on the node that serves /metrics."""
+        return True
+
+    def _move(self, when, prompt=0, generated=0, rank=0):
+        """Under self.lock: the counters the facts move `when` ("step" or "finish"), for work
+        on DP rank `rank` (a scheduler's counter lives in its own node's metrics)."""
+        if self.facts is None:
+            return
+        for name, m in self.facts["metrics"].items():
+            if m.get("process") == "scheduler" and not self.local(rank):
+                continue
+            moves = m["moves"]
+            if moves.startswith("env:"):
+                moves = "step" if moves[4:] in self.env_on else "never"
+            if moves != when or name not in self.counters:
+                continue
+            if m["kind"] == "histogram":
+                self.counters[name] += 1  # one observation per step
+                continue
+            self.counters[name] += {"prompt": prompt, "generated": generated,
+                                    "both": prompt + generated,
+                                    "seconds": generated * self.decode_s}[m["counts"]]
 
     def exit(self, code, msg):
         """The one way out once peers may exist: tell them why, then leave without waiting for
@@ -391,29 +442,49 @@ class EngineBase:
         return self.slow[1]
 
     def count_request(self):
+        """A request taken in: the DP rank it waits on."""
         with self.lock:
+            rank = self.requests % self.dp
             self.requests += 1
-            self.waiting += 1
+            self.waiting_by[rank] += 1
+            return rank
 
-    def prefilled(self, prompt):
+    def prefilled(self, prompt, rank=0):
         """A request's prompt is in: it leaves the queue and decodes."""
         with self.lock:
-            self.waiting -= 1
-            self.running += 1
+            self.waiting_by[rank] -= 1
+            self.running_by[rank] += 1
             self.prompt_tokens += prompt
+            self._move("step", prompt=prompt, rank=rank)
 
-    def generated(self):
+    def generated(self, rank=0):
         """One output token of one request."""
         with self.lock:
             self.generation_tokens += 1
+            self._move("step", generated=1, rank=rank)
 
-    def finished(self, decoding):
-        """A generation request ended, answered or failed, while waiting or `decoding`."""
+    def finished(self, decoding, rank=0, prompt=0, generated=0):
+        """A generation request ended, answered or failed, while waiting or `decoding`, with
+        `prompt` tokens in and `generated` out."""
         with self.lock:
             if decoding:
-                self.running -= 1
+                self.running_by[rank] -= 1
+                self._move("finish", prompt=prompt, generated=generated, rank=rank)
             else:
-                self.waiting -= 1
+                self.waiting_by[rank] -= 1
+
+    def counter_metrics(self, labels):
+        """The facts' counters (and histograms' counts and sums) for prometheus()."""
+        out = []
+        for name, m in (self.facts or {"metrics": {}})["metrics"].items():
+            if name not in self.counters:
+                continue
+            if m["kind"] == "histogram":
+                out.append((name + "_count", "counter", name, [(labels, self.counters[name])]))
+            else:
+                total = name if name.endswith("_total") else name + "_total"
+                out.append((total, "counter", name, [(labels, self.counters[name])]))
+        return out
 
     def faulty(self, kind):
         """Whether a request fault (empty, kv-lost) applies to the request being answered."""
@@ -590,14 +661,16 @@ class HandlerBase(BaseHTTPRequestHandler):
         """The request's prefill is done (`prompt` tokens): from now on it is running."""
         if not self.decoding:
             self.decoding = True
-            self.engine.prefilled(prompt)
+            self.prompt = prompt
+            self.engine.prefilled(prompt, self.dp_rank)
 
     def decode_step(self):
         """One output token: it takes decode_s, and a hung engine core never makes it."""
         self.freeze_if_hung()
         time.sleep(self.engine.decode_s)
         self.freeze_if_hung()  # the hang may have come while this token was computed
-        self.engine.generated()
+        self.made += 1
+        self.engine.generated(self.dp_rank)
 
     def healthy(self):
         eng = self.engine
@@ -635,13 +708,13 @@ class HandlerBase(BaseHTTPRequestHandler):
         """generate() with the request counted as waiting, then running, until it ends; a hung
         engine core still queues a new request (the API server takes it), but never runs it."""
         eng = self.engine
-        eng.count_request()
-        self.decoding = False
+        self.dp_rank = eng.count_request()
+        self.decoding, self.prompt, self.made = False, 0, 0
         try:
             self.freeze_if_hung()
             self.generate(kind, body)
         finally:
-            eng.finished(self.decoding)
+            eng.finished(self.decoding, self.dp_rank, self.prompt, self.made)
 
     def kv_failure(self, e):
         """The message of a request whose KV never arrived."""
@@ -720,6 +793,21 @@ class HandlerBase(BaseHTTPRequestHandler):
             self.sse({"id": rid, "object": obj, "created": created, "model": model,
                       "choices": [], "usage": usage})
         self.end_stream()
+
+
+def engine_facts(name):
+    """The engine's facts table (hpcserve/engines/facts.py `name`): beside this file as
+    hpcserve_facts.py in a job directory, in the package under engines/. Loaded alone: the
+    package's engines/__init__ imports the rest of hpcserve."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for path in (os.path.join(here, "hpcserve_facts.py"),
+                 os.path.join(here, os.pardir, "engines", "facts.py")):
+        if os.path.exists(path):
+            spec = importlib.util.spec_from_file_location("hpcserve_facts", path)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            return getattr(mod, name)
+    fatal(2, f"hpcserve_facts.py is missing beside {__file__}")
 
 
 def prometheus(metrics):

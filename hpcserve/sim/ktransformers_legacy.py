@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Simulated legacy KTransformers server: a stand-in for `python -m ktransformers.server.main
---host H --port P --model_path M --gguf_path G ...` of KTransformers 0.2.0 to 0.4.1 (no GPU, no
-model; stdlib only).
+--host H --port P --model_path M --gguf_path G ...` of KTransformers 0.2.1.post1 or 0.4.1 (no GPU,
+no model; stdlib only).
 
-As the real one: its options are those of ktransformers/server/args.py (argparse: an unknown
-one fails, unique prefixes are accepted); --model_path and --gguf_path must be directories that
-exist on the node; the model is "loaded" before the HTTP server starts, so nothing answers until
-then; there is no health route, GET /v1/models answers {"data": [{"id": NAME, "name": NAME}]};
-POST /v1/chat/completions and /v1/completions generate (any model name is served). It keeps
-its state under $HOME/.ktransformers (config copy, logs) as the real server does.
+As the real one: its options and their types are those of the release's
+ktransformers/server/args.py (argparse: an unknown option or a value its type refuses fails,
+unique prefixes are accepted; a release it has no table for is refused); --model_path and
+--gguf_path must be directories that exist on the node; the model is "loaded" before the HTTP
+server starts, so nothing answers until then; there is no health route, GET /v1/models answers
+{"data": [{"id": NAME, "name": NAME}]} (0.2.1.post1: a fixed list); POST /v1/chat/completions
+and /v1/completions generate (any model name is served). It keeps its state under
+$HOME/.ktransformers (config copy, logs) as the real server does.
 Faults and timings: see hpcserve_simcore (HPCSERVE_SIM_*).
 """
 
@@ -25,44 +27,110 @@ from hpcserve_simcore import (TAG, EngineBase, HandlerBase, bind_socket,  # noqa
 
 KT_VERSION = release("0.4.1")
 
-# The server's options in 0.4.1 (tools/extract_ktransformers_flags.py; a test keeps this table
-# equal to hpcserve's) and those that take no value.
-OPTIONS = frozenset((
-    "--amnesia", "--api_key", "--architectures", "--assistant_store_dir", "--backend_type",
-    "--backup_count", "--ban_strings", "--batch_size", "--botname", "--cache_8bit",
-    "--cache_lens", "--cache_q4", "--chunk_size", "--cpu_infer", "--cpu_memory_size_GB",
-    "--db_database", "--db_host", "--db_name", "--db_pool_size", "--db_port", "--db_type",
-    "--device", "--draft_gguf_path", "--draft_model_dir", "--draft_model_path",
-    "--dynamic_temperature", "--experts_per_token", "--fast_safetensors", "--file_upload_dir",
-    "--force_think", "--frequency_penalty", "--gguf_path", "--gpu_split", "--healing", "--host",
-    "--json_mode", "--kvc2_config_dir", "--length", "--load_q4", "--log_dir", "--log_file",
-    "--log_level", "--low_mem", "--max_batch_size", "--max_new_tokens", "--memory_gpu_only",
-    "--mode", "--model_dir", "--model_name", "--model_path", "--modes", "--ngram_decoding",
-    "--no-force_think", "--no-use_cuda_graph", "--no_code_formatting", "--no_draft_scale",
-    "--no_flash_attn", "--optimize_config_path", "--page_size", "--port", "--presence_penalty",
-    "--print_timings", "--prompt_file", "--q4_gguf_path", "--repetition_penalty",
-    "--response_chunk", "--rope_alpha", "--rope_scale", "--sched_strategy", "--skew",
-    "--smoothing_factor", "--ssl_certfile", "--ssl_keyfile", "--system_prompt", "--temperature",
-    "--top_a", "--top_k", "--top_p", "--tp", "--typical", "--use_cuda_graph",
-    "--user_algorithm", "--user_secret_key", "--username", "--utilization_percentage", "--web",
-    "--web_cross_domain"))
-BARE = frozenset((
-    "--force_think", "--no-force_think", "--no-use_cuda_graph", "--use_cuda_graph"))
+# Each release's options, as its ktransformers/server/args.py declares them, by type: argparse
+# converts the text with it (int, float; bool and list apply bool()/list() to the text, so any
+# non-empty value is True), "flag" = argparse.BooleanOptionalAction (--x and --no-x, no value).
+# tests/unit/test_kt_plan.py keeps each table equal to tools/extract_ktransformers_flags.py's,
+# and tests/engine_parsers/test_ktransformers_legacy.py compares this parser with the real
+# 0.2.1.post1 one. A release without a table is refused: the stand-in never accepts an option
+# the release it stands in for would not.
+TABLES = {
+    "0.2.1.post1": {
+        "str": """
+            assistant_store_dir botname db_database db_host db_name db_port db_type device
+            draft_model_dir dynamic_temperature file_upload_dir gguf_path gpu_split host log_dir
+            log_file log_level mode model_dir model_name model_path optimize_config_path
+            prompt_file ssl_certfile ssl_keyfile system_prompt type user_algorithm user_secret_key
+            username
+        """,
+        "int": """
+            backup_count batch_size cache_lens cpu_infer db_pool_size experts_per_token length
+            max_batch_size max_chunk_size max_new_tokens max_response_tokens port response_chunk
+            top_k total_context
+        """,
+        "float": """
+            frequency_penalty presence_penalty repetition_penalty rope_alpha rope_scale skew
+            smoothing_factor temperature top_a top_p typical
+        """,
+        "bool": """
+            amnesia cache_8bit cache_q4 fast_safetensors force_think healing json_mode load_q4
+            low_mem modes ngram_decoding no_code_formatting no_draft_scale no_flash_attn paged
+            print_timings web web_cross_domain
+        """,
+        "list": """
+            ban_strings
+        """,
+    },
+    "0.4.1": {
+        "str": """
+            api_key architectures assistant_store_dir backend_type botname cpu_memory_size_GB
+            db_database db_host db_name db_port db_type device draft_gguf_path draft_model_dir
+            draft_model_path dynamic_temperature file_upload_dir gguf_path gpu_split host
+            kvc2_config_dir log_dir log_file log_level memory_gpu_only mode model_dir model_name
+            model_path optimize_config_path page_size prompt_file q4_gguf_path sched_strategy
+            ssl_certfile ssl_keyfile system_prompt user_algorithm user_secret_key username
+            utilization_percentage
+        """,
+        "int": """
+            backup_count batch_size cache_lens chunk_size cpu_infer db_pool_size experts_per_token
+            length max_batch_size max_new_tokens port response_chunk top_k tp
+        """,
+        "float": """
+            frequency_penalty presence_penalty repetition_penalty rope_alpha rope_scale skew
+            smoothing_factor temperature top_a top_p typical
+        """,
+        "bool": """
+            amnesia cache_8bit cache_q4 fast_safetensors healing json_mode load_q4 low_mem modes
+            ngram_decoding no_code_formatting no_draft_scale no_flash_attn print_timings web
+            web_cross_domain
+        """,
+        "list": """
+            ban_strings
+        """,
+        "flag": """
+            force_think use_cuda_graph
+        """,
+    },
+}
+TYPES = {"str": str, "int": int, "float": float, "bool": bool, "list": list}
 
 
-def parse_args(argv):
-    p = argparse.ArgumentParser(prog="ktransformers.server.main (hpcserve sim)")
-    for opt in sorted(OPTIONS):
-        if opt in BARE:
-            p.add_argument(opt, action="store_true", dest=opt.lstrip("-").replace("-", "_"))
+def options(version):
+    """{option: type name} of `version` ("flag": takes no value, --no-<x> too); None: no table."""
+    table = TABLES.get(version)
+    if table is None:
+        return None
+    return {"--" + name: kind for kind, names in table.items() for name in names.split()}
+
+
+def build_parser(version):
+    opts = options(version)
+    if opts is None:
+        fatal(2, f"the stand-in has no option table for KTransformers {version} (it has "
+                 f"{', '.join(TABLES)}): it cannot tell which options that release accepts")
+    # The real parser's prog and its argparse defaults (allow_abbrev: unique prefixes pass).
+    p = argparse.ArgumentParser(prog="kvcache.ai", description="Ktransformers")
+    for opt, kind in sorted(opts.items()):
+        if kind == "flag":
+            p.add_argument(opt, action=argparse.BooleanOptionalAction)
         else:
-            p.add_argument(opt, dest=opt.lstrip("-").replace("-", "_"))
-    a = p.parse_args(argv)  # argparse's own error and exit code 2 for an unknown option
+            p.add_argument(opt, type=TYPES[kind])
+    return p
+
+
+def parse_args(argv, version=None):
+    a = build_parser(version or KT_VERSION).parse_args(argv)  # argparse's error, exit code 2
     for name in ("model_path", "gguf_path"):
         path = getattr(a, name)
         if not path or not os.path.isdir(path):
             fatal(1, f"FileNotFoundError: --{name} {path!r} is not a directory on this node")
     return a
+
+
+# GET /v1/models of 0.2.1.post1 answers a module-level list
+# (ktransformers/server/api/openai/endpoints/chat.py, lines 13-19 at tag v0.2.1.post1); from
+# 0.2.3 on it answers {"data": [{"id": <model_name>, ...}], "object": "list"}.
+STATIC_MODELS = {"0.2.1.post1": [{"id": "0", "name": "ktranformers-model"}]}
 
 
 class Engine(EngineBase):
@@ -89,6 +157,8 @@ class Handler(HandlerBase):
             if self.engine.unhealthy:
                 return self.send_json(500, {"detail": "Internal Server Error"})
             n = self.engine.name
+            if KT_VERSION in STATIC_MODELS:  # a fixed list, whatever --model_name says
+                return self.send_json(200, STATIC_MODELS[KT_VERSION])
             return self.send_json(200, {"data": [{"id": n, "name": n}], "object": "list"})
         return self.send_json(404, {"detail": "Not Found"})
 

@@ -27,10 +27,15 @@ import uuid
 # `python -I` does not put the script's own folder on sys.path).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hpcserve_simcore import (TAG, BadRequest, EngineBase, HandlerBase,  # noqa: E402
-                              KVTransferError, Rendezvous, bind_socket, count_tokens, env_float,
-                              fatal, first_int, log, release, prometheus, self_check, serve_http)
+                              KVTransferError, Rendezvous, bind_socket, count_tokens,
+                              engine_facts, env_float, fatal, first_int, log, release,
+                              prometheus, self_check, serve_http)
 
-SGLANG_VERSION = release("0.5.23")
+# What the real release moves and answers, and when (hpcserve/engines/facts.py SGLANG, proved
+# against 0.5.23 by tests/facts/): the stand-in moves a counter, or answers a health path, only
+# where the release would.
+FACTS = engine_facts("SGLANG")
+SGLANG_VERSION = release(FACTS["release"])
 
 
 def parse_args(argv):
@@ -96,6 +101,15 @@ class Engine(EngineBase):
         self.rooms = {}                 # bootstrap_room -> (monotonic time, info)
         self.rooms_cv = threading.Condition()
         self.bootstrap_timeout = env_float("HPCSERVE_SIM_BOOTSTRAP_TIMEOUT", 30.0)
+        # one scheduler per attention-DP rank, spread evenly over the nodes
+        self.set_facts(FACTS, dp=args.attn_dp_size or 1)
+        self.health_timeout = env_float("SGLANG_HEALTH_CHECK_TIMEOUT",
+                                        float(FACTS["env"]["SGLANG_HEALTH_CHECK_TIMEOUT"]))
+
+    def local(self, rank):
+        """Node rank 0's /metrics reads its own node's metrics directory: the DP ranks there."""
+        per_node = max(1, self.dp // max(1, self.args.nnodes))
+        return rank < per_node
 
     def on_sigterm(self, signum, frame):
         if self.rank != 0:
@@ -221,18 +235,42 @@ class Engine(EngineBase):
         return info
 
     def metrics(self):
-        """GET /metrics of SGLang 0.5.23 with --enable-metrics: the scheduler's gauges and the
-        tokenizer manager's token counters (the latter advance token by token)."""
+        """GET /metrics of SGLang 0.5.23 with --enable-metrics: the scheduler gauges of the DP
+        ranks on this node (one exporting scheduler per DP group, dp_rank labelled where there
+        are several) and the counters of the facts table, each moved as the release moves it
+        (hpcserve_simcore EngineBase.set_facts)."""
         lab = {"model_name": self.args.served_model_name}
-        return prometheus([
-            ("sglang:num_running_reqs", "gauge", "The number of running requests.",
-             [(lab, self.running)]),
-            ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
-             [(lab, self.waiting)]),
-            ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-             [(lab, self.prompt_tokens)]),
-            ("sglang:generation_tokens_total", "counter", "Number of generation tokens "
-             "processed.", [(lab, self.generation_tokens)])])
+        with self.lock:
+            ranks = [r for r in range(self.dp) if self.local(r)]
+
+            def per_rank(values):
+                return [({**lab, "dp_rank": str(r)} if self.dp > 1 else lab, values[r])
+                        for r in ranks]
+            usage = [min(1.0, v / 256) for v in self.running_by]
+            return prometheus([
+                ("sglang:num_running_reqs", "gauge", "The number of running requests.",
+                 per_rank(self.running_by)),
+                ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting "
+                 "queue.", per_rank(self.waiting_by)),
+                ("sglang:token_usage", "gauge", "The token usage.", per_rank(usage)),
+            ] + self.counter_metrics(lab))
+
+    def loads(self, prometheus_text):
+        """GET /v1/loads: every DP rank's load, whatever node it runs on (the tokenizer reads
+        every scheduler's snapshot); as Prometheus text one sample per dp_rank of each core
+        number, named sglang_<key> (sglang/srt/entrypoints/v1_loads.py)."""
+        with self.lock:
+            rows = [{"dp_rank": r, "num_running_reqs": self.running_by[r],
+                     "num_waiting_reqs": self.waiting_by[r],
+                     "token_usage": min(1.0, self.running_by[r] / 256)}
+                    for r in range(self.dp)]
+        if not prometheus_text:
+            return {"version": SGLANG_VERSION, "loads": rows}
+        lines = []
+        for key in ("num_running_reqs", "num_waiting_reqs", "token_usage"):
+            lines.append(f"# TYPE sglang_{key} gauge")
+            lines += [f'sglang_{key}{{dp_rank="{r["dp_rank"]}"}} {r[key]}' for r in rows]
+        return "\n".join(lines) + "\n"
 
     def model_info(self):
         a = self.args
@@ -244,17 +282,22 @@ class Engine(EngineBase):
 
 
 class SimHandler(HandlerBase):
-    quiet_paths = ("/health", "/health_generate", "/ready", "/metrics")
+    quiet_paths = ("/health", "/health_generate", "/ready", "/metrics", "/v1/loads")
 
     # -- routing
     def do_GET(self):
         eng, path = self.engine, self.path.split("?")[0]
+        text = "text/plain; version=0.0.4; charset=utf-8"
         if path == "/metrics" and eng.args.enable_metrics:
             # the tokenizer manager's process answers even while the scheduler is hung
-            return self.send_text(200, eng.metrics(), "text/plain; version=0.0.4; charset=utf-8")
-        self.freeze_if_hung()  # every other route waits on the scheduler (/health generates)
-        if path in ("/health", "/health_generate"):
-            return self.health()
+            return self.send_text(200, eng.metrics(), text)
+        if path == "/v1/loads":  # the schedulers' last snapshots: no scheduler is asked
+            prom = "format=prometheus" in self.path
+            out = eng.loads(prom)
+            return self.send_text(200, out, text) if prom else self.send_json(200, out)
+        if path in FACTS["health"]:
+            return self.health_path(FACTS["health"][path])
+        self.freeze_if_hung()  # every other route waits on the scheduler
         if path == "/ready":
             return self.send_json(200 if self.healthy() else 503, None)
         if path in ("/server_info", "/get_server_info"):
@@ -282,6 +325,25 @@ class SimHandler(HandlerBase):
                 return self.send_json(200, None)
             return self.send_json(404, {"detail": "Not Found"})
         self.count_inflight(lambda: self.answer(kinds[path]))
+
+    def health_path(self, fact):
+        """GET /health or /health_generate as the facts say: "generation" runs a 1-token
+        request through the scheduler (200 once it answers, 503 after SGLANG_HEALTH_CHECK_TIMEOUT
+        when it does not), unless the environment variable that turns it into a plain 200 is
+        set false."""
+        eng = self.engine
+        off = fact.get("unless_env")
+        if fact["proves"] != "generation" or (
+                off and os.environ.get(off, "true").strip().lower() in ("0", "false", "no")):
+            return self.send_json(200 if self.healthy() else 503, None)
+        if not self.healthy():
+            return self.send_json(503, None)
+        if eng.frozen.wait(eng.probe_delay()):
+            time.sleep(eng.health_timeout)  # a wedged scheduler answers nothing
+            log(f"Health check failed. Server couldn't get a response from detokenizer for "
+                f"last {eng.health_timeout:g} seconds.")
+            return self.send_json(503, None)
+        return self.send_json(200, None)
 
     def error(self, kind, code, msg):
         if kind == "generate":

@@ -37,10 +37,12 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hpcserve_simcore import (TAG, BadRequest, EngineBase, HandlerBase,  # noqa: E402
-                              KVTransferError, bind_socket, env_float, fatal, log, release,
-                              self_check, serve_http)
+                              KVTransferError, bind_socket, engine_facts, env_float, fatal, log,
+                              release, self_check, serve_http)
 
-TRTLLM_VERSION = release("1.3.0rc3")
+# its health paths as the release answers them (hpcserve/engines/facts.py TRTLLM)
+FACTS = engine_facts("TRTLLM")
+TRTLLM_VERSION = release(FACTS["release"])
 
 # trtllm-serve serve's options and those of them that take no value (tools/
 # extract_trtllm_flags.py; a test keeps these tables equal to hpcserve's).
@@ -227,16 +229,16 @@ class Engine(EngineBase):
             self.iter_stats = collections.deque(maxlen=int(api.get("max_stats_len") or 1000))
 
     # -- iteration stats, as the PyTorch executor records them (one iteration per token here)
-    def prefilled(self, prompt):
-        super().prefilled(prompt)
+    def prefilled(self, prompt, rank=0):
+        super().prefilled(prompt, rank)
         self.iteration(ctx_tokens=prompt)
 
-    def generated(self):
-        super().generated()
+    def generated(self, rank=0):
+        super().generated(rank)
         self.iteration()
 
-    def finished(self, decoding):
-        super().finished(decoding)
+    def finished(self, decoding, rank=0, prompt=0, generated=0):
+        super().finished(decoding, rank, prompt, generated)
         if decoding:
             self.iteration(completed=1, scheduled=0)
 
@@ -358,7 +360,10 @@ class TRTLLMHandler(HandlerBase):
         # No freeze: the server's event loop answers while the executor is hung; /health only
         # asks whether the executor has failed, /metrics reads the (then empty) stats queue.
         eng, path = self.engine, self.path.split("?")[0]
-        if path == "/health":
+        if path in FACTS["health"]:
+            if FACTS["health"][path]["proves"] == "generation":
+                self.freeze_if_hung()  # a 1-token chat through the executor
+                return self.send_json(200 if self.healthy() else 500, None)
             return self.health()
         if path == "/metrics":
             return self.send_json(200, eng.take_iteration_stats())

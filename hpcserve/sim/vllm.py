@@ -42,8 +42,13 @@ import uuid
 # `python -I` does not put the script's own folder on sys.path).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hpcserve_simcore import (TAG, EngineBase, HandlerBase,  # noqa: E402
-                              KVTransferError, Rendezvous, bind_socket, env_float, fatal, log,
-                              prometheus, read_msg, release, self_check, send_msg, serve_http)
+                              KVTransferError, Rendezvous, bind_socket, engine_facts, env_float,
+                              fatal, log, prometheus, read_msg, release, self_check, send_msg,
+                              serve_http)
+
+# What the real releases move and answer (hpcserve/engines/facts.py VLLM, proved against 0.32.0
+# and 0.33.0 by tests/facts/): the stand-in moves a counter only as they do.
+FACTS = engine_facts("VLLM")
 
 VLLM_VERSION = release("0.33.0")
 
@@ -152,6 +157,8 @@ class Engine(EngineBase):
         self.kv_timeout = env_float("HPCSERVE_SIM_KV_TIMEOUT", 5.0)
         self.side_host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost")
         self.side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
+        # the API server balances requests over the DP engines and records each one's stats
+        self.set_facts(FACTS, dp=args.data_parallel_size)
 
     @property
     def multi_node_tp(self):
@@ -361,20 +368,24 @@ class Engine(EngineBase):
         raise KVTransferError(f"transfer {tid} never arrived from {base}")
 
     def metrics(self):
-        """vLLM's /metrics: one `engine` label per DP rank (vllm-router counts them); the
-        simulator runs every request on rank 0, so the others read 0."""
-        def per_engine(value):
-            return [({"engine": str(r), "model_name": self.args.served}, value if r == 0 else 0)
+        """vLLM's /metrics: one `engine` label per DP rank (vllm-router counts them), each
+        engine's gauges its own; the facts' counters (iteration histogram, token counters) move
+        every step, summed over the engines under engine 0."""
+        label = FACTS["label"]
+
+        def per_engine(values):
+            return [({label: str(r), "model_name": self.args.served}, values[r])
                     for r in range(self.args.data_parallel_size)]
-        return prometheus([
-            ("vllm:num_requests_running", "gauge",
-             "Number of requests in model execution batches.", per_engine(self.running)),
-            ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-             per_engine(self.waiting)),
-            ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-             per_engine(self.prompt_tokens)),
-            ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
-             per_engine(self.generation_tokens))])
+        with self.lock:
+            usage = [min(1.0, v / 256) for v in self.running_by]
+            return prometheus([
+                ("vllm:num_requests_running", "gauge",
+                 "Number of requests in model execution batches.", per_engine(self.running_by)),
+                ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be "
+                 "processed.", per_engine(self.waiting_by)),
+                ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent "
+                 "usage.", per_engine(usage)),
+            ] + self.counter_metrics({label: "0", "model_name": self.args.served}))
 
 
 class VLLMHandler(HandlerBase):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -188,3 +189,62 @@ def vllm_parser() -> VllmParser:
         pytest.fail(f"scripts/setup-vllm-parser.sh failed ({proc.returncode}); the vLLM parser "
                     f"tests need it.\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}", pytrace=False)
     return VllmParser(venv / "bin" / "python")
+
+
+KT_CHECK = Path(__file__).resolve().parent / "ktransformers_check.py"
+KT_SETUP = REPO / "scripts" / "setup-ktransformers-parser.sh"
+
+
+def kt_parser_dir() -> Path:
+    return Path(os.environ.get("HPCSERVE_KT_PARSER_DIR", REPO / ".cache" / "ktransformers-parser"))
+
+
+class KtLegacyParser:
+    """The legacy KTransformers server's own parser (ktransformers_check.py), from the release
+    scripts/setup-ktransformers-parser.sh fetched: ``parse(argvs)`` -> one ``{ok, error,
+    values}`` per argv; ``describe()`` -> ``{version, options, optimize_rules}``; ``index`` ->
+    the package index's file names of the project when it was fetched."""
+
+    def __init__(self, folder: Path, home: Path):
+        self.src = folder / "src"
+        self.home = home
+        self.index = json.loads((folder / "index.json").read_text())
+        self._described: dict[str, Any] | None = None
+
+    def _run(self, args: list[str], stdin: str = "") -> dict[str, Any]:
+        # Config() copies the packaged config.yaml to $HOME/.ktransformers and reads the copy:
+        # a HOME of the tests' own, so no copy from another release is read.
+        proc = subprocess.run([sys.executable, str(KT_CHECK), str(self.src), *args], input=stdin,
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "HOME": str(self.home)})
+        if proc.returncode != 0:
+            raise RuntimeError(f"ktransformers_check.py exited {proc.returncode}\n"
+                               f"{proc.stderr[-4000:]}")
+        return json.loads(proc.stdout)
+
+    @property
+    def version(self) -> str:
+        return self.describe()["version"]
+
+    def describe(self) -> dict[str, Any]:
+        if self._described is None:
+            self._described = self._run(["--describe"])
+        return self._described
+
+    def __call__(self, argvs: list[list[str]]) -> list[dict[str, Any]]:
+        out = self._run([], json.dumps({"argvs": [[str(a) for a in v] for v in argvs]}))
+        assert len(out["results"]) == len(argvs)
+        return out["results"]
+
+
+@pytest.fixture(scope="session")
+def kt_legacy_parser(tmp_path_factory) -> KtLegacyParser:
+    folder = kt_parser_dir()
+    # Always run it: a no-op with a current stamp; a failed fetch FAILS the tests (not a skip).
+    proc = subprocess.run(["bash", str(KT_SETUP)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HPCSERVE_KT_PARSER_DIR": str(folder)})
+    if proc.returncode != 0:
+        pytest.fail(f"scripts/setup-ktransformers-parser.sh failed ({proc.returncode}); the "
+                    f"legacy KTransformers parser tests need it.\n{proc.stderr[-4000:]}",
+                    pytrace=False)
+    return KtLegacyParser(folder, tmp_path_factory.mktemp("kt-home"))

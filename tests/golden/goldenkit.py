@@ -14,6 +14,7 @@ RUNTIME = {f"hpcserve_runtime/{f.name}": f
 COPIED = {**RUNTIME,
           "hpcserve_sim.py": ROOT / "hpcserve" / "sim" / "sglang.py",  # or the engine's own
           "hpcserve_simcore.py": ROOT / "hpcserve" / "sim" / "hpcserve_simcore.py",
+          "hpcserve_facts.py": ROOT / "hpcserve" / "engines" / "facts.py",
           "hpcserve_enroot_import.sh": ROOT / "containers" / "enroot-import.sh"}
 
 

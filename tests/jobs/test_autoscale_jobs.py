@@ -14,7 +14,7 @@ from jobkit import Job, Load, deployment, requests_in, until
 
 pytestmark = pytest.mark.slurm
 
-FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1}
+FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1, "hung_after": 1}
 # 8 tokens at 0.05 s: a request runs 0.4 s, so six clients hold about six running requests
 ENGINE = {"name": "sglang", "version": "0.5.23", "simulate": True,
           "sim_decode_s_per_token": 0.05}

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slurm
 
 # Fast probes, so that a runtime that took the outage for a failure would show it within the
 # outage; Slurm's word on the nodes (sinfo) is asked every 2 s.
-LIVENESS = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 2}
+LIVENESS = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 2, "hung_after": 1}
 HPCSERVE = str(Path(sys.executable).parent / "hpcserve")
 
 

@@ -19,7 +19,7 @@ from jobkit import Job, Load, deployment, requests_in, until
 pytestmark = pytest.mark.slurm
 
 HPCSERVE = str(Path(sys.executable).parent / "hpcserve")
-FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1}
+FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1, "hung_after": 1}
 ENGINE = {"name": "sglang", "version": "0.5.23", "simulate": True,
           "sim_decode_s_per_token": 0.01}
 # one slot each (max 1); a long cool-down: no load decision while the test runs

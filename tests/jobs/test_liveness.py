@@ -16,7 +16,7 @@ from jobkit import NO_RESTART, deployment, find_pid, wait_no_job_processes
 
 pytestmark = pytest.mark.slurm
 
-FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1}
+FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1, "hung_after": 1}
 
 
 @pytest.mark.parametrize("how", ["fault", "sigstop"])
@@ -36,7 +36,7 @@ def test_a_hung_decode_leader_ends_the_deployment_as_hung(submit, dev_cluster, h
     f = st["failure"]
     assert st["phase"] == "failed" and f["reason"] == "hung", st
     assert (f["role"], f["instance"], f["node"], f["node_rank"]) == ("decode", 0, leader[1], 0)
-    assert f["probe"] == f"http://{leader[2]}:30000/health"
+    assert f["probe"] == f"http://{leader[2]}:30000/health_generate"
     if how == "sigstop":
         assert time.time() - t0 < 10, f"failed {time.time() - t0:.1f} s after the hang"
     wait_no_job_processes(dev_cluster, 30)

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
+import urllib.request
 
 import pytest
 
-from jobkit import (Load, deployment, find_pid, requests_in, scrape, until,
+from jobkit import (Load, chat, deployment, find_pid, requests_in, scrape, until,
                     wait_no_job_processes)
 
 pytestmark = pytest.mark.slurm
 
-FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1}
+FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1, "hung_after": 1}
 
 
 def _rounds(job, n: int, timeout: float) -> None:
@@ -182,6 +184,37 @@ def test_a_hung_engine_on_default_settings_is_named_within_30_s_and_replaced(sub
     st = job.wait_until(lambda s: s["instances"]["decode-0"]["status"] == "serving"
                         and s["instances"]["decode-0"]["attempt"] == 1, 60)
     assert st["phase"] == "serving"
+
+
+def test_one_long_answer_streaming_on_default_liveness_is_never_called_hung(submit, dev_cluster):
+    # SGLang 0.5.23 moves its prompt and generation token counters only when a request
+    # finishes (engines/facts.py): a decode streaming one answer for 45 s shows still token
+    # counters all along, past every default threshold (3 rounds, hung_after 20 s)
+    dep = deployment(1, 1, name="t-heal-long",
+                     engine={"name": "sglang", "version": "0.5.23", "simulate": True,
+                             "sim_decode_s_per_token": 0.15})
+    job = submit(dep)
+    st = _serving(job)
+    t0 = time.time()
+    events = chat(st["endpoint"], 300, stream=True, timeout=120)
+    took = time.time() - t0
+    assert events[-1]["usage"]["completion_tokens"] == 300, events[-1]
+    assert took > 40, f"the answer streamed for {took:.1f} s only"
+    st = job.state()
+    d0 = st["instances"]["decode-0"]
+    assert (d0["status"], d0["attempt"], d0["restarts"]) == ("serving", 0, 0), d0
+    assert st["phase"] == "serving", st
+    log = (job.dir / "logs" / "hpcserve-job.log").read_text()
+    assert "decode-0: hung" not in log and "decode-0: busy" not in log, log[-3000:]
+    # the finish-only counters moved at the end, the per-step one all along
+    text = urllib.request.urlopen(f"http://{job.node_rows('decode-0')[0][2]}:30000/metrics",
+                                  timeout=10).read().decode()
+
+    def value(name):
+        return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{.*}})? (\S+)$", text,
+                                                re.M))
+    assert value("sglang:generation_tokens_total") >= 300
+    assert value("sglang:realtime_tokens_total") >= value("sglang:generation_tokens_total")
 
 
 def test_an_instance_that_spends_its_restarts_fails_the_deployment_with_every_attempt(

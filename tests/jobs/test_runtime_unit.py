@@ -664,7 +664,8 @@ def test_probe_tells_hung_from_unreachable_from_unhealthy(health):
 
 def _liveness_job(make_job, port):
     inst = {"name": "decode-0", "role": "decode", "index": 0, "component": 0, "node_offset": 0,
-            "nodes": 2, "port": port, "health_path": "/health", "stop_signal": "TERM"}
+            "nodes": 2, "port": port, "health_path": "/health", "stop_signal": "TERM",
+            "liveness": {"path": "/health", "proves_progress": False, "hung_after": 0.3}}
     job = make_job([], instances=[inst], liveness={"interval": 0.1, "timeout": 0.5,
                                                    "failures": 3, "node_interval": 3600})
     job.instances.nodes["decode-0"] = [["0", "n7", "127.0.0.1", "eth0", "-"],
@@ -846,68 +847,119 @@ def test_the_pyxis_image_is_imported_once_before_any_step(make_job, tmp_path, rc
 
 # -- hung is not busy: the verdict of one probe target across rounds (health.Track)
 
+HUNG_AFTER = 20.0
+
+
+def judge(t, at, kind=None, m=None, proves=False, detail="no answer within 5 s"):
+    """One round of `t` at time `at` (a 3 s pause and a 5 s probe apart, as on the defaults)."""
+    return t.judge(kind, detail if kind else "", m, at, HUNG_AFTER, proves)
+
+
 def test_a_slow_answer_while_the_counters_move_is_busy_never_a_failure():
-    t = healthmod.Track()
-    assert t.judge(None, "", (100.0, 2.0)) is None
-    for progress in (150.0, 210.0, 260.0, 300.0, 350.0):
-        assert t.judge("hung", "no answer within 5 s", (progress, 2.0)) is None
+    t = healthmod.Track(0.0)
+    assert judge(t, 0, m=(100.0, 2.0)) is None
+    for at, progress in enumerate((150.0, 210.0, 260.0, 300.0, 350.0), 1):
+        assert judge(t, at * 8, "hung", (progress, 2.0)) is None
         assert t.busy and t.failed == 0
 
 
-def test_no_answer_with_standing_counters_counts_as_hung_each_round():
-    t = healthmod.Track()
-    t.judge(None, "", (100.0, 1.0))
-    assert t.judge("hung", "no answer within 5 s", (100.0, 1.0)) == ("hung",
-                                                                      "no answer within 5 s")
-    assert t.judge("hung", "no answer within 5 s", None) == ("hung", "no answer within 5 s")
-    assert t.failed == 2
+def test_no_answer_with_standing_counters_is_hung_once_hung_after_has_passed():
+    # SIGSTOP right after a round that answered: three timed-out rounds 8 s apart
+    t = healthmod.Track(0.0)
+    judge(t, 0, m=(100.0, 1.0))
+    got = [judge(t, at, "hung", (100.0, 1.0) if at < 16 else None) for at in (8, 16, 24)]
+    assert [v[0] for v in got] == ["hung"] * 3 and t.failed == 3
+    assert [v[2] for v in got] == [False, False, True]  # ripe at 24 s: within 30 s
+    assert "no sign of progress for 24 s" in got[2][1]
+
+
+def test_a_long_step_shorter_than_hung_after_is_never_ripe():
+    # a 19 s step: no answer, no counter moves, then it goes on
+    t = healthmod.Track(0.0)
+    judge(t, 0, m=(100.0, 1.0))
+    assert [judge(t, at, "hung", (100.0, 1.0))[2] for at in (6, 12, 18)] == [False] * 3
+    assert judge(t, 19, m=(180.0, 1.0)) is None and t.failed == 0
 
 
 def test_an_engine_that_answers_but_holds_requests_without_progress_is_hung():
     # vLLM's /health answers while its engine core hangs: requests held, counters still
-    t = healthmod.Track()
-    t.judge(None, "", (100.0, 0.0))
-    verdicts = [t.judge(None, "", (100.0, 3.0)) for _ in range(3)]
+    t = healthmod.Track(0.0)
+    judge(t, 0, m=(100.0, 0.0))
+    verdicts = [judge(t, at, m=(100.0, 3.0)) for at in (3, 13, 23)]
     assert all(v and v[0] == "hung" and "holds 3 request(s)" in v[1] for v in verdicts)
-    assert t.stalled == 3
-    assert t.judge(None, "", (101.0, 3.0)) is None and t.stalled == 0  # it moved again
+    assert [v[2] for v in verdicts] == [False, False, True] and t.failed == 3
+    assert judge(t, 26, m=(101.0, 3.0)) is None and t.failed == 0  # it moved again
+
+
+def test_a_health_path_that_proves_generation_is_progress_whatever_the_counters():
+    # SGLang's /health_generate answers only once its scheduler produced output: an answer
+    # while requests are held under counters that stand still (finish-only ones) is progress
+    t = healthmod.Track(0.0)
+    for at in range(0, 120, 8):
+        assert judge(t, at, m=(100.0, 4.0), proves=True) is None
+    assert t.failed == 0 and t.alive_at == 112
+
+
+def test_a_counter_the_engine_does_not_export_proves_no_stall():
+    t = healthmod.Track(0.0)
+    for at in range(0, 120, 8):
+        assert judge(t, at, m=(None, 4.0)) is None
 
 
 def test_an_idle_engine_with_standing_counters_is_fine():
-    t = healthmod.Track()
-    for _ in range(5):
-        assert t.judge(None, "", (100.0, 0.0)) is None
+    t = healthmod.Track(0.0)
+    for at in range(5):
+        assert judge(t, at * 30, m=(100.0, 0.0)) is None
 
 
-def test_metrics_totals_sums_the_named_series_over_their_labels(tmp_path):
-    import http.server
-    text = ("# TYPE vllm:generation_tokens_total counter\n"
-            'vllm:generation_tokens_total{engine="0",model_name="m"} 40.0\n'
-            'vllm:generation_tokens_total{engine="1",model_name="m"} 2.0\n'
-            'vllm:iteration_tokens_total_count{engine="0"} 7\n'
-            'vllm:iteration_tokens_total_bucket{engine="0",le="1.0"} 99\n'
-            'vllm:num_requests_running{engine="0"} 3.0\n'
-            "vllm:num_requests_waiting 5.0\n")
+def test_a_refused_or_failing_probe_needs_no_hung_after():
+    t = healthmod.Track(0.0)
+    judge(t, 0, m=(100.0, 0.0))
+    assert judge(t, 1, "unreachable", None, detail="refused") == ("unreachable", "refused", True)
 
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(text.encode())
 
-        def log_message(self, *a):
-            pass
+class _Text(http.server.BaseHTTPRequestHandler):
+    pages: dict = {}
 
-    srv = http.server.HTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        m = {"progress": ["vllm:generation_tokens_total", "vllm:iteration_tokens_total_count"],
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(self.pages[self.path].encode())
+
+    def log_message(self, *a):
+        pass
+
+
+def test_metrics_totals_sums_the_named_series_over_their_labels():
+    _Text.pages = {"/metrics": (
+        "# TYPE vllm:generation_tokens_total counter\n"
+        'vllm:generation_tokens_total{engine="0",model_name="m"} 40.0\n'
+        'vllm:generation_tokens_total{engine="1",model_name="m"} 2.0\n'
+        'vllm:iteration_tokens_total_count{engine="0"} 7\n'
+        'vllm:iteration_tokens_total_bucket{engine="0",le="1.0"} 99\n'
+        'vllm:num_requests_running{engine="0"} 3.0\n'
+        "vllm:num_requests_waiting 5.0\n")}
+    with _served(_Text) as port:
+        m = {"url": f"http://127.0.0.1:{port}/metrics", "gauges_url": None,
+             "progress": ["vllm:generation_tokens_total", "vllm:iteration_tokens_total_count"],
              "pending": ["vllm:num_requests_running"]}
-        assert healthmod.metrics_totals(f"http://127.0.0.1:{srv.server_port}/metrics", m,
-                                        2.0) == (49.0, 3.0)
-    finally:
-        srv.shutdown()
-    assert healthmod.metrics_totals("http://127.0.0.1:9/metrics", m, 0.5) is None
+        assert healthmod.metrics_totals(m, 2.0) == (49.0, 3.0)
+        assert healthmod.metrics_totals({**m, "progress": ["absent"]}, 2.0) == (None, 3.0)
+    assert healthmod.metrics_totals({**m, "url": "http://127.0.0.1:9/metrics"}, 0.5) is None
+
+
+def test_metrics_totals_reads_gauges_where_every_scheduler_reports_them():
+    # SGLang: the counters on node 0's /metrics, every DP rank's load on /v1/loads
+    _Text.pages = {"/metrics": ('sglang:realtime_tokens_total{mode="decode"} 500\n'
+                                'sglang:num_running_reqs{dp_rank="0"} 0\n'),
+                   "/v1/loads?format=prometheus": ('sglang_num_running_reqs{dp_rank="0"} 0\n'
+                                                   'sglang_num_running_reqs{dp_rank="1"} 2\n'
+                                                   'sglang_num_running_reqs{dp_rank="5"} 1\n')}
+    with _served(_Text) as port:
+        base = f"http://127.0.0.1:{port}"
+        m = {"url": base + "/metrics", "gauges_url": base + "/v1/loads?format=prometheus",
+             "progress": ["sglang:realtime_tokens_total"], "pending": ["sglang_num_running_reqs"]}
+        assert healthmod.metrics_totals(m, 2.0) == (500.0, 3.0)
 
 
 # ---------------------------------------------------------------------- drain requests, attach

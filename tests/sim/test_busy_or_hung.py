@@ -15,6 +15,8 @@ import pytest
 
 from simlib import REPO, clean_env, free_port, get_status, http, sse_events, wait_status
 
+from hpcserve.engines import facts
+
 DECODE = 0.05  # seconds per output token: a 60-token stream takes 3 s
 PROCS: dict = {}  # port -> the engine's process (its log), for the waits on its faults
 
@@ -91,10 +93,12 @@ def vllm(procs, name="vllm", **env):
     return port
 
 
-PROM = {"sglang": ("sglang:generation_tokens_total", "sglang:prompt_tokens_total",
-                   "sglang:num_running_reqs", "sglang:num_queue_reqs"),
-        "vllm": ("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
-                 "vllm:num_requests_running", "vllm:num_requests_waiting")}
+# (a counter that moves every step, running gauge, waiting gauge), as each release has them
+PROM = {"sglang": ("sglang:realtime_tokens_total", "sglang:num_running_reqs",
+                   "sglang:num_queue_reqs"),
+        "vllm": ("vllm:generation_tokens_total", "vllm:num_requests_running",
+                 "vllm:num_requests_waiting")}
+FACTS = {"sglang": facts.SGLANG, "vllm": facts.VLLM}
 
 
 def start(procs, engine, **env):
@@ -102,25 +106,61 @@ def start(procs, engine, **env):
             else vllm(procs, **env))
 
 
+def exported(engine):
+    """name -> (exported name, how it moves, what it counts) of each counter of the facts."""
+    return {n: (facts.exported(n, m["kind"]), m["moves"], m["counts"])
+            for n, m in FACTS[engine]["metrics"].items() if m["kind"] != "gauge"}
+
+
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
-def test_token_counters_move_while_a_stream_generates(procs, engine):
-    gen, prompt, running, waiting = PROM[engine]
+def test_counters_move_while_a_stream_generates_only_as_the_release_moves_them(procs, engine):
+    step, running, waiting = PROM[engine]
     port = start(procs, engine)
     url = f"http://127.0.0.1:{port}/metrics"
     text = http("GET", url)[1]
-    assert f"# TYPE {gen} counter" in text and f"# TYPE {running} gauge" in text
+    assert f"# TYPE {step} counter" in text and f"# TYPE {running} gauge" in text
     assert 'model_name="kimi-k2"' in text
     req = background(lambda: stream(port, 60))
-    first = metrics_when(url, lambda t: metric(t, gen) > 0)
-    second = metrics_when(url, lambda t: metric(t, gen) > metric(first, gen))
-    # mid-stream: the request runs, and its tokens are counted as they are made
+    first = metrics_when(url, lambda t: metric(t, step) > 3)
+    second = metrics_when(url, lambda t: metric(t, step) > metric(first, step))
+    # mid-stream: the request runs; "step" counters move token by token, "finish" ones and
+    # ones behind an environment variable hpcserve never sets stand at 0
     assert metric(first, running) == 1 and metric(first, waiting) == 0
-    assert 0 < metric(first, gen) < metric(second, gen) < 60
-    assert metric(first, prompt) == 3
+    for name, (shown, moves, counts) in exported(engine).items():
+        if moves == "step" and counts == "prompt":  # the prompt is in once
+            assert metric(first, shown) == metric(second, shown) == 3, name
+        elif moves == "step":
+            assert 0 < metric(first, shown) < metric(second, shown), name
+        elif moves != "step":
+            assert metric(second, shown) == 0, (name, moves)
     req["thread"].join(10)
     assert req["result"][0] == 200
     done = http("GET", url)[1]
-    assert metric(done, gen) == 60 and metric(done, running) == 0
+    want = {"prompt": 3, "generated": 60, "both": 63}
+    for name, (shown, moves, counts) in exported(engine).items():
+        if moves in ("step", "finish") and counts in want and not shown.endswith("_count"):
+            assert metric(done, shown) == want[counts], (name, metric(done, shown))
+        elif moves.startswith("env:"):
+            assert metric(done, shown) == 0, name
+    assert metric(done, running) == 0
+
+
+def test_a_counter_behind_an_environment_variable_moves_once_it_is_set(procs):
+    (name, m), = [(n, m) for n, m in facts.SGLANG["metrics"].items()
+                  if m["moves"].startswith("env:")]
+    port = sglang(procs, "--enable-metrics", **{m["moves"][4:]: "1"})
+    stream(port, 20)
+    assert metric(http("GET", f"http://127.0.0.1:{port}/metrics")[1], name) > 0
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_stand_in_exports_no_metric_its_release_does_not_declare(procs, engine):
+    port = start(procs, engine)
+    stream(port, 5)
+    text = http("GET", f"http://127.0.0.1:{port}/metrics")[1]
+    shown = {n.split("{")[0].split(" ")[0] for n in text.splitlines() if n and n[0] != "#"}
+    declared = {facts.exported(n, m["kind"]) for n, m in FACTS[engine]["metrics"].items()}
+    assert shown and shown <= declared, shown - declared
 
 
 def test_sglang_serves_metrics_only_with_enable_metrics(procs):
@@ -130,7 +170,7 @@ def test_sglang_serves_metrics_only_with_enable_metrics(procs):
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_slow_fault_answers_health_late_while_generation_goes_on(procs, engine):
-    gen, _, running, _ = PROM[engine]
+    gen, running, _ = PROM[engine]
     port = start(procs, engine, HPCSERVE_SIM_FAULT="slow:2")
     base = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
@@ -161,7 +201,7 @@ def test_slow_fault_waits_for_its_start(procs):
 
 
 def test_hung_vllm_answers_health_while_its_counters_stand_still(procs):
-    gen, _, running, waiting = PROM["vllm"]
+    gen, running, waiting = PROM["vllm"]
     port = vllm(procs, HPCSERVE_SIM_FAULT="hang:1.5")
     base = f"http://127.0.0.1:{port}"
     background(lambda: stream(port, 200, timeout=60))  # 10 s of tokens; the hang comes first
@@ -178,7 +218,7 @@ def test_hung_vllm_answers_health_while_its_counters_stand_still(procs):
 
 
 def test_hung_sglang_times_out_health_but_shows_still_counters(procs):
-    gen, _, running, _ = PROM["sglang"]
+    gen, running, _ = PROM["sglang"]
     port = sglang(procs, "--enable-metrics", HPCSERVE_SIM_FAULT="hang:1.5")
     base = f"http://127.0.0.1:{port}"
     background(lambda: stream(port, 200, timeout=60))
@@ -243,7 +283,8 @@ def test_trtllm_metrics_without_iter_perf_stats_is_an_empty_list_after_2s(procs,
     assert time.monotonic() - t0 >= 1.9  # get_stats_async(2) waited for stats that never come
 
 
-def test_hung_trtllm_answers_health_and_an_empty_metrics(procs, tmp_path):
+def test_hung_trtllm_answers_health_and_an_empty_metrics_but_not_health_generate(procs,
+                                                                                tmp_path):
     port = trtllm(procs, tmp_path, {"enable_iter_perf_stats": "true"},
                   HPCSERVE_SIM_FAULT="hang:1.5")
     base = f"http://127.0.0.1:{port}"
@@ -253,3 +294,48 @@ def test_hung_trtllm_answers_health_and_an_empty_metrics(procs, tmp_path):
     http("GET", f"{base}/metrics")  # what came before the hang
     assert get_status(f"{base}/health", timeout=1) == 200
     assert http("GET", f"{base}/metrics", timeout=5)[1] == []
+    # its liveness path runs a 1-token chat through the (hung) executor
+    assert facts.TRTLLM["liveness_path"] == "/health_generate"
+    assert get_status(f"{base}/health_generate", timeout=1) == "TimeoutError"
+
+
+# ---------------------------------------------------------------- SGLang: health and loads
+
+def test_sglang_health_paths_answer_only_through_a_scheduler_that_makes_progress(procs):
+    off = facts.SGLANG["health"]["/health"]["unless_env"]
+    port = sglang(procs, SGLANG_HEALTH_CHECK_TIMEOUT="2", HPCSERVE_SIM_FAULT="hang:1.5",
+                  **{off: "false"})
+    base = f"http://127.0.0.1:{port}"
+    assert get_status(f"{base}/health_generate", timeout=5) == 200  # before the hang
+    hanging(PROCS[port])
+    # the liveness path generates, whatever the environment says of /health ...
+    assert facts.SGLANG["liveness_path"] == "/health_generate"
+    assert get_status(f"{base}/health_generate", timeout=1) == "TimeoutError"
+    assert get_status(f"{base}/health_generate", timeout=5) == 503  # after the check's timeout
+    # ... while /health, turned off by the variable, answers without asking the scheduler
+    assert get_status(f"{base}/health", timeout=1) == 200
+
+
+def test_sglang_loads_cover_every_dp_rank_where_metrics_see_node_0_only(procs):
+    """Two nodes, attention DP 2 (one DP rank per node): a request on DP rank 1 runs on node 1,
+    whose scheduler's metrics node 0's /metrics cannot show; /v1/loads shows it."""
+    port, dist = free_port(), free_port()
+    common = ["--model-path", "/m", "--served-model-name", "kimi-k2", "--enable-metrics",
+              "--tp-size", "2", "--attn-dp-size", "2", "--nnodes", "2",
+              "--dist-init-addr", f"127.0.0.1:{dist}"]
+    env = {"HPCSERVE_SIM_DECODE_S_PER_TOKEN": DECODE}
+    procs.engine(*common, "--node-rank", "1", "--port", free_port(), name="nr1", **env)
+    p = procs.engine(*common, "--node-rank", "0", "--port", port, name="nr0", **env)
+    wait_status(f"http://127.0.0.1:{port}/model_info", proc=p)
+    base = f"http://127.0.0.1:{port}"
+    stream(port, 2)  # DP rank 0: done; the next request goes to DP rank 1
+    req = background(lambda: stream(port, 100))
+    loads = until(lambda: (lambda t: t if 'sglang_num_running_reqs{dp_rank="1"} 1' in t
+                           else None)(http("GET", f"{base}/v1/loads?include=core&format=prometheus")[1]),
+                  what="DP rank 1 running its request in /v1/loads")
+    assert 'sglang_num_running_reqs{dp_rank="0"} 0' in loads
+    text = http("GET", f"{base}/metrics")[1]
+    assert 'dp_rank="1"' not in text  # node 1's scheduler is not in node 0's metrics
+    assert metric(text, "sglang:num_running_reqs") == 0
+    req["thread"].join(15)
+    assert req["result"][0] == 200

@@ -83,7 +83,7 @@ def test_slots_are_rendered_under_scale_with_ports_clear_of_the_front_and_each_o
     jsonschema.validate(spec, SCHEMA)
     assert spec["autoscale"]["decode"]["slots"] == ["/jobs/demo/scale/decode-s1",
                                                     "/jobs/demo/scale/decode-s2"]
-    assert spec["autoscale"]["decode"]["signal"]["metrics"][0] == "sglang:num_queue_reqs"
+    assert spec["autoscale"]["decode"]["signal"]["metrics"][0] == "sglang_num_waiting_reqs"
     s1 = json.loads(files["scale/decode-s1/plan.json"][0])
     jsonschema.validate(s1, SCHEMA)
     assert (s1["job_dir"], s1["router"]) == ("/jobs/demo/scale/decode-s1", None)

@@ -93,7 +93,7 @@ benchmark: {}  #<
   decode:
     nodez: 2  #<
 """, "roles.decode.nodez", ["unknown key 'nodez'", "did you mean 'nodes'?",
-                            "; 32 keys are valid here: see `hpcserve schema deployment`"]),
+                            "; 33 keys are valid here: see `hpcserve schema deployment`"]),
     Case("unknown_top_level_key", BASE_HEAD + "nmae: x  #<\n" + PD, "nmae",
          ["unknown key 'nmae'", "did you mean 'name'?"]),
     Case("unknown_key_in_inline_site", """name: broken

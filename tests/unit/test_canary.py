@@ -125,6 +125,7 @@ CANARY: dict[tuple, tuple[Any, list[tuple[str | None, str]]]] = {
     # 2 instances x 2 nodes + 3 spares
     ("roles", "prefill", "spares"): (3, [(F_JOB, "#SBATCH --nodes=7\n"), (F_PLAN, '"spares": 3')]),
     ("roles", "prefill", "recovery", "max_restarts"): (7, [(F_PLAN, '"max_restarts": 7')]),
+    ("roles", "prefill", "hung_after"): (41.5, [(F_PLAN, '"hung_after": 41.5')]),
     ("roles", "prefill", "recovery", "backoff_s"): (2.5, [(F_PLAN, '"backoff_s": 2.5')]),
     ("roles", "prefill", "recovery", "min_serving"): (2, [(F_PLAN, '"min_serving": 2')]),
     ("roles", "prefill", "sim_fault", "attempts"): ([0, 2], [
@@ -160,6 +161,7 @@ CANARY: dict[tuple, tuple[Any, list[tuple[str | None, str]]]] = {
     # 2 instances x 3 nodes + 5 spares
     ("roles", "decode", "spares"): (5, [(F_JOB, "#SBATCH --nodes=11\n"), (F_PLAN, '"spares": 5')]),
     ("roles", "decode", "recovery", "max_restarts"): (8, [(F_PLAN, '"max_restarts": 8')]),
+    ("roles", "decode", "hung_after"): (42.5, [(F_PLAN, '"hung_after": 42.5')]),
     ("roles", "decode", "recovery", "backoff_s"): (3.5, [(F_PLAN, '"backoff_s": 3.5')]),
     ("roles", "decode", "recovery", "min_serving"): (0, [(F_PLAN, '"min_serving": 0')]),
     ("roles", "decode", "sim_fault", "attempts"): ([3], [(F_D1, "HPCSERVE_SIM_FAULT_ATTEMPTS=3\n")]),
@@ -185,6 +187,10 @@ CANARY: dict[tuple, tuple[Any, list[tuple[str | None, str]]]] = {
 # Fields another field shadows: checked in their own render, `mods` applied first.
 # path -> (value, [(file, text)], {path: value or None (= remove)})
 VARIANT: dict[tuple, tuple[Any, list, dict]] = {
+    # a role's own hung_after wins over the deployment's
+    ("liveness", "hung_after"): (43.5, [(F_PLAN, '"hung_after": 43.5')],
+                                 {("roles", "prefill", "hung_after"): None,
+                                  ("roles", "decode", "hung_after"): None}),
     # engine.image wins over the site's image
     ("site", "container", "image"): ("canary-site-image",
                                      [(F_PLAN, '"uri": "docker://canary-site-image"')],

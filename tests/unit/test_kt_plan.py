@@ -216,5 +216,12 @@ def test_legacy_sim_table_equals_the_extracted_one():
         "ktsim", Path(kt.__file__).parents[1] / "sim" / "ktransformers_legacy.py")
     sim = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sim)
-    t = kt.LEGACY_ADAPTER.matrix.versions()[sim.KT_VERSION]
-    assert sim.OPTIONS == set(t["flags"]) and sim.BARE == set(t["bare"])
+    assert sim.KT_VERSION in sim.TABLES
+    for version in sim.TABLES:
+        t = kt.LEGACY_ADAPTER.matrix.versions()[version]
+        opts = sim.options(version)
+        flags = {o for o, kind in opts.items() if kind == "flag"}
+        assert set(opts) | {"--no-" + o[2:] for o in flags} == set(t["flags"]), version
+        assert flags | {"--no-" + o[2:] for o in flags} == set(t["bare"]), version
+        assert {o: ("bool" if k == "flag" else k) for o, k in opts.items()} == \
+            {o: k for o, k in t["types"].items()}, version

@@ -59,7 +59,7 @@ exec \
   --model_path /lustre/models/Kimi-K2-Instruct-GGUF \
   --model_name kimi-k2 \
   --gguf_path /lustre/models/Kimi-K2-Instruct-GGUF \
-  --optimize_config_path /opt/ktransformers/optimize/optimize_rules/DeepSeek-V3-Chat-serve.yaml \
+  --optimize_config_path /workspace/ktransformers/ktransformers/optimize/optimize_rules/DeepSeek-V3-Chat-serve.yaml \
   --backend_type balance_serve \
   --cache_lens 30000 \
   --max_new_tokens 1024 \
