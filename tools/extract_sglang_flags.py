@@ -24,7 +24,9 @@ help text announces it ("Deprecated. ...", "(Deprecated: ...", "[Deprecated] ...
 deprecated ...").
 
 argparse's own ``-h/--help`` is not listed. The result for 0.5.23 is checked against the real
-parser by ``tests/engine_parsers/test_parsers_selfcheck.py``; ``--check-real PYTHON`` does the same
+parser by ``tests/engine_parsers/test_parsers_selfcheck.py``, for 0.5.20-0.5.22 against theirs by
+``tests/engine_parsers/test_sglang_releases.py`` (the older releases are not: hpcserve refuses
+them, see hpcserve/engines/sglang.py CHECKED); ``--check-real PYTHON`` does the same
 comparison here for the newest version, using that interpreter (the engines venv).
 
 Usage::

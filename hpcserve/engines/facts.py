@@ -26,7 +26,8 @@ directory beside the stand-in as hpcserve_facts.py.
 
 SGLANG = {
     "engine": "sglang",
-    "release": "0.5.23",
+    # every release hpcserve accepts (engines/sglang.py CHECKED), each proved by tests/facts/
+    "releases": ("0.5.20", "0.5.21", "0.5.22", "0.5.23"),
     # /metrics on the HTTP port, with --enable-metrics (sglang/srt/utils/common.py
     # add_prometheus_middleware: prometheus_client's MultiProcessCollector over
     # PROMETHEUS_MULTIPROC_DIR, which set_prometheus_multiproc_dir makes a TemporaryDirectory of

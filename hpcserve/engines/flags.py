@@ -76,6 +76,10 @@ class Release:
 class FlagMatrix:
     title: str      # "SGLang"
     filename: str   # under engines/data/
+    # The releases hpcserve accepts (engine.version, engine.check_flags_as, an upgrade's target):
+    # those whose flags its tests check with the release's own parser. None: every release in
+    # the table. A release only in the table is refused by name (its flags stay as data).
+    checked: tuple[str, ...] | None = None
 
     def versions(self) -> dict:
         return _load(self.filename)
@@ -86,10 +90,20 @@ class FlagMatrix:
         return self.versions()[rel.data_version]
 
     def known_versions(self) -> list[str]:
-        return sorted(self.versions(), key=vkey)
+        """The releases hpcserve accepts, oldest first."""
+        m = self.versions()
+        return sorted((v for v in m if self.checked is None or v in self.checked), key=vkey)
 
     def versions_having(self, flag: str) -> list[str]:
-        return [v for v in self.known_versions() if flag in self.versions()[v]["flags"]]
+        """Every release of the table with `flag`, accepted or not (a message's history)."""
+        m = self.versions()
+        return [v for v in sorted(m, key=vkey) if flag in m[v]["flags"]]
+
+    def table_only(self, version: str) -> str:
+        """Why a release the table has is not accepted, in words."""
+        return (f"{self.title} {echo(version)} is no longer accepted: hpcserve's tests cannot "
+                "check its flags with its own parser; the releases it accepts are "
+                + ", ".join(self.known_versions()))
 
     def nearest(self, version: str) -> str:
         """The known releases closest below and above `version`, in words."""
@@ -107,14 +121,18 @@ class FlagMatrix:
         table lacks, the one `check_as` names (engine.check_flags_as); refused without it,
         since flags that moved between releases would be spelled wrong."""
         m = self.versions()
-        if version in m:
+        if version in m and version in self.known_versions():
             return self._release(version, version)
+        if version in m and check_as is None:
+            raise FlagError(("engine", "version"), self.table_only(version))
         if check_as is None:
             raise FlagError(("engine", "version"),
                             f"{self.title} {echo(version)} is not in hpcserve's flag matrix "
                             f"({self.nearest(version)}): set engine.check_flags_as: newest "
                             "(or a known release) to check its flags against that one")
         use = self.known_versions()[-1] if check_as == "newest" else check_as
+        if use in m and use not in self.known_versions():
+            raise FlagError(("engine", "check_flags_as"), self.table_only(use))
         if use not in m:
             raise FlagError(("engine", "check_flags_as"),
                             f"{self.title} {echo(use)} is not in hpcserve's flag matrix "
@@ -177,7 +195,7 @@ class Vocabulary:
             have = matrix.versions_having(flag)
             msg = f"{rel.engine} {rel.version} has no {flag}"
             if have:
-                msg += f" (it exists in {have[0]}..{have[-1]} of the releases hpcserve knows)"
+                msg += f" (it exists in {have[0]}..{have[-1]} of the releases in its flag table)"
             if flag in self.legacy:
                 msg += f"; write {self.legacy[flag]} and hpcserve spells it for {rel.version}"
             raise FlagError(key, msg)

@@ -35,7 +35,7 @@ from hpcserve_simcore import (TAG, BadRequest, EngineBase, HandlerBase,  # noqa:
 # against 0.5.23 by tests/facts/): the stand-in moves a counter, or answers a health path, only
 # where the release would.
 FACTS = engine_facts("SGLANG")
-SGLANG_VERSION = release(FACTS["release"])
+SGLANG_VERSION = release(FACTS["releases"][-1])
 
 
 def parse_args(argv):

@@ -33,16 +33,27 @@ def engines_venv() -> Path:
 
 
 class SglangParser:
-    """``parse(argvs)`` -> one result dict per argv; ``list_flags()`` -> the parser's option strings."""
+    """``parse(argvs)`` -> one result dict per argv; ``list_flags()`` -> the parser's option
+    strings.
 
-    def __init__(self, python: Path):
+    ``release_dir``: an older release's unpacked wheel, put first on PYTHONPATH so its `sglang`
+    package is the one imported; ``stubs``: the modules sglang_check.py may stand in for."""
+
+    def __init__(self, python: Path, release_dir: Path | None = None,
+                 stubs: tuple[str, ...] = ()):
         self.python = python
+        self.release_dir = release_dir
+        self.stubs = stubs
         self._flags: dict[str, Any] | None = None
 
     def _run(self, args: list[str], stdin: str | None = None) -> dict[str, Any]:
+        env = dict(os.environ)
+        if self.release_dir is not None:
+            env["PYTHONPATH"] = str(self.release_dir)
+        stubs = [w for m in self.stubs for w in ("--stub", m)]
         proc = subprocess.run(
-            [str(self.python), str(CHECK_SCRIPT), *args],
-            input=stdin, capture_output=True, text=True, timeout=600,
+            [str(self.python), str(CHECK_SCRIPT), *args, *stubs],
+            input=stdin, capture_output=True, text=True, timeout=600, env=env,
         )
         if proc.returncode != 0:
             raise RuntimeError(
@@ -50,11 +61,17 @@ class SglangParser:
             )
         return json.loads(proc.stdout)
 
-    def __call__(self, argvs: list[list[str]], keys: list[str] | None = None) -> list[dict[str, Any]]:
+    def __call__(self, argvs: list[list[str]], keys: list[str] | None = None,
+                 list_flags: bool = False) -> list[dict[str, Any]]:
+        """``list_flags``: also answer list_flags() from the same subprocess."""
         req: dict[str, Any] = {"argvs": [[str(a) for a in argv] for argv in argvs]}
         if keys is not None:
             req["keys"] = keys
+        if list_flags:
+            req["list_flags"] = True
         out = self._run([], json.dumps(req))
+        if list_flags:
+            self._flags = out["list_flags"]
         assert len(out["results"]) == len(argvs)
         return out["results"]
 
@@ -87,6 +104,51 @@ def sglang_parser() -> SglangParser:
     python = venv / "bin" / "python"
     assert python.exists(), f"{python} missing after setup-engines.sh"
     return SglangParser(python)
+
+
+# Every SGLang release hpcserve accepts besides the engines venv's (hpcserve/engines/sglang.py
+# CHECKED), each with the modules its parser's imports need that the venv lacks. A placeholder
+# stands in only where no real module is found (sglang_check.py --stub); that it leaves the parser
+# as the release built it is tested: the loaded parser's flags, deprecations and choices equal the
+# table extracted from the wheel's source (test_sglang_releases.py).
+SGLANG_RELEASES: dict[str, tuple[str, ...]] = {
+    # 0.5.20 imports them at module level for multimodal input, the OpenAI-protocol models and
+    # grammar backends (sglang/srt/utils/common.py: torchvision.io.decode_jpeg; sglang/srt/
+    # entrypoints/openai/protocol.py: openai.types; partial_json_parser and xgrammar under
+    # sglang/srt/function_call and constrained/), none of which add_cli_args calls. 0.5.21 moved
+    # them behind lazy imports (it loads with none).
+    "0.5.20": ("torchvision", "openai", "partial_json_parser", "xgrammar"),
+    "0.5.21": (),
+    "0.5.22": (),
+}
+RELEASES_SETUP = REPO / "scripts" / "setup-sglang-releases.sh"
+
+
+def sglang_releases_dir() -> Path:
+    return Path(os.environ.get("HPCSERVE_SGLANG_RELEASES_DIR", REPO / ".sglang-releases"))
+
+
+@pytest.fixture(scope="session")
+def sglang_release_parsers(sglang_parser) -> dict[str, SglangParser]:
+    """{release: its own parser} for every release in SGLANG_RELEASES: the engines venv's python
+    with the release's unpacked wheel first on PYTHONPATH. A failed setup FAILS the tests."""
+    root = sglang_releases_dir()
+    proc = subprocess.run(["bash", str(RELEASES_SETUP)], capture_output=True, text=True,
+                          timeout=1800,
+                          env={**os.environ, "HPCSERVE_SGLANG_RELEASES_DIR": str(root)})
+    if proc.returncode != 0:
+        pytest.fail(f"scripts/setup-sglang-releases.sh failed ({proc.returncode}); the older "
+                    f"SGLang releases' parser tests need it.\n{proc.stdout[-3000:]}\n"
+                    f"{proc.stderr[-6000:]}", pytrace=False)
+    out = {}
+    for version, stubs in SGLANG_RELEASES.items():
+        folder = root / version
+        if not (folder / "sglang" / "srt" / "server_args.py").is_file():
+            pytest.fail(f"{folder} holds no sglang/srt/server_args.py after "
+                        "scripts/setup-sglang-releases.sh: is the release in its RELEASES?",
+                        pytrace=False)
+        out[version] = SglangParser(sglang_parser.python, folder, stubs)
+    return out
 
 
 VLLM_CHECK = Path(__file__).resolve().parent / "vllm_check.py"

@@ -32,10 +32,24 @@ def _setup(script: str, env_var: str, default: Path) -> Path:
     return venv
 
 
-@pytest.fixture(scope="session")
-def sglang() -> Release:
+def _sglang_releases() -> tuple[str, ...]:
+    from hpcserve.engines import facts
+    return facts.SGLANG["releases"]
+
+
+@pytest.fixture(scope="session", params=_sglang_releases())
+def sglang(request) -> Release:
+    """Each SGLang release hpcserve accepts: the newest from the engines venv
+    (scripts/setup-engines.sh), the older ones unpacked from their wheels
+    (scripts/setup-sglang-releases.sh)."""
     venv = _setup("setup-engines.sh", "HPCSERVE_ENGINES_VENV", REPO / ".venv-engines")
-    return installed(site_packages(venv), "sglang")
+    rel = installed(site_packages(venv), "sglang")
+    if rel.version != request.param:
+        folder = _setup("setup-sglang-releases.sh", "HPCSERVE_SGLANG_RELEASES_DIR",
+                        REPO / ".sglang-releases")
+        rel = installed(folder / request.param, "sglang")
+    assert rel.version == request.param, rel
+    return rel
 
 
 def _vllm_cpu() -> Path:

@@ -13,6 +13,7 @@ import pytest
 from factkit import env_default, printed_by
 
 from hpcserve.engines import facts, get
+from hpcserve.engines.sglang import CHECKED
 
 pytestmark = pytest.mark.engine_parser
 
@@ -23,9 +24,9 @@ HTTP = "srt/entrypoints/http_server.py"
 REPORTER = "srt/managers/scheduler_components/metrics_reporter.py"
 
 
-def test_the_release_installed_is_the_one_the_facts_name(sglang):
-    assert sglang.version == F["release"]
-    assert get("sglang").facts is F
+def test_the_facts_cover_every_release_hpcserve_accepts(sglang):
+    assert sglang.version in F["releases"]
+    assert tuple(F["releases"]) == CHECKED and get("sglang").facts is F
 
 
 @pytest.mark.parametrize("name", sorted(F["metrics"]))
@@ -165,7 +166,7 @@ def test_both_health_paths_generate_unless_the_environment_turns_health_off(sgla
 
 
 def test_the_start_up_lines_the_runtime_reads_are_printed_by_the_release(sglang):
-    lines = get("sglang").startup_patterns[F["release"]]
+    lines = get("sglang").startup_patterns[sglang.version]
     for phase, pattern in lines.items():
         assert pattern and not printed_by(sglang, pattern), (phase, printed_by(sglang, pattern))
 

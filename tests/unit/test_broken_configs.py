@@ -325,9 +325,15 @@ model:
     Case("release_outside_the_flag_matrix", BASE_HEAD + 'engine: {version: "0.99.1"}  #<\n' + PD,
          "engine.version", ["SGLang '0.99.1' is not in hpcserve's flag matrix (the newest it "
                             "knows is 0.5.23)", "set engine.check_flags_as: newest"]),
-    Case("release_between_known_ones", BASE_HEAD + "engine:\n  version: 0.5.10  #<\n" + PD,
-         "engine.version", ["SGLang '0.5.10' is not in hpcserve's flag matrix (the nearest it "
-                            "knows are 0.5.9 and 0.5.12.post1)"]),
+    Case("release_between_known_ones", BASE_HEAD + "engine:\n  version: 0.5.21.post1  #<\n"
+         + PD, "engine.version", ["SGLang '0.5.21.post1' is not in hpcserve's flag matrix (the "
+                                  "nearest it knows are 0.5.21 and 0.5.22)"]),
+    # A release of the flag table whose own parser no test can load: refused, naming the ones
+    # that are checked (hpcserve/engines/sglang.py CHECKED).
+    Case("release_only_in_the_table", BASE_HEAD + "engine:\n  version: 0.5.9  #<\n" + PD,
+         "engine.version", ["SGLang '0.5.9' is no longer accepted: hpcserve's tests cannot check "
+                            "its flags with its own parser; the releases it accepts are 0.5.20, "
+                            "0.5.21, 0.5.22, 0.5.23"]),
     Case("check_flags_as_unknown", BASE_HEAD + "engine:\n  version: 0.5.10\n"
          "  check_flags_as: 0.5.11  #<\n" + PD, "engine.check_flags_as",
          ["SGLang '0.5.11' is not in hpcserve's flag matrix", "name a release it knows"]),

@@ -190,10 +190,10 @@ def test_matrix_facts_the_spelling_tests_rely_on(flag_matrix):
                 ["--moe-a2a-backend", "deepep"]],
      [["--dp-size", "96", "--enable-dp-attention"], ["--cuda-graph-bs-decode", "480"]],
      ["--attn-dp-size", "--enable-deepep-moe", "--cuda-graph-bs"]),
-    ("0.4.9.post6", [["--dp-size", "32", "--enable-dp-attention"], ["--enable-deepep-moe"]],
-     [["--dp-size", "96", "--enable-dp-attention"], ["--enable-deepep-moe"],
-      ["--cuda-graph-bs", "480"]],
-     ["--attn-dp-size", "--moe-a2a-backend", "--cuda-graph-bs-decode"]),
+    ("0.5.20", [["--tp-size", "32", "--dp-size", "32", "--enable-dp-attention"],
+                ["--moe-a2a-backend", "deepep"]],
+     [["--dp-size", "96", "--enable-dp-attention"], ["--cuda-graph-bs-decode", "480"]],
+     ["--attn-dp-size", "--enable-deepep-moe", "--cuda-graph-bs"]),
 ])
 def test_same_deployment_spelled_per_version(version, prefill_has, decode_has, absent):
     from unitkit import load_plan
@@ -218,15 +218,17 @@ def test_disable_cuda_graph_uses_the_fresh_spelling(tmp_path):
     words = _argv(plan_of(tmp_path, doc), "decode")
     assert "--disable-cuda-graph" not in words  # deprecated in 0.5.23
     assert _has_run(words, ["--cuda-graph-backend-decode", "disabled"])
-    doc["engine"]["version"] = "0.4.9.post6"
-    doc["roles"]["decode"]["moe_a2a_backend"] = "deepep"
-    assert "--disable-cuda-graph" in _argv(plan_of(tmp_path, doc, "d2.yaml"), "decode")
+    # Every accepted release has the fresh spelling (0.4.9.post6, with only the old one, is
+    # refused: hpcserve/engines/sglang.py CHECKED).
+    doc["engine"]["version"] = "0.5.20"
+    words = _argv(plan_of(tmp_path, doc, "d2.yaml"), "decode")
+    assert _has_run(words, ["--cuda-graph-backend-decode", "disabled"])
 
 
 @pytest.mark.parametrize("version,nearest", [
     ("0.5.22.post9", "the nearest it knows are 0.5.22 and 0.5.23"),
     ("0.99.1", "the newest it knows is 0.5.23"),
-    ("0.0.1", "the oldest it knows is 0.4.6.post5"),
+    ("0.0.1", "the oldest it knows is 0.5.20"),
 ])
 def test_a_release_outside_the_matrix_is_refused_naming_the_nearest(tmp_path, flag_matrix,
                                                                      version, nearest):
@@ -260,7 +262,20 @@ def test_check_flags_as_must_name_a_known_release(tmp_path):
     with pytest.raises(ConfigError) as e:
         plan_of(tmp_path, doc)
     assert e.value.field == "engine.check_flags_as"
-    assert "(the nearest it knows are 0.5.16 and 0.5.20)" in e.value.message
+    assert "(the oldest it knows is 0.5.20)" in e.value.message
+
+
+@pytest.mark.parametrize("field", ["version", "check_flags_as"])
+def test_a_release_only_in_the_table_is_refused_naming_the_accepted(tmp_path, field):
+    """0.5.9 is in the flag table but no test can load its parser: refused in one line."""
+    doc = small_pd()
+    doc["engine"].update({"version": "0.5.22.post9", field: "0.5.9"})
+    with pytest.raises(ConfigError) as e:
+        plan_of(tmp_path, doc)
+    assert e.value.field == f"engine.{field}" and e.value.line is not None
+    assert e.value.message.endswith(
+        "0.5.9' is no longer accepted: hpcserve's tests cannot check its flags with its own "
+        "parser; the releases it accepts are 0.5.20, 0.5.21, 0.5.22, 0.5.23"), e.value.message
 
 
 def test_leader_and_rank_are_task_variables(tmp_path):

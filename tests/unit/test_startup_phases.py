@@ -57,7 +57,7 @@ OTHERS = [
 
 @pytest.mark.parametrize("engine,version,cases", [
     ("vllm", "0.32.0", VLLM_032), ("vllm", "0.33.0", VLLM_032), ("sglang", "0.5.23", SGLANG),
-    ("sglang", "0.4.6.post5", SGLANG), ("ktransformers", "0.5.23", SGLANG)])
+    ("sglang", "0.5.20", SGLANG), ("ktransformers", "0.5.23", SGLANG)])
 def test_each_pattern_matches_its_release_line_and_no_other(engine, version, cases):
     pats = _lines(engine, version)
     for key, line in cases:
