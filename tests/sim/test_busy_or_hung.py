@@ -330,9 +330,11 @@ def test_sglang_loads_cover_every_dp_rank_where_metrics_see_node_0_only(procs):
     base = f"http://127.0.0.1:{port}"
     stream(port, 2)  # DP rank 0: done; the next request goes to DP rank 1
     req = background(lambda: stream(port, 100))
-    loads = until(lambda: (lambda t: t if 'sglang_num_running_reqs{dp_rank="1"} 1' in t
-                           else None)(http("GET", f"{base}/v1/loads?include=core&format=prometheus")[1]),
-                  what="DP rank 1 running its request in /v1/loads")
+    def loads_with_rank_1_busy():
+        text = http("GET", f"{base}/v1/loads?include=core&format=prometheus")[1]
+        return text if 'sglang_num_running_reqs{dp_rank="1"} 1' in text else None
+
+    loads = until(loads_with_rank_1_busy, what="DP rank 1 running its request in /v1/loads")
     assert 'sglang_num_running_reqs{dp_rank="0"} 0' in loads
     text = http("GET", f"{base}/metrics")[1]
     assert 'dp_rank="1"' not in text  # node 1's scheduler is not in node 0's metrics
