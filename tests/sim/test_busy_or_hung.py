@@ -75,11 +75,19 @@ def stream(port, tokens, timeout=30):
                        "stream": True}, timeout=timeout)
 
 
+def ready(proc, url, line, timeout=15):
+    """Until the engine is ready: its info route answers from the moment the port listens (its
+    own warm-up request included), but health says ready only after that warm-up, which the
+    engine's ready line marks."""
+    wait_status(url, proc=proc, timeout=timeout)
+    until(lambda: line in proc.log(), timeout, f"the ready line {line!r}")
+
+
 def sglang(procs, *extra, name="sglang", **env):
     port = free_port()
     p = procs.engine("--model-path", "/m", "--served-model-name", "kimi-k2", "--port", port,
                      *extra, name=name, HPCSERVE_SIM_DECODE_S_PER_TOKEN=DECODE, **env)
-    wait_status(f"http://127.0.0.1:{port}/model_info", proc=p)
+    ready(p, f"http://127.0.0.1:{port}/model_info", "The server is fired up and ready to roll!")
     PROCS[port] = p
     return port
 
@@ -88,7 +96,7 @@ def vllm(procs, name="vllm", **env):
     port = free_port()
     p = procs.vllm("/m", "--served-model-name", "kimi-k2", "--host", "127.0.0.1", "--port",
                    port, name=name, HPCSERVE_SIM_DECODE_S_PER_TOKEN=DECODE, **env)
-    wait_status(f"http://127.0.0.1:{port}/v1/models", proc=p)
+    ready(p, f"http://127.0.0.1:{port}/v1/models", "Application startup complete.")
     PROCS[port] = p
     return port
 
@@ -255,7 +263,7 @@ def trtllm(procs, tmp_path, api, **env):
     cmd = [sys.executable, str(REPO / "hpcserve" / "sim" / "trtllm.py"), "serve", "/m",
            "--host", "127.0.0.1", "--port", str(port), "--extra_llm_api_options", str(opts)]
     p = procs.start(cmd, "trtllm", clean_env(HPCSERVE_SIM_DECODE_S_PER_TOKEN=DECODE, **env))
-    wait_status(f"http://127.0.0.1:{port}/v1/models", proc=p, timeout=30)
+    ready(p, f"http://127.0.0.1:{port}/v1/models", "Application startup complete.", timeout=30)
     PROCS[port] = p
     return port
 
