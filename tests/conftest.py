@@ -3,6 +3,8 @@
 `dev_cluster`: one real 4-node Slurm cluster (hpcserve.devcluster) for the whole session, for tests
 marked `slurm`; `slurm_env`: the environment that points Slurm's commands at it. On a failure in a
 test that used it, the controller's and nodes' log tails are attached to the report.
+
+How the suite runs side by side, and the per-tier timings it prints: tests/suiteplan.py.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+import suiteplan
+
 # Each live pytest session holds one slot (an flock, released by the kernel even if pytest is
 # killed). The slot picks the state dir, subnet and interface prefix, so two sessions on one machine
 # never fight over names, and a session killed before its teardown leaves its leftovers at a fixed
 # place where the next session in that slot finds (and removes) them.
 _SLOTS = 8
+_JOB_IDS = 1_000_000  # job ids per slot: each session's cluster gives out its own (FirstJobId)
 _active_clusters: list[Any] = []
 
 
@@ -106,7 +111,10 @@ def dev_cluster(devcluster_slot: int, devcluster_subnet: Callable[[int], str]) -
     # Leftovers of a session in this slot that died before its teardown: start from nothing (before
     # picking a subnet, so their bridge does not count as taken).
     DevCluster(state_dir).down()
-    cluster = DevCluster(state_dir, nodes=4, subnet=devcluster_subnet(251), prefix=f"hst{devcluster_slot}")
+    cluster = DevCluster(state_dir, nodes=4, subnet=devcluster_subnet(251),
+                         prefix=f"hst{devcluster_slot}",
+                         job_ids=range(1 + devcluster_slot * _JOB_IDS,
+                                       1 + (devcluster_slot + 1) * _JOB_IDS))
     # `timeout pytest ...` ends pytest with SIGTERM, which skips fixture teardown and would leave the
     # cluster running; as KeyboardInterrupt, pytest still tears its session fixtures down.
     previous = signal.getsignal(signal.SIGTERM)
@@ -140,3 +148,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = outcome.get_result()
     if report.failed and _active_clusters and "dev_cluster" in getattr(item, "fixturenames", ()):
         report.sections.append(("dev cluster logs (tail)", _active_clusters[-1].log_tail()))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    suiteplan.order_and_group(items)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) sums up
+        config.pluginmanager.register(suiteplan.TierClock(), "hpcserve-tier-clock")

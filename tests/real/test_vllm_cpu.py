@@ -30,14 +30,22 @@ TOOLS = [{"type": "function", "function": {
                    "required": ["city"]}}}]
 # What vLLM and torch leave in /tmp and /dev/shm: rendezvous and ZMQ socket files, shared memory
 # segments, compile caches, and hpcserve's own per-job scratch directories.
-LEFTOVER = re.compile(r"^(vllm_dist_\w+|psm_\w+|torchinductor_\w+|hpcserve-job\d+|"
+LEFTOVER = re.compile(r"^(vllm_dist_\w+|psm_\w+|torchinductor_\w+|hpcserve-job(\d+)|"
                       r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
 
 
-def leftovers() -> set[str]:
+def leftovers(cluster) -> set[str]:
+    """What vLLM, torch and hpcserve's jobs on `cluster` left in this machine's /tmp and in each
+    node's own /dev/shm. In /tmp, the scratch directories of jobs on another test session's
+    cluster (one running beside this one) have job ids outside this cluster's."""
     out = set()
-    for d in ("/tmp", "/dev/shm"):
-        out |= {f"{d}/{n}" for n in os.listdir(d) if LEFTOVER.match(n)}
+    for n in os.listdir("/tmp"):
+        m = LEFTOVER.match(n)
+        if m and (m.group(2) is None or cluster.gives_job_id(int(m.group(2)))):
+            out.add(f"/tmp/{n}")
+    for node in cluster.node_addresses():
+        shm = cluster.node_dev_shm(node)
+        out |= {f"{node}:/dev/shm/{n}" for n in os.listdir(shm) if LEFTOVER.match(n)}
     return out
 
 
@@ -88,7 +96,7 @@ def test_real_vllm_serves_through_hpcserve_and_cancel_leaves_nothing(
     shape, profile, worker = DEPLOYMENTS[name]
     jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
     cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
-    before = leftovers()
+    before = leftovers(dev_cluster)
     f = write_deployment(tmp_path, real_deployment(f"real-{name}", tiny_models[shape], profile,
                                                    jobs, worker, cache))
     out = hs("submit", str(f), "--wait").stdout
@@ -106,7 +114,7 @@ def test_real_vllm_serves_through_hpcserve_and_cancel_leaves_nothing(
     hs("cancel", job, "--wait")
     assert _status(hs, job)["phase"] == "cancelled"
     wait_no_job_processes(dev_cluster, 30)
-    assert leftovers() - before == set()
+    assert leftovers(dev_cluster) - before == set()
 
 
 # vLLM 0.32.0's CPU fused MoE needs local expert ids under expert parallelism: see the plugin.
@@ -130,7 +138,7 @@ def test_the_deepseek_v3_shape_with_expert_parallelism(hs, dev_cluster, tiny_mod
     `expert_map` as vLLM's GPU kernels do; it must then serve every time."""
     jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
     cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
-    before = leftovers()
+    before = leftovers(dev_cluster)
     dep = real_deployment("real-dsv3-ep", tiny_models["deepseek_v3"], "tiny-deepseek-v3", jobs,
                           {"nodes": 2, "tp": 2, "expert_parallel": True}, cache)
     dep["env"].update({"PYTHONPATH": str(MOE_EP_PLUGIN), "VLLM_PLUGINS": "hpcserve_test_moe_ep"})
@@ -151,7 +159,7 @@ def test_the_deepseek_v3_shape_with_expert_parallelism(hs, dev_cluster, tiny_mod
     hs("cancel", job, "--wait")
     assert _status(hs, job)["phase"] == "cancelled"
     wait_no_job_processes(dev_cluster, 60)
-    assert leftovers() - before == set()
+    assert leftovers(dev_cluster) - before == set()
 
 
 def test_a_crashed_engine_worker_is_recorded_with_its_node_and_its_last_words(
@@ -163,7 +171,7 @@ def test_a_crashed_engine_worker_is_recorded_with_its_node_and_its_last_words(
     nothing behind."""
     jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
     cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
-    before = leftovers()
+    before = leftovers(dev_cluster)
     # restart: false: the crash is what this test looks at, not its recovery (recovery would
     # start the instance again: tests/real/test_vllm_recovery.py)
     dep = real_deployment("real-crash", tiny_models["llama"], "tiny-llama", jobs,
@@ -186,7 +194,7 @@ def test_a_crashed_engine_worker_is_recorded_with_its_node_and_its_last_words(
     assert f["error"] in f["log_tail"][-1] or any(f["error"] in ln for ln in f["log_tail"]), f
     assert "serving" in [h["phase"] for h in state["history"]]
     wait_no_job_processes(dev_cluster, 60)
-    assert leftovers() - before == set()
+    assert leftovers(dev_cluster) - before == set()
 
 
 def read_state(job_dir: Path) -> dict:

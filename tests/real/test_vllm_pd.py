@@ -50,7 +50,7 @@ def test_real_vllm_prefill_decode_moves_the_kv_benchmarks_and_names_a_killed_pre
         hs, dev_cluster, tiny_models, tmp_path):
     jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
     cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
-    before = leftovers()
+    before = leftovers(dev_cluster)
     dep = real_deployment("real-pd", tiny_models["llama"], "tiny-llama", jobs, {}, cache)
     role = dep["roles"].pop("worker")
     # restart: false on the prefill: its failure is what the end of this test looks at (with
@@ -130,7 +130,7 @@ def test_real_vllm_prefill_decode_moves_the_kv_benchmarks_and_names_a_killed_pre
     assert any(f["error"] in ln for ln in f["log_tail"]), f
     print("prefill failure:", json.dumps(f)[:2000])
     wait_no_job_processes(dev_cluster, 60)
-    assert leftovers() - before == set()
+    assert leftovers(dev_cluster) - before == set()
 
 
 def test_a_side_channel_port_held_on_the_nodes_fails_naming_role_instance_and_node(

@@ -71,7 +71,7 @@ def test_a_killed_vllm_instance_is_replaced_and_an_added_one_serves_then_drains(
         hs, dev_cluster, tiny_models, tmp_path):
     jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
     cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
-    before = leftovers()
+    before = leftovers(dev_cluster)
     # torch.compile on (no --enforce-eager), its caches kept in a cache_dir every node shares:
     # both instances start cold and compile; the restarted worker-1 finds what they compiled.
     dep = real_deployment("real-heal", tiny_models["llama"], "tiny-llama", jobs,
@@ -170,7 +170,7 @@ def test_a_killed_vllm_instance_is_replaced_and_an_added_one_serves_then_drains(
     hs("cancel", job, "--wait")
     assert _status(hs, job)["phase"] == "cancelled"
     wait_no_job_processes(dev_cluster, 60)
-    assert leftovers() - before == set()
+    assert leftovers(dev_cluster) - before == set()
 
 
 def _check_caches(job_dir: Path, st: dict, node: str, cache: Path, new_log: Path) -> None:
