@@ -4,9 +4,11 @@ Each xdist worker is a pytest session of its own: it holds its own dev-cluster s
 state dir, subnet and interface names, tests/conftest.py), so tests on different workers never
 share a Slurm cluster, a port of a node or a file. What must stay on one worker is named here:
 
-- the real-engine tier (vLLM's CPU release) runs in two lanes, each on one worker, so that at
-  most two deployments of a real engine start at once on a 2-core machine (their start-up is
-  what costs CPU there); each lane about half of the tier's time (the per-test figures CI prints);
+- the real-engine tier (vLLM's CPU release) runs on one worker, one test after another: a real
+  engine's start-up is what costs CPU here (importing vLLM alone takes some 15 s of a core, in
+  each of its processes), two at once on a 2-core machine stretch each other's steps past what
+  the tests allow, and the tier's leftover checks read this machine's /dev/shm, which two
+  engines' jobs would share;
 - tests that share a module- or class-scoped fixture (a serving deployment some tests only read)
   run on the worker that set it up, so it is set up once; so do the tests that use one of the
   costly session fixtures (the installed wheel).
@@ -28,13 +30,7 @@ import pytest
 # Slowest first: the order in which units are handed out. A tier not named here goes last.
 TIERS = ("real", "jobs", "ssh", "devcluster", "sim", "containers", "facts", "engine_parsers",
          "slurm_parsers", "golden", "unit")
-# The real-engine tier's lanes, by node-id prefix (the first that matches); a test in none runs
-# in the first. Each lane's tests run one after another on one worker.
-REAL_LANES = (
-    ("tests/real/test_vllm_recovery.py", "tests/real/test_vllm_liveness.py",
-     "tests/real/test_vllm_cpu.py::test_a_"),
-    ("tests/real/test_vllm_cpu.py", "tests/real/test_vllm_pd.py", "tests/real/test_benchmark.py"),
-)
+REAL_ENGINE_GROUP = "real-engine"
 # Session fixtures too costly to set up on every worker: the tests that use one share a worker.
 COSTLY_SESSION_FIXTURES = {"installed_wheel": "installed-wheel"}  # a wheel built, a venv installed
 
@@ -56,9 +52,7 @@ def _shares_a_wider_fixture(item: pytest.Item) -> bool:
 def group_of(item: pytest.Item) -> str | None:
     """The xdist group that keeps this test on one worker with others, or None."""
     if tier(item.nodeid) == "real":
-        lane = next((i for i, prefixes in enumerate(REAL_LANES)
-                     if item.nodeid.startswith(prefixes)), 0)
-        return f"real-engine-{lane}"
+        return REAL_ENGINE_GROUP
     if _shares_a_wider_fixture(item):
         return item.nodeid.split("::")[0]
     for name in getattr(item, "fixturenames", ()):

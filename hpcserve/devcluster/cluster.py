@@ -195,10 +195,9 @@ class DevCluster:
     # ------------------------------------------------------------------ environment for clients
     def slurm_env(self) -> dict[str, str]:
         """What to add to a subprocess's environment so Slurm's commands talk to this cluster,
-        and so that MPI jobs run on it: the nodes share one kernel and hostname, so OpenMPI's
-        shared-memory transport (vader), which takes ranks on one hostname for neighbours, would
-        look for its peers' segments in a /dev/shm that is another node's; its TCP transport is
-        used."""
+        and so that MPI jobs run on it: the nodes share one kernel, hostname and /dev/shm, where
+        OpenMPI's shared-memory transport (vader) names its segments by hostname and local
+        rank, so two "nodes" would map each other's segments; its TCP transport is used."""
         return {"SLURM_CONF": str(self.conf_path), "OMPI_MCA_btl": "^vader"}
 
     def env(self) -> str:
@@ -292,10 +291,6 @@ class DevCluster:
                 yield
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
-
-    def node_dev_shm(self, node: str) -> Path:
-        """The node's own /dev/shm (its slurmd's mount namespace), as this machine's root sees it."""
-        return Path(f"/proc/{self.recorded_pids()[f'slurmd:{node}']}/root/dev/shm")
 
     def recorded_pids(self) -> dict[str, int]:
         """Every daemon PID this cluster started, by role ('slurmctld', 'slurmd:node1', ...)."""
@@ -529,16 +524,14 @@ PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP Ov
         # "No filesystem mounted on /sys/fs/cgroup".
         argv = [bins["nsenter"], f"--net=/run/netns/{layout['netns'][node]}",
                 bins["slurmd"], "-f", str(self.conf_path), "-N", node]
-        # A private mount namespace per node (slurmd, its steps and their tasks inherit it):
-        # a /dev/shm of the node's own, as separate machines have, so that what one node's (or
-        # one cluster's) processes leave there is not another's; and, for some tests, the node's
-        # own view of some paths, as a node-local disk differs from its neighbours', each source
-        # bind-mounted over its target.
-        mounts = ["mount -t tmpfs -o mode=1777,nosuid,nodev hpcserve-node-shm /dev/shm"]
-        mounts += [f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}"
-                   for dst, src in (binds or {}).items()]
-        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                f'{" && ".join(mounts)} && exec "$@"', "sh", *argv]
+        if binds:
+            # The node's own view of some paths, as a node-local disk differs from its
+            # neighbours': a private mount namespace (slurmd, its steps and their tasks inherit
+            # it) with each source bind-mounted over its target.
+            mounts = " && ".join(f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}"
+                                 for dst, src in binds.items())
+            argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                    f'{mounts} && exec "$@"', "sh", *argv]
         # Each node gets a core of its own (round robin over this machine's), which its tasks
         # inherit: an engine binding threads to "its" CPUs (vLLM's CPU backend) then finds one
         # per node, as on separate machines, instead of all nodes on core 0.

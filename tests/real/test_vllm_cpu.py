@@ -35,17 +35,15 @@ LEFTOVER = re.compile(r"^(vllm_dist_\w+|psm_\w+|torchinductor_\w+|hpcserve-job(\
 
 
 def leftovers(cluster) -> set[str]:
-    """What vLLM, torch and hpcserve's jobs on `cluster` left in this machine's /tmp and in each
-    node's own /dev/shm. In /tmp, the scratch directories of jobs on another test session's
-    cluster (one running beside this one) have job ids outside this cluster's."""
+    """What vLLM, torch and hpcserve's jobs on `cluster` left in /tmp and /dev/shm. The scratch
+    directories of jobs on another test session's cluster (one running beside this one: only
+    this tier runs vLLM, one test at a time) have job ids outside this cluster's."""
     out = set()
-    for n in os.listdir("/tmp"):
-        m = LEFTOVER.match(n)
-        if m and (m.group(2) is None or cluster.gives_job_id(int(m.group(2)))):
-            out.add(f"/tmp/{n}")
-    for node in cluster.node_addresses():
-        shm = cluster.node_dev_shm(node)
-        out |= {f"{node}:/dev/shm/{n}" for n in os.listdir(shm) if LEFTOVER.match(n)}
+    for d in ("/tmp", "/dev/shm"):
+        for n in os.listdir(d):
+            m = LEFTOVER.match(n)
+            if m and (m.group(2) is None or cluster.gives_job_id(int(m.group(2)))):
+                out.add(f"{d}/{n}")
     return out
 
 
