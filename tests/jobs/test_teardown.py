@@ -67,7 +67,13 @@ def test_engines_ignoring_term_are_killed_and_the_state_still_written(submit, de
                                     if "hpcserve_sim.py" in cmdline(p)
                                     and not cmdline(p).startswith("bash")) < 3:
         time.sleep(0.1)
-    time.sleep(1.0)  # the hang fault is in force
+    # the hang fault is in force on both decode nodes (their logs say so), however slow the start
+    decode_logs = lambda: [p.read_text(errors="replace")  # noqa: E731
+                           for p in (job.dir / "logs").glob("decode-0.node*.log")]
+    end = time.time() + 30
+    while time.time() < end and not (
+            len(logs := decode_logs()) == 2 and all("fault injection: hanging" in t for t in logs)):
+        time.sleep(0.1)
     t0 = time.time()
     job.scancel()
     st = job.wait({"cancelled", "failed", "done"}, 10)
