@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from jobkit import cmdline, deployment, node_processes, wait_no_job_processes
+from jobkit import cmdline, deployment, node_processes, until, wait_no_job_processes
 
 pytestmark = pytest.mark.slurm
 
@@ -68,12 +68,10 @@ def test_engines_ignoring_term_are_killed_and_the_state_still_written(submit, de
                                     and not cmdline(p).startswith("bash")) < 3:
         time.sleep(0.1)
     # the hang fault is in force on both decode nodes (their logs say so), however slow the start
-    decode_logs = lambda: [p.read_text(errors="replace")  # noqa: E731
-                           for p in (job.dir / "logs").glob("decode-0.node*.log")]
-    end = time.time() + 30
-    while time.time() < end and not (
-            len(logs := decode_logs()) == 2 and all("fault injection: hanging" in t for t in logs)):
-        time.sleep(0.1)
+    def both_hung() -> bool:
+        logs = [p.read_text(errors="replace") for p in (job.dir / "logs").glob("decode-0.node*.log")]
+        return len(logs) == 2 and all("fault injection: hanging" in t for t in logs)
+    until("the hang on both decode nodes", both_hung, 30, poll=0.1)
     t0 = time.time()
     job.scancel()
     st = job.wait({"cancelled", "failed", "done"}, 10)
