@@ -2,8 +2,9 @@
 
 `sglang_parser` (session): makes sure the engines venv exists (scripts/setup-engines.sh: a no-op
 when its stamp is current, a few minutes and network to PyPI on a fresh machine) and returns a
-callable ``parse(argvs) -> list[dict]`` that runs all argvs through SGLang's own parser in ONE
-subprocess (tests/engine_parsers/sglang_check.py under the engines venv's python). A setup failure
+callable ``parse(argvs) -> list[dict]`` that runs all argvs through SGLang's own parser in one
+subprocess (tests/engine_parsers/sglang_check.py under the engines venv's python), started once
+per test session and asked again for each check (`CheckProcess`). A setup failure
 FAILS the tests: they must not be skipped silently where the venv cannot be built.
 
 Each result: ``ok`` / ``error`` (strict: ``ArgumentParser(allow_abbrev=False)`` + ``parse_args``),
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -30,6 +33,53 @@ SETUP_SCRIPT = REPO / "scripts" / "setup-engines.sh"
 
 def engines_venv() -> Path:
     return Path(os.environ.get("HPCSERVE_ENGINES_VENV", REPO / ".venv-engines"))
+
+
+class CheckProcess:
+    """A check script started once with ``--serve`` (checkserve.py) and asked many times: the
+    engine is imported once per test session, not once per check. ``ask(args, stdin)`` answers
+    what ``python SCRIPT *args < stdin`` would print; where the script fails, it raises with its
+    traceback and the process's stderr. The process ends when ``close()`` closes its stdin."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], timeout: float = 600):
+        self.name, self.argv, self.env, self.timeout = name, argv, env, timeout
+        self.proc: subprocess.Popen | None = None
+        self.stderr = None
+
+    def _start(self) -> subprocess.Popen:
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # read only when it fails
+        return subprocess.Popen([*self.argv, "--serve"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+                                env=self.env)
+
+    def _failed(self, why: str) -> RuntimeError:
+        self.stderr.seek(0)
+        return RuntimeError(f"{self.name}: {why}\n{self.stderr.read()[-4000:]}")
+
+    def ask(self, args: list[str], stdin: str | None = None) -> dict[str, Any]:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = self._start()
+        self.proc.stdin.write(json.dumps({"args": args, "stdin": stdin}) + "\n")
+        self.proc.stdin.flush()
+        if not select.select([self.proc.stdout], [], [], self.timeout)[0]:
+            self.proc.kill()
+            raise self._failed(f"no answer within {self.timeout} s")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise self._failed(f"exited {self.proc.wait()}")
+        out = json.loads(line)
+        if "__error__" in out:
+            raise self._failed(out["__error__"])
+        return out
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 class SglangParser:
@@ -45,21 +95,15 @@ class SglangParser:
         self.release_dir = release_dir
         self.stubs = stubs
         self._flags: dict[str, Any] | None = None
-
-    def _run(self, args: list[str], stdin: str | None = None) -> dict[str, Any]:
         env = dict(os.environ)
         if self.release_dir is not None:
             env["PYTHONPATH"] = str(self.release_dir)
         stubs = [w for m in self.stubs for w in ("--stub", m)]
-        proc = subprocess.run(
-            [str(self.python), str(CHECK_SCRIPT), *args, *stubs],
-            input=stdin, capture_output=True, text=True, timeout=600, env=env,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"sglang_check.py {' '.join(args)} exited {proc.returncode}\n{proc.stderr[-4000:]}"
-            )
-        return json.loads(proc.stdout)
+        self.process = CheckProcess(f"sglang_check.py ({release_dir or python})",
+                                    [str(python), str(CHECK_SCRIPT), *stubs], env)
+
+    def _run(self, args: list[str], stdin: str | None = None) -> dict[str, Any]:
+        return self.process.ask(args, stdin)
 
     def __call__(self, argvs: list[list[str]], keys: list[str] | None = None,
                  list_flags: bool = False) -> list[dict[str, Any]]:
@@ -87,7 +131,7 @@ class SglangParser:
 
 
 @pytest.fixture(scope="session")
-def sglang_parser() -> SglangParser:
+def sglang_parser() -> Iterator[SglangParser]:
     venv = engines_venv()
     # Always run it: with a current stamp it returns in ~0.1 s, and it rebuilds a venv that is
     # missing, half-built or older than the script.
@@ -103,7 +147,9 @@ def sglang_parser() -> SglangParser:
         )
     python = venv / "bin" / "python"
     assert python.exists(), f"{python} missing after setup-engines.sh"
-    return SglangParser(python)
+    parser = SglangParser(python)
+    yield parser
+    parser.process.close()
 
 
 # Every SGLang release hpcserve accepts besides the engines venv's (hpcserve/engines/sglang.py
@@ -129,7 +175,7 @@ def sglang_releases_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def sglang_release_parsers(sglang_parser) -> dict[str, SglangParser]:
+def sglang_release_parsers(sglang_parser) -> Iterator[dict[str, SglangParser]]:
     """{release: its own parser} for every release in SGLANG_RELEASES: the engines venv's python
     with the release's unpacked wheel first on PYTHONPATH. A failed setup FAILS the tests."""
     root = sglang_releases_dir()
@@ -148,7 +194,9 @@ def sglang_release_parsers(sglang_parser) -> dict[str, SglangParser]:
                         "scripts/setup-sglang-releases.sh: is the release in its RELEASES?",
                         pytrace=False)
         out[version] = SglangParser(sglang_parser.python, folder, stubs)
-    return out
+    yield out
+    for parser in out.values():
+        parser.process.close()
 
 
 VLLM_CHECK = Path(__file__).resolve().parent / "vllm_check.py"
@@ -161,14 +209,11 @@ class VllmParser:
     def __init__(self, python: Path):
         self.python = python
         self.version = None
+        self.process = CheckProcess("vllm_check.py", [str(python), str(VLLM_CHECK)],
+                                    {**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
 
-    def _run(self, args: list[str], stdin: str = "") -> dict[str, Any]:
-        proc = subprocess.run([str(self.python), str(VLLM_CHECK), *args], input=stdin,
-                              capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
-        if proc.returncode != 0:
-            raise RuntimeError(f"vllm_check.py exited {proc.returncode}\n{proc.stderr[-4000:]}")
-        return json.loads(proc.stdout)
+    def _run(self, args: list[str], stdin: str | None = None) -> dict[str, Any]:
+        return self.process.ask(args, stdin)
 
     def list_flags(self) -> list[str]:
         return self._run(["--list-flags"])["flags"]
@@ -181,14 +226,16 @@ class VllmParser:
 
 
 @pytest.fixture(scope="session")
-def vllm_parser() -> VllmParser:
+def vllm_parser() -> Iterator[VllmParser]:
     venv = Path(os.environ.get("HPCSERVE_VLLM_PARSER_VENV", REPO / ".venv-engines-vllm"))
     proc = subprocess.run(["bash", str(VLLM_SETUP)], capture_output=True, text=True,
                           timeout=1800, env={**os.environ, "HPCSERVE_VLLM_PARSER_VENV": str(venv)})
     if proc.returncode != 0:
         pytest.fail(f"scripts/setup-vllm-parser.sh failed ({proc.returncode}); the vLLM parser "
                     f"tests need it.\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}", pytrace=False)
-    return VllmParser(venv / "bin" / "python")
+    parser = VllmParser(venv / "bin" / "python")
+    yield parser
+    parser.process.close()
 
 
 KT_CHECK = Path(__file__).resolve().parent / "ktransformers_check.py"

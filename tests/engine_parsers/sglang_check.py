@@ -26,6 +26,8 @@ packages the engines venv does not hold (and its parser never calls). The placeh
 with why each is harmless, in conftest.py's ``SGLANG_RELEASES``; the output names the ones used.
 An older release itself comes first on ``PYTHONPATH`` (scripts/setup-sglang-releases.sh).
 
+``--serve`` answers one such request per line of stdin from one import (checkserve.py).
+
 ``--list-flags`` prints ``{"sglang_version", "flags", "deprecated", "choices"}`` for the strict
 parser: every option string starting with ``--`` except argparse's own ``--help``, the flags whose
 action is one of SGLang's ``Deprecated*Action`` classes or whose help announces them deprecated, and the
@@ -281,20 +283,29 @@ def list_flags():
     }
 
 
+def answer(args: argparse.Namespace, stdin: str | None) -> dict:
+    if args.list_flags:
+        return list_flags()
+    req = json.loads(stdin)
+    out = check(req["argvs"], req.get("keys"))
+    if req.get("list_flags"):  # both answers from one import of SGLang (~5 s each)
+        out["list_flags"] = list_flags()
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--list-flags", action="store_true")
     ap.add_argument("--stub", action="append", default=[], metavar="MODULE")
+    ap.add_argument("--serve", action="store_true",
+                    help="answer one request per stdin line (checkserve.py)")
     args = ap.parse_args(argv)
     install_stubs(args.stub)
-    if args.list_flags:
-        out = list_flags()
-    else:
-        req = json.load(sys.stdin)
-        out = check(req["argvs"], req.get("keys"))
-        if req.get("list_flags"):  # both answers from one import of SGLang (~5 s each)
-            out["list_flags"] = list_flags()
-    json.dump(out, sys.stdout, sort_keys=True)
+    if args.serve:
+        from checkserve import serve
+        return serve(lambda a, stdin: answer(ap.parse_args(a), stdin))
+    json.dump(answer(args, None if args.list_flags else sys.stdin.read()), sys.stdout,
+              sort_keys=True)
     sys.stdout.write("\n")
     return 0
 

@@ -6,7 +6,8 @@
 The parser is built the way `vllm serve` builds it (vllm/entrypoints/cli/main.py): a
 FlexibleArgumentParser whose `serve` subcommand is ServeSubcommand.subparser_init's, so the
 positional model, `--headless`, the DP flags and vLLM's own argument rewriting all apply.
-`--list-flags` prints the serve subcommand's long options instead.
+`--list-flags` prints the serve subcommand's long options instead; `--serve` answers one request
+per line of stdin from one import of vLLM (checkserve.py).
 Each argv starts with "serve". Prints {"vllm_version", "results": [{ok, error, values}]}; values
 are the parsed namespace entries of KEYS (kv_transfer_config and eplb_config as plain dicts).
 """
@@ -73,15 +74,21 @@ def serve_flags(p) -> list[str]:
     return sorted(o for o in serve._option_string_actions if o.startswith("--") and o != "--help")
 
 
-def main() -> int:
+def answer(args: list[str], stdin: str | None) -> dict:
     import vllm
-    p = parser()
-    if sys.argv[1:] == ["--list-flags"]:
-        json.dump({"vllm_version": vllm.__version__, "flags": serve_flags(p)}, sys.stdout)
-        return 0
-    req = json.load(sys.stdin)
-    out = {"vllm_version": vllm.__version__, "results": [parse(p, a) for a in req["argvs"]]}
-    json.dump(out, sys.stdout)
+    p = parser()  # a fresh one per request (~0.1 s), as each one-shot run had
+    if args == ["--list-flags"]:
+        return {"vllm_version": vllm.__version__, "flags": serve_flags(p)}
+    return {"vllm_version": vllm.__version__,
+            "results": [parse(p, a) for a in json.loads(stdin)["argvs"]]}
+
+
+def main() -> int:
+    if sys.argv[1:] == ["--serve"]:
+        from checkserve import serve
+        return serve(answer)
+    args = sys.argv[1:]
+    json.dump(answer(args, None if args == ["--list-flags"] else sys.stdin.read()), sys.stdout)
     return 0
 
 
