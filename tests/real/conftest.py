@@ -93,7 +93,13 @@ def real_deployment(name: str, model: str, profile: str, jobs_dir: str, worker: 
         "time_limit": "00:30:00",
         "env": {"HF_HUB_OFFLINE": 1, "TRANSFORMERS_OFFLINE": 1, "VLLM_NO_USAGE_STATS": 1,
                 # a compile cache kept between jobs: the first request compiles a kernel
-                "TORCHINDUCTOR_CACHE_DIR": cache},
+                "TORCHINDUCTOR_CACHE_DIR": cache,
+                # torch 2.13 rebuilds its precompiled header (~25 s of a core per rank) in every
+                # process that loads a C++ kernel, before it looks for the kernel in the cache
+                # above, and keeps it under $TMPDIR, the job's own scratch
+                # (torch/_inductor/codecache.py, CppCodeCache.load_async and
+                # _precompile_header): without it a cached kernel loads at once
+                "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": 0},
         "roles": {"worker": {"enforce_eager": True, **worker,
                              "args": {"load-format": "dummy", "kv-cache-memory-bytes": "64M",
                                       **worker.get("args", {})}}},
