@@ -53,11 +53,12 @@ def group_of(item: pytest.Item) -> str | None:
     """The xdist group that keeps this test on one worker with others, or None."""
     if tier(item.nodeid) == "real":
         return REAL_ENGINE_GROUP
-    if _shares_a_wider_fixture(item):
-        return item.nodeid.split("::")[0]
+    # a costly session fixture first: its users in every module share one build of it
     for name in getattr(item, "fixturenames", ()):
         if name in COSTLY_SESSION_FIXTURES:
             return COSTLY_SESSION_FIXTURES[name]
+    if _shares_a_wider_fixture(item):
+        return item.nodeid.split("::")[0]
     return None
 
 

@@ -74,3 +74,14 @@ def test_tier_is_the_folder_under_tests():
     assert suiteplan.tier("tests/jobs/test_x.py::test_y[a/b]") == "jobs"
     assert suiteplan.tier("tests/real/test_vllm_cpu.py::test_z@real-engine-0") == "real"
     assert suiteplan.tier("test_top.py::test_y") == "other"
+
+
+def test_a_costly_session_fixture_groups_before_a_module_fixture():
+    """The wheel's users in every module go to one worker, which builds the wheel once, even
+    where a module-scoped fixture of theirs would group them by module."""
+    from types import SimpleNamespace as NS
+    item = NS(nodeid="tests/unit/test_w.py::test_a", fixturenames=["names", "installed_wheel"],
+              _fixtureinfo=NS(name2fixturedefs={"names": [NS(scope="module")]}))
+    assert suiteplan.group_of(item) == "installed-wheel"
+    item.fixturenames = ["names"]
+    assert suiteplan.group_of(item) == "tests/unit/test_w.py"
