@@ -4,11 +4,12 @@ Each xdist worker is a pytest session of its own: it holds its own dev-cluster s
 state dir, subnet and interface names, tests/conftest.py), so tests on different workers never
 share a Slurm cluster, a port of a node or a file. What must stay on one worker is named here:
 
-- the real-engine tier (vLLM's CPU release) runs on one worker, one test after another: a real
-  engine's start-up is what costs CPU here (importing vLLM alone takes some 15 s of a core, in
-  each of its processes), two at once on a 2-core machine stretch each other's steps past what
-  the tests allow, and the tier's leftover checks read this machine's /dev/shm, which two
-  engines' jobs would share;
+- the tests that run a real engine (marked `real_engine`: vLLM's CPU release) run on one
+  worker, one test after another: a real engine's start-up is what costs CPU here (importing
+  vLLM alone takes some 15 s of a core, in each of its processes), two at once on a 2-core
+  machine stretch each other's steps past what the tests allow, and their leftover checks read
+  this machine's /dev/shm, which two engines' jobs would share. The real tier's other tests
+  (vLLM's benchmark client against simulated engines) run anywhere;
 - tests that share a module- or class-scoped fixture (a serving deployment some tests only read)
   run on the worker that set it up, so it is set up once; so do the tests that use one of the
   costly session fixtures (the installed wheel).
@@ -51,7 +52,7 @@ def _shares_a_wider_fixture(item: pytest.Item) -> bool:
 
 def group_of(item: pytest.Item) -> str | None:
     """The xdist group that keeps this test on one worker with others, or None."""
-    if tier(item.nodeid) == "real":
+    if item.get_closest_marker("real_engine"):
         return REAL_ENGINE_GROUP
     # a costly session fixture first: its users in every module share one build of it
     for name in getattr(item, "fixturenames", ()):

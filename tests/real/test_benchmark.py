@@ -23,7 +23,9 @@ from test_vllm_cpu import _job_id, _status, read_state, wait_no_job_processes, w
 
 from jobkit import check_startup  # tests/jobs, on sys.path since test_vllm_cpu's import
 
-pytestmark = [pytest.mark.slurm, pytest.mark.real_engine]
+# Only the test of the real vLLM runs an engine: the others run vLLM's client against simulated
+# engines, which may run beside the real-engine tests (tests/suiteplan.py).
+pytestmark = [pytest.mark.slurm]
 
 POINTS = [1, 4]
 PROMPTS = 8
@@ -84,6 +86,7 @@ def test_the_gate_fails_a_benchmark_that_proves_nothing(hs_module, dev_cluster, 
     wait_no_job_processes(dev_cluster, 60)
 
 
+@pytest.mark.real_engine
 def test_a_real_vllm_on_cpu_benchmarked_by_its_own_client_then_the_job_ends(
         hs, dev_cluster, tiny_llama_weights, tmp_path):
     """The real engine loading a real (tiny) checkpoint, its start-up in phases from its own

@@ -46,7 +46,8 @@ def test_a_lane_and_a_module_fixture_each_stay_on_one_worker_and_the_tiers_are_t
     (tmp_path / "tests" / "real").mkdir(parents=True)
     (tmp_path / "tests" / "jobs").mkdir()
     (tmp_path / "tests" / "conftest.py").write_text(CONFTEST)
-    lane = "".join(_test(f"test_r{i}") for i in range(4))
+    lane = "pytestmark = pytest.mark.real_engine\n" + "".join(_test(f"test_r{i}")
+                                                            for i in range(4))
     shared = "".join(_test(f"test_s{i}", "shared") for i in range(4))
     alone = "".join(_test(f"test_j{i}") for i in range(8))
     for path, tests in (("real/test_lane.py", lane), ("jobs/test_shared.py", shared),
@@ -81,7 +82,22 @@ def test_a_costly_session_fixture_groups_before_a_module_fixture():
     where a module-scoped fixture of theirs would group them by module."""
     from types import SimpleNamespace as NS
     item = NS(nodeid="tests/unit/test_w.py::test_a", fixturenames=["names", "installed_wheel"],
-              _fixtureinfo=NS(name2fixturedefs={"names": [NS(scope="module")]}))
+              _fixtureinfo=NS(name2fixturedefs={"names": [NS(scope="module")]}),
+              get_closest_marker=lambda name: None)
     assert suiteplan.group_of(item) == "installed-wheel"
     item.fixturenames = ["names"]
     assert suiteplan.group_of(item) == "tests/unit/test_w.py"
+
+
+def test_the_real_engine_lane_is_the_tests_marked_real_engine():
+    """Not the whole real tier: its tests of vLLM's client against simulated engines start no
+    engine and run anywhere."""
+    from types import SimpleNamespace as NS
+
+    def item(marks):
+        return NS(nodeid="tests/real/test_b.py::test_a", fixturenames=[],
+                  _fixtureinfo=NS(name2fixturedefs={}),
+                  get_closest_marker=lambda name: object() if name in marks else None)
+
+    assert suiteplan.group_of(item({"real_engine", "slurm"})) == suiteplan.REAL_ENGINE_GROUP
+    assert suiteplan.group_of(item({"slurm"})) is None
