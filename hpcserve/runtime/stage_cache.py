@@ -189,10 +189,12 @@ class Cache:
 
     # -- the size bound
     def models(self) -> list:
-        """[(last use, bytes, name)] of every complete model, least recently used first."""
+        """[(last use, bytes, name)] of every complete model, least recently used first. A
+        marker whose name is no model's (`..done` names ".", `...done` "..": the cache itself
+        and its parent) is nobody's model: never counted, never removed."""
         out = []
         for entry in os.listdir(self.dir):
-            if entry.endswith(".done"):
+            if entry.endswith(".done") and model_name(entry[:-5]):
                 name = entry[:-5]
                 try:
                     with open(self.path(name, ".done")) as f:
@@ -237,6 +239,8 @@ class Cache:
     def remove(self, name: str) -> None:
         """A model out of the cache: its marker first, so that nobody takes half a copy as
         complete."""
+        if not model_name(name):
+            raise StageError(None, f"{name!r} is no model's name in the stage cache: not removed")
         for suffix in (".done", ".manifest.json"):
             try:
                 os.unlink(self.path(name, suffix))
@@ -251,6 +255,12 @@ class Cache:
         write_atomic(os.path.join(partial, MANIFEST), json.dumps(manifest, indent=1))
         os.rename(partial, self.path(name))
         self.mark_done(name, manifest)
+
+
+def model_name(name: str) -> bool:
+    """Whether `name` can be a model's entry in stage_dir: one path component that is neither
+    the directory itself nor its parent."""
+    return name not in ("", ".", "..") and "/" not in name and "\0" not in name
 
 
 def manifest_digest(manifest: dict) -> str:

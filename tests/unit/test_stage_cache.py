@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,23 @@ def test_the_cache_keeps_to_its_bound_least_recently_used_first_never_one_in_use
         cache.make_room("huge", 101)
     assert "larger than the stage cache's bound" in e.value.cause
     assert json.loads(open(cache.path("busy", ".done")).read())["bytes"] == 40
+
+
+def test_a_marker_naming_the_cache_or_its_parent_is_never_a_model_to_remove(tmp_path):
+    """Anyone who can write the stage dir could plant `..done` (the name ".") or `...done`
+    ("..") claiming a large model: making room must not remove the cache, nor its parent."""
+    parent = tmp_path / "site"
+    cache = sc.Cache(str(parent / "stage"), 100)
+    os.makedirs(cache.dir)
+    (parent / "other-users-file").write_text("kept")
+    now = time.time()
+    _staged(cache, "old", 40, now - 300)
+    for planted in ("..done", "...done"):
+        (Path(cache.dir) / planted).write_text(json.dumps({"bytes": 90}))
+        os.utime(Path(cache.dir) / planted, (now - 900, now - 900))  # the least recently used
+    assert [m[2] for m in cache.models()] == ["old"]
+    assert cache.make_room("next", 70) == ["old"]
+    assert (parent / "other-users-file").read_text() == "kept" and os.path.isdir(cache.dir)
+    for name in (".", "..", "a/b"):
+        with pytest.raises(sc.StageError, match="no model's name"):
+            cache.remove(name)
