@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import struct
@@ -28,6 +29,7 @@ import sys
 import time
 
 from .contract import load_spec
+from .model_dir import MAX_FILES
 from .stage_cache import Cache, StageError, check_listing, list_files, load_manifest, \
     save_manifest
 
@@ -67,9 +69,50 @@ def recv_exact(sock, n: int) -> bytes:
     return bytes(buf)
 
 
+# The frames of the chain and the most bytes each may carry: the file list (MAX_FILES entries),
+# a chunk of data, a file's SHA-256 in hex, an abort, the end. A frame of another kind, or a
+# longer one, is refused before anything is allocated for it.
+LIMITS = {b"H": 64 << 20, b"D": CHUNK, b"E": 64, b"A": 64 << 10, b"Z": 0}
+HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+class BadFrame(ValueError):
+    """A frame this chain never sends: of no known kind, too long, or not what its kind holds."""
+
+
 def recv(sock) -> tuple:
     kind, n = FRAME.unpack(recv_exact(sock, FRAME.size))
+    if n > LIMITS.get(kind, -1):
+        raise BadFrame(f"a frame of kind {kind!r} and {n} bytes" if kind in LIMITS
+                       else f"a frame of unknown kind {kind!r}")
     return kind, recv_exact(sock, n)
+
+
+def safe_rel(rel) -> str:
+    """A file's path relative to the model directory, as the file list gives it: refused
+    (BadFrame) if it could name anything outside the copy (absolute, `..`, `.` or empty parts,
+    NUL)."""
+    if (not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel
+            or any(part in ("", ".", "..") for part in rel.split("/"))):
+        raise BadFrame(f"a file path that is not one inside the model directory: {rel!r}")
+    return rel
+
+
+def file_list(payload: bytes) -> list:
+    """The H frame's [[path, size, SHA-256 or None]], every entry of the types it must be."""
+    try:
+        files = json.loads(payload)["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise BadFrame(f"a file list that is not one: {e}") from None
+    if not isinstance(files, list) or len(files) > MAX_FILES:
+        raise BadFrame("a file list that is not a list of at most "
+                       f"{MAX_FILES} files")
+    for f in files:
+        if not (isinstance(f, list) and len(f) == 3 and type(f[1]) is int and f[1] >= 0
+                and (f[2] is None or isinstance(f[2], str) and HEX64.fullmatch(f[2]))):
+            raise BadFrame(f"a file list entry that is not [path, size, SHA-256]: {f!r:.200}")
+        safe_rel(f[0])
+    return files
 
 
 class Node:
@@ -104,6 +147,8 @@ class Node:
             return 0
         except Failed as e:
             self._report("failed", file=e.file, detail=e.cause, blame=e.blame)
+        except BadFrame as e:  # a path of the file list that would leave the copy here
+            self._report("failed", file=None, detail=str(e), blame=self.me)
         except (StageError, OSError) as e:
             f = getattr(e, "file", None)
             self._report("failed", file=f, detail=getattr(e, "cause", None) or repr(e),
@@ -314,18 +359,25 @@ class _Receiver:
             kind, payload = recv(self.conn)
         except (OSError, EOFError) as e:
             raise Failed(self.up, None, f"receiving from {self.up} failed: {e}")
+        except BadFrame as e:
+            raise Failed(self.up, None, f"{self.up} sent {e}")
         if kind == b"A":
-            a = json.loads(payload)
+            node, file, cause = _abort(payload, self.up)
             if self.down:
-                self.down.abort(a["node"], a["file"], a["cause"])
-            raise Failed(a["node"], a["file"], a["cause"])
+                self.down.abort(node, file, cause)
+            raise Failed(node, file, cause)
         if self.down:
             self.down.send(kind, payload)
         return kind, payload
 
     def run(self) -> dict:
         kind, payload = self.frame()
-        files = json.loads(payload)["files"]
+        if kind != b"H":
+            raise Failed(self.up, None, f"{self.up} sent {kind!r} where the file list was due")
+        try:
+            files = file_list(payload)
+        except BadFrame as e:
+            raise Failed(self.up, None, f"{self.up} sent {e}")
         self.node.cache.make_room(self.node.name, sum(f[1] for f in files), self.node.log)
         out = []
         for rel, size, want in files:
@@ -336,6 +388,9 @@ class _Receiver:
                     h.update(payload)
                     w.write(payload)
                     kind, payload = self.frame()
+            if kind != b"E" or not HEX64.fullmatch(payload.decode("ascii", "replace")):
+                raise Failed(self.up, rel, f"{self.up} sent {kind!r} where the file's "
+                                           "SHA-256 was due")
             got, sent = h.hexdigest(), payload.decode()
             if got != (want or sent):
                 raise Failed(self.node.me, rel, f"SHA-256 of the copy written here {got[:16]}... "
@@ -349,9 +404,29 @@ class _Receiver:
 
 
 def _out(partial: str, rel: str):
-    path = os.path.join(partial, rel)
+    """A new file at `rel` inside the copy in progress, never through a link: a path that
+    leaves `partial`, or a file already there, is refused."""
+    path = os.path.join(partial, safe_rel(rel))
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    return open(path, "wb")
+    if os.path.commonpath([os.path.realpath(os.path.dirname(path)),
+                           os.path.realpath(partial)]) != os.path.realpath(partial):
+        raise BadFrame(f"a file path that leads out of the copy through a link: {rel!r}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
+    return os.fdopen(fd, "wb")
+
+
+def _abort(payload: bytes, up: str) -> tuple:
+    """An A frame's (node, file, cause); a malformed one is the sender's failure."""
+    try:
+        a = json.loads(payload)
+        node, file, cause = a["node"], a["file"], a["cause"]
+    except (ValueError, KeyError, TypeError):
+        return up, None, f"{up} sent a malformed abort frame"
+    if not (isinstance(node, str) and isinstance(cause, str)
+            and (file is None or isinstance(file, str))):
+        return up, None, f"{up} sent a malformed abort frame"
+    return node, file, cause
 
 
 def _raise(e: Exception) -> None:
