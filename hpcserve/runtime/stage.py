@@ -31,7 +31,7 @@ import time
 from .contract import load_spec
 from .model_dir import MAX_FILES
 from .stage_cache import Cache, StageError, check_listing, list_files, load_manifest, \
-    save_manifest
+    plain_name, save_manifest
 
 CHUNK = 1 << 22          # bytes per data frame: large enough for the disks, small for the pipe
 FRAME = struct.Struct(">cQ")
@@ -92,8 +92,7 @@ def safe_rel(rel) -> str:
     """A file's path relative to the model directory, as the file list gives it: refused
     (BadFrame) if it could name anything outside the copy (absolute, `..`, `.` or empty parts,
     NUL)."""
-    if (not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel
-            or any(part in ("", ".", "..") for part in rel.split("/"))):
+    if not isinstance(rel, str) or not all(plain_name(part) for part in rel.split("/")):
         raise BadFrame(f"a file path that is not one inside the model directory: {rel!r}")
     return rel
 

@@ -194,7 +194,7 @@ class Cache:
         and its parent) is nobody's model: never counted, never removed."""
         out = []
         for entry in os.listdir(self.dir):
-            if entry.endswith(".done") and model_name(entry[:-5]):
+            if entry.endswith(".done") and plain_name(entry[:-5]):
                 name = entry[:-5]
                 try:
                     with open(self.path(name, ".done")) as f:
@@ -239,7 +239,7 @@ class Cache:
     def remove(self, name: str) -> None:
         """A model out of the cache: its marker first, so that nobody takes half a copy as
         complete."""
-        if not model_name(name):
+        if not plain_name(name):
             raise StageError(None, f"{name!r} is no model's name in the stage cache: not removed")
         for suffix in (".done", ".manifest.json"):
             try:
@@ -257,9 +257,9 @@ class Cache:
         self.mark_done(name, manifest)
 
 
-def model_name(name: str) -> bool:
-    """Whether `name` can be a model's entry in stage_dir: one path component that is neither
-    the directory itself nor its parent."""
+def plain_name(name: str) -> bool:
+    """Whether `name` is one path component that names neither its directory itself nor the
+    parent: what a model's entry in stage_dir, or each part of a file's path in a model, is."""
     return name not in ("", ".", "..") and "/" not in name and "\0" not in name
 
 
