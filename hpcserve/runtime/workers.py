@@ -44,6 +44,12 @@ class WorkerApiError(Exception):
     """The router refused or did not do it; the message carries the router's own words."""
 
 
+class NoAnswer(WorkerApiError):
+    """No answer within one call's timeout, or no connection: a router busy (a loaded node
+    starves it for seconds) or gone, which only the caller's deadline tells apart, so a change
+    asks again until then."""
+
+
 class RouterWorkers:
     def __init__(self, kind: str, router_url: str, timeout: float = 2.0,
                  headers: dict | None = None):
@@ -74,15 +80,21 @@ class RouterWorkers:
         if not self.removes:
             raise WorkerApiError(f"the router at {self.url} cannot remove a worker while it "
                                  "runs")
+        deadline = time.monotonic() + wait
         if self.kind in ("direct", "remove-only"):
-            self._call("DELETE", "/workers/" + urllib.parse.quote(worker_url, safe=""))
+            # answered 200 for a URL it does not list too: asking again is safe
+            self._asking(deadline, lambda: self._call(
+                "DELETE", "/workers/" + urllib.parse.quote(worker_url, safe="")))
             return
+        self._asking(deadline, lambda: self._delete_queued(worker_url))
+        self._until(lambda: worker_url not in self.listed(), deadline,
+                    f"{worker_url} still listed by the router {wait:g}s after its removal")
+
+    def _delete_queued(self, worker_url: str) -> None:
         for w in self._workers():
             if w["url"] == worker_url:
                 # 404: another removal of the same worker finished first.
                 self._call("DELETE", f"/workers/{w['id']}", also_ok=(404,))
-        self._until(lambda: worker_url not in self.listed(), wait,
-                    f"{worker_url} still listed by the router {wait:g}s after its removal")
 
     def add(self, worker_url: str, role: str, bootstrap_port: int | None = None,
             wait: float = 60.0) -> None:
@@ -90,18 +102,29 @@ class RouterWorkers:
         list a worker only after it answered their health check), raises WorkerApiError when the
         router refused or `wait` seconds went by."""
         self._need_live()
+        deadline = time.monotonic() + wait
+        job = self._asking(deadline, lambda: self._post(worker_url, role, bootstrap_port,
+                                                        deadline))
+        if job is not None:
+            self._until(lambda: self._job_added(worker_url, job["worker_id"]), deadline,
+                        f"{worker_url} not listed by the router {wait:g}s after adding it")
+
+    def _post(self, worker_url: str, role: str, bootstrap_port: int | None,
+              deadline: float) -> dict | None:
+        """POST /workers unless it is listed (both routers refuse a URL they list: "already
+        exists", so a POST whose answer was lost is asked again safely): the queued job, or
+        None when there is nothing to wait for."""
         if worker_url in self.listed():
-            return  # both routers refuse a URL they list ("already exists")
+            return None
         if self.kind == "direct":
             # The answer comes once the router saw the worker healthy: wait that long for it.
-            self._call("POST", "/workers", {"url": worker_url}, timeout=wait)
-            return
+            self._call("POST", "/workers", {"url": worker_url},
+                       timeout=max(self.timeout, deadline - time.monotonic()))
+            return None
         body = {"url": worker_url, "worker_type": WORKER_TYPES[role]}
         if bootstrap_port is not None:
             body["bootstrap_port"] = bootstrap_port
-        job = self._call("POST", "/workers", body)
-        self._until(lambda: self._job_added(worker_url, job["worker_id"]), wait,
-                    f"{worker_url} not listed by the router {wait:g}s after adding it")
+        return self._call("POST", "/workers", body)
 
     # ---- helpers --------------------------------------------------------------------------
     def _need_live(self) -> None:
@@ -125,11 +148,28 @@ class RouterWorkers:
         return False
 
     @staticmethod
-    def _until(done, wait: float, why: str) -> None:
-        deadline = time.monotonic() + wait
-        while not done():
+    def _asking(deadline: float, call):
+        """call(), asked again while the router does not answer, until `deadline`."""
+        while True:
+            try:
+                return call()
+            except NoAnswer:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(POLL_S)
+
+    @staticmethod
+    def _until(done, deadline: float, why: str) -> None:
+        """Until done() (a poll the router did not answer is a "not yet"), or `deadline`."""
+        while True:
+            try:
+                if done():
+                    return
+                late = why
+            except NoAnswer as e:
+                late = f"{why} ({e})"
             if time.monotonic() > deadline:
-                raise WorkerApiError(why)
+                raise WorkerApiError(late)
             time.sleep(POLL_S)
 
     def _call(self, method: str, path: str, body: dict | None = None,
@@ -148,8 +188,8 @@ class RouterWorkers:
             words = e.read()[:2000].decode("utf-8", "replace")
             raise WorkerApiError(f"{method} {path}: HTTP {e.code} {words}") from None
         except (OSError, ValueError) as e:  # URLError, timeouts, refused connections
-            raise WorkerApiError(f"{method} {path}: no answer from the router at {self.url}: "
-                                 f"{getattr(e, 'reason', e)}") from None
+            raise NoAnswer(f"{method} {path}: no answer from the router at {self.url}: "
+                           f"{getattr(e, 'reason', e)}") from None
         try:
             return json.loads(raw) if raw.strip() else None
         except ValueError:

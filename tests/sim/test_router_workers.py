@@ -6,6 +6,8 @@ tells where the router sent it."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 
@@ -302,3 +304,48 @@ def test_every_router_names_a_workers_api_the_runtime_knows(name, pd):
     want = {"sglang": "queued", "ktransformers": "queued",
             "vllm": "remove-only" if pd else "direct"}
     assert api == want.get(name, "restart"), (name, pd, api)
+
+
+class Stalled:
+    """The router stopped (SIGSTOP) for `seconds`, as a loaded node starves it: it accepts
+    connections (the kernel queues them) but answers nothing until it runs again."""
+
+    def __init__(self, router, seconds):
+        self.router, self.seconds = router, seconds
+
+    def __enter__(self):
+        os.kill(self.router.pid, signal.SIGSTOP)
+        self.timer = threading.Timer(self.seconds, os.kill, (self.router.pid, signal.SIGCONT))
+        self.timer.start()
+        self.at = time.monotonic()
+        return self
+
+    def __exit__(self, *exc):
+        self.timer.cancel()
+        os.kill(self.router.pid, signal.SIGCONT)
+        # the change waited for the router rather than failing at its first lost answer
+        assert time.monotonic() - self.at >= self.seconds
+
+
+@pytest.mark.parametrize("kind", ["queued", "direct"])
+def test_a_change_outlasts_a_router_that_answers_nothing_for_longer_than_a_call(procs, kind):
+    """One call's timeout (2 s) is no deadline: a router stalled for 3 s is asked again, and
+    the worker goes out and back in within the change's own wait."""
+    url, workers = (sglang_plain if kind == "queued" else vllm_plain)(procs)
+    router = procs.all[-1]
+    rw = RouterWorkers(kind, url)
+    assert rw.timeout < 3
+    out = workers[0].url
+    with Stalled(router, 3):
+        rw.remove(out, wait=30)
+    assert rw.listed() == [workers[1].url]
+    with Stalled(router, 3):
+        rw.add(out, "worker", wait=30)
+    assert sorted(rw.listed()) == sorted(w.url for w in workers)
+    # a router that never answers again is still told apart, at the change's own deadline
+    os.kill(router.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(WorkerApiError, match="no answer from the router"):
+            rw.remove(out, wait=3)
+    finally:
+        os.kill(router.pid, signal.SIGCONT)
