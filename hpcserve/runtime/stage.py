@@ -10,6 +10,13 @@ link carries the model once, and the nodes write at the same time). Every node h
 writes and checks it against the manifest. A busy node waits for the other job's copy. The
 choice of a chain over an MPI broadcast is measured in bench/bench_stage.py.
 
+The chain's ports are open to anyone on the network, so every link is authenticated with the
+job's own key (run/stage/key, 0600, made for each try by the batch side): the receiver sends a
+fresh nonce, and every frame after it carries a keyed BLAKE2b tag over its number, header and
+payload under a key derived from both, so no frame can be forged, replayed from another link,
+dropped or reordered. A connection whose hello fails is closed and logged, and the node goes on
+listening for its upstream.
+
 Batch side (Staging): runs the step, reads every node's report, records state.json's stage and
 ends the job naming node, file and cause when a node failed, before any engine starts.
 """
@@ -17,15 +24,20 @@ ends the job naming node, file and cause when a node failed, before any engine s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import hmac
 import json
 import os
+import queue
 import re
+import secrets
 import shutil
 import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 from .contract import load_spec
@@ -36,6 +48,8 @@ from .stage_cache import Cache, StageError, check_listing, list_files, load_mani
 CHUNK = 1 << 22          # bytes per data frame: large enough for the disks, small for the pipe
 FRAME = struct.Struct(">cQ")
 PEER_TIMEOUT = 120.0     # s: a peer that sends nothing for this long is taken for dead
+HELLO_TIMEOUT = 10.0     # s: a connection that has not proved itself by then is closed
+KEY_BYTES, NONCE_BYTES, TAG_BYTES = 32, 16, 32
 STATUS_TIMEOUT = 120.0   # s: every node of the job says warm, cold or busy within this
 
 
@@ -49,15 +63,6 @@ class Failed(Exception):
         self.blame, self.file, self.cause = blame, file, cause
 
 
-def send(sock, kind: bytes, payload: bytes) -> None:
-    head = FRAME.pack(kind, len(payload))
-    if len(payload) < 65536:
-        sock.sendall(head + payload)
-    else:  # a data chunk: not copied once more to join its header
-        sock.sendall(head)
-        sock.sendall(payload)
-
-
 def recv_exact(sock, n: int) -> bytes:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
@@ -69,23 +74,93 @@ def recv_exact(sock, n: int) -> bytes:
     return bytes(buf)
 
 
-# The frames of the chain and the most bytes each may carry: the file list (MAX_FILES entries),
-# a chunk of data, a file's SHA-256 in hex, an abort, the end. A frame of another kind, or a
-# longer one, is refused before anything is allocated for it.
-LIMITS = {b"H": 64 << 20, b"D": CHUNK, b"E": 64, b"A": 64 << 10, b"Z": 0}
+# The frames of the chain and the most bytes each may carry: the sender's hello (its node name),
+# the file list (MAX_FILES entries), a chunk of data, a file's SHA-256 in hex, an abort, the
+# end. A frame of another kind, or a longer one, is refused before anything is allocated for it.
+LIMITS = {b"O": 255, b"H": 64 << 20, b"D": CHUNK, b"E": 64, b"A": 64 << 10, b"Z": 0}
 HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 class BadFrame(ValueError):
-    """A frame this chain never sends: of no known kind, too long, or not what its kind holds."""
+    """A frame this chain never sends: of no known kind, too long, not what its kind holds, or
+    not from this job's chain (its tag does not check)."""
 
 
-def recv(sock) -> tuple:
-    kind, n = FRAME.unpack(recv_exact(sock, FRAME.size))
-    if n > LIMITS.get(kind, -1):
-        raise BadFrame(f"a frame of kind {kind!r} and {n} bytes" if kind in LIMITS
-                       else f"a frame of unknown kind {kind!r}")
-    return kind, recv_exact(sock, n)
+class Link:
+    """One link of the chain, either end: frames tagged under a key derived from the job's key
+    and the receiver's nonce, and numbered, so that only a holder of the job's key can send
+    them, and none can be replayed from another link, dropped or reordered."""
+
+    def __init__(self, sock, key: bytes, nonce: bytes):
+        self.sock = sock
+        self.key = hashlib.blake2b(nonce, key=key, digest_size=32,
+                                   person=b"hpcserve-stage").digest()
+        self.seq = 0
+
+    @classmethod
+    def accepting(cls, sock, key: bytes) -> "Link":
+        """The receiving end: a fresh nonce sent first, which the sender's tags must cover."""
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        sock.sendall(nonce)
+        return cls(sock, key, nonce)
+
+    @classmethod
+    def connecting(cls, sock, key: bytes) -> "Link":
+        return cls(sock, key, recv_exact(sock, NONCE_BYTES))
+
+    def _tag(self, head: bytes, payload: bytes) -> bytes:
+        m = hashlib.blake2b(struct.pack(">Q", self.seq), key=self.key, digest_size=TAG_BYTES)
+        m.update(head)
+        m.update(payload)
+        self.seq += 1
+        return m.digest()
+
+    def send(self, kind: bytes, payload: bytes) -> None:
+        head = FRAME.pack(kind, len(payload))
+        tag = self._tag(head, payload)
+        if len(payload) < 65536:
+            self.sock.sendall(head + payload + tag)
+        else:  # a data chunk: not copied once more to join its header and tag
+            self.sock.sendall(head)
+            self.sock.sendall(payload)
+            self.sock.sendall(tag)
+
+    def recv(self) -> tuple:
+        head = recv_exact(self.sock, FRAME.size)
+        kind, n = FRAME.unpack(head)
+        if n > LIMITS.get(kind, -1):
+            raise BadFrame(f"a frame of kind {kind!r} and {n} bytes" if kind in LIMITS
+                           else f"a frame of unknown kind {kind!r}")
+        payload = recv_exact(self.sock, n)
+        if not hmac.compare_digest(recv_exact(self.sock, TAG_BYTES), self._tag(head, payload)):
+            raise BadFrame(f"a frame of kind {kind!r} whose tag does not check: not from "
+                           "this job's chain")
+        return kind, payload
+
+
+def new_key(path: str) -> None:
+    """The job's staging key, readable by its owner alone, in a file that did not exist."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secrets.token_bytes(KEY_BYTES))
+
+
+def read_key(path: str) -> bytes:
+    """The job's staging key; refused unless it is a file of this user's that nobody else
+    can read (anyone else's key would let its maker into the chain)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise StageError(None, f"cannot read the job's staging key {path}: {e}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        key = f.read(KEY_BYTES + 1)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077 or len(key) != KEY_BYTES:
+        raise StageError(None, f"the job's staging key {path} is not a {KEY_BYTES}-byte file "
+                               f"of uid {os.getuid()} that only it can read (uid "
+                               f"{st.st_uid}, mode {st.st_mode & 0o777:o}): refused")
+    return key
 
 
 def safe_rel(rel) -> str:
@@ -139,6 +214,7 @@ class Node:
     def main(self) -> int:
         lock = None
         try:
+            self.key = read_key(os.path.join(self.run, "key"))
             lock, outcome = self._stage()
             self.cache.add_user(self.name, self.job_id, self.until)
             self.cache.touch(self.name)
@@ -168,7 +244,7 @@ class Node:
         listener = socket.socket()
         try:
             listener.bind((self._my_ip(), 0))
-            listener.listen(1)
+            listener.listen(16)
             self._status(f"cold {listener.getsockname()[1]}")
             cold = self._cold_chain()
             k = [n for n, _ in cold].index(self.me)
@@ -245,10 +321,12 @@ class Node:
         name, addr = nxt
         try:
             s = socket.create_connection(addr, timeout=PEER_TIMEOUT)
-        except OSError as e:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            link = Link.connecting(s, self.key)
+            link.send(b"O", self.me.encode())
+        except (OSError, EOFError) as e:
             raise Failed(name, None, f"cannot connect to {name} at {addr[0]}:{addr[1]}: {e}")
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return _Peer(s, name, self.me)
+        return _Peer(link, name, self.me)
 
     def _read_shared(self, partial: str, down) -> dict:
         """The reader: the shared path once, each file hashed as it is read, against the
@@ -302,16 +380,44 @@ class Node:
 
     def _receive(self, upstream, partial: str, down) -> dict:
         listener, up_name = upstream
-        listener.settimeout(PEER_TIMEOUT)
+        conn, link = self._accept(listener, up_name)
         try:
-            conn, _ = listener.accept()
-        except OSError as e:
-            raise Failed(up_name, None, f"{up_name} did not connect: {e}")
-        conn.settimeout(PEER_TIMEOUT)
-        try:
-            return _Receiver(self, conn, up_name, partial, down).run()
+            return _Receiver(self, link, up_name, partial, down).run()
         finally:
             conn.close()
+
+    def _accept(self, listener, up_name: str) -> tuple:
+        """The upstream's connection: the first whose hello proves it holds the job's key and
+        names `up_name`. Anyone else's is closed and logged, each in a thread of its own (one
+        that sends nothing holds up nobody), while this node goes on listening."""
+        proved: queue.Queue = queue.Queue()
+        deadline = time.time() + PEER_TIMEOUT
+        listener.settimeout(0.05)
+        while proved.empty():
+            if time.time() > deadline:
+                raise Failed(up_name, None, f"{up_name} did not connect within "
+                                            f"{PEER_TIMEOUT:g} s")
+            try:
+                conn, addr = listener.accept()
+            except socket.timeout:  # TimeoutError from 3.10; its old name on older nodes
+                continue
+            threading.Thread(target=self._hello, args=(conn, addr, up_name, proved),
+                             name="hpcserve-stage-hello", daemon=True).start()
+        return proved.get()
+
+    def _hello(self, conn, addr, up_name: str, proved: queue.Queue) -> None:
+        try:
+            conn.settimeout(HELLO_TIMEOUT)
+            link = Link.accepting(conn, self.key)
+            kind, payload = link.recv()
+            if (kind, payload) != (b"O", up_name.encode()):
+                raise BadFrame(f"a {kind!r} frame where {up_name}'s hello was due")
+        except (OSError, EOFError, BadFrame) as e:
+            self.log(f"refused a connection from {addr[0]}:{addr[1]} to the chain port: {e}")
+            conn.close()
+            return
+        conn.settimeout(PEER_TIMEOUT)
+        proved.put((conn, link))
 
     def _report(self, outcome: str, **more) -> None:
         d = os.path.join(self.run, "report")
@@ -327,35 +433,35 @@ class Node:
 class _Peer:
     """The next node of the chain; a failure to send names it."""
 
-    def __init__(self, sock, name: str, me: str):
-        self.sock, self.name, self.me = sock, name, me
+    def __init__(self, link: Link, name: str, me: str):
+        self.link, self.name, self.me = link, name, me
 
     def send(self, kind: bytes, payload: bytes) -> None:
         try:
-            send(self.sock, kind, payload)
+            self.link.send(kind, payload)
         except OSError as e:
             raise Failed(self.name, None, f"sending to {self.name} failed: {e}")
 
     def abort(self, node: str, file: str | None, cause: str) -> None:
         try:
-            send(self.sock, b"A", json.dumps({"node": node, "file": file,
-                                              "cause": cause}).encode())
+            self.link.send(b"A", json.dumps({"node": node, "file": file,
+                                             "cause": cause}).encode())
         except OSError:
             pass
 
     def close(self) -> None:
-        self.sock.close()
+        self.link.sock.close()
 
 
 class _Receiver:
     """A node after the first: frames from upstream written, hashed and passed on."""
 
-    def __init__(self, node: Node, conn, up_name: str, partial: str, down):
-        self.node, self.conn, self.up, self.partial, self.down = node, conn, up_name, partial, down
+    def __init__(self, node: Node, link: Link, up_name: str, partial: str, down):
+        self.node, self.link, self.up, self.partial, self.down = node, link, up_name, partial, down
 
     def frame(self) -> tuple:
         try:
-            kind, payload = recv(self.conn)
+            kind, payload = self.link.recv()
         except (OSError, EOFError) as e:
             raise Failed(self.up, None, f"receiving from {self.up} failed: {e}")
         except BadFrame as e:
@@ -402,9 +508,10 @@ class _Receiver:
         return {"version": 1, "source": self.node.spec["source"], "files": out}
 
 
+@contextlib.contextmanager
 def _out(partial: str, rel: str):
-    """A new file at `rel` inside the copy in progress, never through a link: a path that
-    leaves `partial`, or a file already there, is refused."""
+    """A new file at `rel` inside the copy in progress, never through a link (a path that
+    leaves `partial`, or a file already there, is refused), on disk once its block ends."""
     path = os.path.join(partial, safe_rel(rel))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     if os.path.commonpath([os.path.realpath(os.path.dirname(path)),
@@ -412,7 +519,10 @@ def _out(partial: str, rel: str):
         raise BadFrame(f"a file path that leads out of the copy through a link: {rel!r}")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o644)
-    return os.fdopen(fd, "wb")
+    with os.fdopen(fd, "wb") as f:
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _abort(payload: bytes, up: str) -> tuple:
@@ -467,7 +577,8 @@ class Staging:
         job, spec = self.job, self.job.plan["stage"]
         run = os.path.join(job.dir, "run", "stage")
         shutil.rmtree(run, ignore_errors=True)   # an earlier try's statuses say nothing now
-        os.makedirs(run)
+        os.makedirs(run, mode=0o700)
+        new_key(os.path.join(run, "key"))        # this try's own: no earlier link's frame checks
         chain = list(dict.fromkeys((n[0], n[1]) for c in sorted(found) for n in found[c]))
         _write(os.path.join(run, "chain"), "".join(f"{n} {ip}\n" for n, ip in chain))
         t0 = time.time()

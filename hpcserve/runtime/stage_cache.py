@@ -101,10 +101,24 @@ def check_listing(files: list, manifest: dict, where: str) -> None:
 
 
 def write_atomic(path: str, text: str) -> None:
+    """`text` at `path` in one rename, on disk before the rename and the rename too: a node
+    that crashes leaves the old file or the new one, never a marker without its bytes."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path))
+
+
+def fsync_dir(path: str) -> None:
+    """The directory's entries (files created, renamed into it) on disk."""
+    fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------------------------- the cache
@@ -250,10 +264,15 @@ class Cache:
         shutil.rmtree(self.path(name, ".users"), ignore_errors=True)
 
     def install(self, name: str, partial: str, manifest: dict) -> None:
-        """A verified copy in place, then its marker."""
+        """A verified copy in place, then its marker: the copy's files (each fsynced as it
+        was written) and directories on disk before the rename, the rename before the marker,
+        so that a marker never survives a crash that the bytes it vouches for did not."""
         shutil.rmtree(self.path(name), ignore_errors=True)
         write_atomic(os.path.join(partial, MANIFEST), json.dumps(manifest, indent=1))
+        for d, _, _ in os.walk(partial):
+            fsync_dir(d)
         os.rename(partial, self.path(name))
+        fsync_dir(self.dir)
         self.mark_done(name, manifest)
 
 

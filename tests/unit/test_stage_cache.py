@@ -159,3 +159,46 @@ def test_a_marker_naming_the_cache_or_its_parent_is_never_a_model_to_remove(tmp_
     for name in (".", "..", "a/b"):
         with pytest.raises(sc.StageError, match="no model's name"):
             cache.remove(name)
+
+
+def test_a_copy_is_on_disk_before_it_is_renamed_into_place_and_marked_complete(
+        tmp_path, monkeypatch):
+    """The order that makes a marker trustworthy after a crash: every file and directory of
+    the copy fsynced, then the rename, the cache directory fsynced, then the marker (itself
+    fsynced before its rename). Recorded by wrapping os.fsync/os.rename/os.replace."""
+    from hpcserve.runtime import stage
+    cache = sc.Cache(str(tmp_path / "stage"), 1 << 30)
+    os.makedirs(cache.dir)
+    partial = cache.path("m-0123456789", ".partial-1")
+    os.makedirs(partial)
+    events: list[tuple] = []
+    real = {n: getattr(os, n) for n in ("fsync", "rename", "replace")}
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real["fsync"](fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    for n in ("rename", "replace"):
+        monkeypatch.setattr(os, n, lambda a, b, _n=n: (events.append((_n, str(b))),
+                                                       real[_n](a, b))[1])
+    for rel in ("a.bin", "sub/b.bin"):
+        with stage._out(partial, rel) as w:
+            w.write(b"x")
+    cache.install("m-0123456789", partial, {"version": 1, "source": "/m", "files": [
+        ["a.bin", 1, None], ["sub/b.bin", 1, None]]})
+    monkeypatch.undo()
+    final = cache.path("m-0123456789")
+    at: dict = {}
+    for i, e in enumerate(events):
+        at.setdefault(e, i)  # where each first happened
+    moved = at[("rename", final)]
+    for f in ("a.bin", "sub/b.bin"):
+        assert at[("fsync", os.path.join(partial, f))] < moved, events
+    assert at[("replace", os.path.join(partial, sc.MANIFEST))] < moved, events
+    for d in (partial, os.path.join(partial, "sub")):
+        assert at[("fsync", d)] < moved, events
+    marker = cache.path("m-0123456789", ".done")
+    assert moved < at[("fsync", cache.dir)] < at[("replace", marker)], events
+    assert events[-2:] == [("replace", marker), ("fsync", cache.dir)], events
+    assert cache.warm("m-0123456789", None)

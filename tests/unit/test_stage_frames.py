@@ -1,6 +1,8 @@
 """The staging chain's receiving end against frames its own chain never sends (what anyone on
 the network could send to a node's chain port): each is refused as the upstream's failure,
-before anything is allocated for it or written outside the copy in progress."""
+before anything is allocated for it or written outside the copy in progress. Frames not from
+this job's chain (no key, another link's) are refused by their tag, and a node's port takes
+its upstream alone, whoever connected to it first."""
 
 from __future__ import annotations
 
@@ -16,8 +18,13 @@ from hpcserve.runtime import stage
 from hpcserve.runtime import stage_cache as sc
 
 
-def _receive(tmp_path, *frames: tuple[bytes, bytes], raw: bytes = b"") -> stage.Failed:
-    """The frames sent from "node1" to a receiver on "node2"; the failure it raised."""
+KEY = bytes(range(32))
+
+
+def _receive(tmp_path, *frames: tuple[bytes, bytes], raw: bytes = b"",
+             key: bytes = KEY) -> stage.Failed:
+    """The frames sent from "node1" (holding `key`; the job's is KEY) to a receiver on "node2",
+    then `raw` bytes; the failure it raised."""
     cache = sc.Cache(str(tmp_path / "stage"), 1 << 30)
     os.makedirs(cache.dir)
     node = SimpleNamespace(cache=cache, name="m-0123456789", me="node2", log=lambda m: None,
@@ -28,8 +35,9 @@ def _receive(tmp_path, *frames: tuple[bytes, bytes], raw: bytes = b"") -> stage.
 
     def send() -> None:
         try:
+            link = stage.Link.connecting(a, key)
             for k, p in frames:
-                stage.send(a, k, p)
+                link.send(k, p)
             a.sendall(raw)
         except OSError:
             pass  # the receiver refused and closed: what these tests expect of it
@@ -40,7 +48,7 @@ def _receive(tmp_path, *frames: tuple[bytes, bytes], raw: bytes = b"") -> stage.
     sender.start()
     try:
         with pytest.raises(stage.Failed) as e:
-            stage._Receiver(node, b, "node1", partial, None).run()
+            stage._Receiver(node, stage.Link.accepting(b, KEY), "node1", partial, None).run()
     finally:
         b.close()
         sender.join()
@@ -115,3 +123,105 @@ def test_a_malformed_abort_is_the_senders_failure_not_a_crash(tmp_path):
 def test_the_hash_frame_must_be_a_sha256(tmp_path):
     f = _receive(tmp_path, _files(["w.bin", 1, None]), (b"D", b"x"), (b"E", b"z" * 64))
     assert f.blame == "node1" and f.file == "w.bin" and "SHA-256 was due" in f.cause, f.cause
+
+
+def test_a_frame_without_the_jobs_key_is_refused_before_anything_is_written(tmp_path):
+    # well-formed, and tagged, but under another key: what anyone on the network can send
+    f = _receive(tmp_path, _files(["w.bin", 1, None]), (b"D", b"x"), key=bytes(32))
+    assert (f.blame, f.file) == ("node1", None)
+    assert f.cause == "node1 sent a frame of kind b'H' whose tag does not check: not from " \
+                      "this job's chain", f.cause
+    assert os.listdir(tmp_path / "stage" / "m-0123456789.partial-1") == []
+
+
+def test_frames_of_another_link_replayed_do_not_check(tmp_path):
+    """The same key, frames recorded on one link and sent on another (its own nonce): refused,
+    and so is a frame dropped or sent twice within a link (they are numbered)."""
+    a, b = socket.socketpair()
+    with a, b:
+        stage.Link.accepting(b, KEY)
+        recorded = stage.Link.connecting(a, KEY)
+        recorded.sock = _Tape()
+        recorded.send(*_files(["w.bin", 1, None]))
+        recorded.send(b"D", b"x")
+    tape = recorded.sock.data
+    f = _receive(tmp_path / "replayed", raw=tape)
+    assert "whose tag does not check" in f.cause, f.cause
+    # within one link: the second frame sent first (as if the first were dropped)
+    a, b = socket.socketpair()
+    with a, b:
+        got = stage.Link.accepting(b, KEY)
+        sender = stage.Link.connecting(a, KEY)
+        sender.seq = 1
+        sender.send(b"Z", b"")
+        with pytest.raises(stage.BadFrame, match="tag does not check"):
+            got.recv()
+
+
+class _Tape:
+    def __init__(self):
+        self.data = b""
+
+    def sendall(self, b: bytes) -> None:
+        self.data += bytes(b)
+
+
+def test_the_chain_port_takes_its_upstream_alone_whoever_connected_first(tmp_path):
+    """Before the upstream: one connection that sends nothing, one that sends junk, one whose
+    hello is under another key, one that names another node. Each is refused in a line that
+    names its address, and the upstream's connection is the one taken."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    addr = listener.getsockname()
+    logs: list[str] = []
+    node = object.__new__(stage.Node)
+    node.key, node.log = KEY, logs.append
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(got=node._accept(listener, "node1")))
+    t.start()
+    attackers = [socket.create_connection(addr) for _ in range(4)]
+    attackers[1].sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(64))
+    for sock, (key, name) in zip(attackers[2:], [(bytes(32), "node1"), (KEY, "node9")]):
+        stage.Link.connecting(sock, key).send(b"O", name.encode())
+    for sock in attackers[1:]:  # each refused, and so logged, before the upstream connects
+        sock.settimeout(30)
+        try:
+            while sock.recv(4096):
+                pass
+        except ConnectionResetError:  # closed with the junk unread
+            pass
+    upstream = socket.create_connection(addr)
+    link = stage.Link.connecting(upstream, KEY)
+    link.send(b"O", b"node1")
+    link.send(b"Z", b"")
+    t.join(30)
+    try:
+        conn, got = result["got"]
+        assert conn.getpeername() == upstream.getsockname()  # the upstream's, by its port
+        assert got.recv() == (b"Z", b"")
+        refused = [ln for ln in logs if ln.startswith("refused a connection from 127.0.0.1:")]
+        ports = {a.getsockname()[1] for a in attackers[1:]}
+        assert {int(ln.split()[4].split(":")[1]) for ln in refused} == ports, logs
+        assert any("whose tag does not check" in ln for ln in refused), logs
+        assert any("where node1's hello was due" in ln for ln in refused), logs
+        conn.close()
+    finally:
+        for s in attackers + [upstream, listener]:
+            s.close()
+
+
+def test_the_staging_key_is_refused_unless_only_its_owner_can_read_it(tmp_path):
+    path = str(tmp_path / "key")
+    stage.new_key(path)
+    assert os.stat(path).st_mode & 0o777 == 0o600 and len(stage.read_key(path)) == 32
+    with pytest.raises(FileExistsError):
+        stage.new_key(path)  # never written into a file that was there
+    os.chmod(path, 0o640)
+    with pytest.raises(sc.StageError, match="that only it can read .*mode 640"):
+        stage.read_key(path)
+    os.chmod(path, 0o600)
+    link = str(tmp_path / "link")
+    os.symlink(path, link)
+    with pytest.raises(sc.StageError, match="cannot read the job's staging key"):
+        stage.read_key(link)
