@@ -480,7 +480,7 @@ class _Receiver:
         if kind != b"H":
             raise Failed(self.up, None, f"{self.up} sent {kind!r} where the file list was due")
         try:
-            files = file_list(payload)
+            files = self._own(file_list(payload))
         except BadFrame as e:
             raise Failed(self.up, None, f"{self.up} sent {e}")
         self.node.cache.make_room(self.node.name, sum(f[1] for f in files), self.node.log)
@@ -506,6 +506,24 @@ class _Receiver:
         if kind != b"Z":
             raise Failed(self.up, None, f"{self.up} sent {kind!r} where the end was due")
         return {"version": 1, "source": self.node.spec["source"], "files": out}
+
+    def _own(self, files: list) -> list:
+        """The file list as this node's own manifest of the model has it, where it read one
+        (its names, sizes and hashes, not the wire's): the list sent must name the same files
+        and sizes. With none yet (the model's first staging), the list of the authenticated
+        upstream, which hashed what it read."""
+        spec = self.node.spec
+        own = load_manifest(spec["source"], spec["dir"], self.node.name)
+        if own is None:
+            return files
+        try:
+            mine = file_list(json.dumps({"files": own["files"]}).encode())
+        except BadFrame as e:
+            raise Failed(self.node.me, None, f"this node's manifest of the model: {e}") from None
+        if [f[:2] for f in mine] != [f[:2] for f in files]:
+            raise BadFrame("a file list that differs from the model's manifest as this node "
+                           "read it")
+        return mine
 
 
 @contextlib.contextmanager

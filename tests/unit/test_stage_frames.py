@@ -22,13 +22,13 @@ KEY = bytes(range(32))
 
 
 def _receive(tmp_path, *frames: tuple[bytes, bytes], raw: bytes = b"",
-             key: bytes = KEY) -> stage.Failed:
+             key: bytes = KEY, source: str = "/models/m") -> stage.Failed:
     """The frames sent from "node1" (holding `key`; the job's is KEY) to a receiver on "node2",
     then `raw` bytes; the failure it raised."""
     cache = sc.Cache(str(tmp_path / "stage"), 1 << 30)
     os.makedirs(cache.dir)
     node = SimpleNamespace(cache=cache, name="m-0123456789", me="node2", log=lambda m: None,
-                           spec={"source": "/models/m"})
+                           spec={"source": source, "dir": cache.dir})
     partial = cache.path(node.name, ".partial-1")
     os.makedirs(partial)
     a, b = socket.socketpair()
@@ -225,3 +225,20 @@ def test_the_staging_key_is_refused_unless_only_its_owner_can_read_it(tmp_path):
     os.symlink(path, link)
     with pytest.raises(sc.StageError, match="cannot read the job's staging key"):
         stage.read_key(link)
+
+
+def test_a_node_with_its_own_manifest_takes_names_sizes_and_hashes_from_it(tmp_path):
+    """Where the node read the model's manifest itself, the upstream's list must name the same
+    files and sizes, and the copy is checked against the hashes this node read, not the
+    wire's (which here claims the hash of what it sends)."""
+    import hashlib
+    src = tmp_path / "model"
+    src.mkdir()
+    want = hashlib.sha256(b"y").hexdigest()
+    (src / sc.MANIFEST).write_text(json.dumps({"version": 1, "files": [["w.bin", 1, want]]}))
+    f = _receive(tmp_path / "other", _files(["x.bin", 1, None]), source=str(src))
+    assert "differs from the model's manifest as this node read it" in f.cause, f.cause
+    sent = hashlib.sha256(b"x").hexdigest()
+    f = _receive(tmp_path / "hash", _files(["w.bin", 1, sent]), (b"D", b"x"),
+                 (b"E", sent.encode()), source=str(src))
+    assert (f.blame, f.file) == ("node2", "w.bin") and want[:16] in f.cause, f.cause
