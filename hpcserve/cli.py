@@ -196,7 +196,8 @@ def render(file: str, sets: tuple[str, ...], out: str | None) -> None:
     from .render import render_files, write_job
     p = _plan(file, sets)
     target = Path(out) if out else _default_out(p, p.jobs_dir)
-    target = target.resolve()
+    # the parent resolved, never the directory itself: a link there is a path that exists
+    target = target.parent.resolve() / target.name
     written = write_job(render_files(p, str(target)), target)
     click.echo(str(written))
 

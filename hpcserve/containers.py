@@ -247,10 +247,10 @@ def container_files(plan: "Plan", job_dir: str) -> dict[str, tuple[str, int]]:
                  "stop_timeout": stop_timeout(plan), "cache_dir": plan.cache_dir}
     files: dict[str, tuple[str, int]] = {}
     if c.runtime in ("enroot", "pyxis") and uri:
-        files[IMPORT_HELPER] = (IMPORT_SOURCE.read_text(encoding="utf-8"), 0o755)
+        files[IMPORT_HELPER] = (IMPORT_SOURCE.read_text(encoding="utf-8"), 0o700)
     built, sif = apptainer_image(plan, job_dir)
     if c.runtime == "apptainer" and built:
-        files[BUILD_HELPER] = (BUILD_SOURCE.read_text(encoding="utf-8"), 0o755)
+        files[BUILD_HELPER] = (BUILD_SOURCE.read_text(encoding="utf-8"), 0o700)
     if c.runtime == "enroot":
         ctx.update(import_uri=uri, sqsh=sqsh, mounts=[m.enroot() for m in ms],
                    made=f"{job_dir}/{CONTAINERS_MADE}")
@@ -260,5 +260,5 @@ def container_files(plan: "Plan", job_dir: str) -> dict[str, tuple[str, int]]:
         ctx.update(image=sif, built_from=built, mounts=[m.apptainer() for m in ms])
     else:
         ctx["mounts"] = [m.pyxis() for m in ms]
-    files[TASK_SCRIPT] = (jinja().get_template("container_task.sh.j2").render(**ctx), 0o755)
+    files[TASK_SCRIPT] = (jinja().get_template("container_task.sh.j2").render(**ctx), 0o700)
     return files

@@ -8,6 +8,7 @@ job's own state.json supplies what Slurm cannot know (phase, endpoint, failed no
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import re
 import tempfile
@@ -79,23 +80,23 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
         if remote is None:
             write_job(files, job_dir)
             return job_dir
-        tmp = tempfile.mkdtemp(prefix="hpcserve-render-")
-        write_job(files, tmp)
-        return tmp
+        return str(write_job(files, os.path.join(tempfile.mkdtemp(prefix="hpcserve-render-"),
+                                                 "job")))
     if check:
         # Slurm only reads the script: ask it without leaving a job directory behind.
         with tempfile.TemporaryDirectory(prefix="hpcserve-check-") as tmp:
-            write_job(files, tmp)
-            target = tmp
+            target = local = str(write_job(files, os.path.join(tmp, "job")))
             if remote is not None:
-                target = runner.run(["mktemp", "-d"]).out.strip()
-                runner.run(["rmdir", target])
-                runner.put_tree(tmp, target)
+                # into a directory of mktemp's (0700, its name unknown beforehand): never
+                # one whose name was visible, free, before the upload
+                scratch = runner.run(["mktemp", "-d"]).out.strip()
+                target = posixpath.join(scratch, "job")
+                runner.put_tree(local, target)
             try:
                 res = runner.run(["sbatch", "--test-only", posixpath.join(target, "job.sbatch")])
             finally:
                 if remote is not None:
-                    runner.run(["rm", "-rf", "--", target], check=False)
+                    runner.run(["rm", "-rf", "--", scratch], check=False)
         return (res.err or res.out).strip()
     return submit_files(p.name, files, job_dir, runner=runner, remote=remote)
 
@@ -124,8 +125,7 @@ def write_files(files: dict, job_dir: str, *, runner, remote: str | None) -> Non
         write_job(files, job_dir)
     else:
         with tempfile.TemporaryDirectory(prefix="hpcserve-render-") as tmp:
-            write_job(files, tmp)
-            runner.put_tree(tmp, job_dir)
+            runner.put_tree(str(write_job(files, os.path.join(tmp, "job"))), job_dir)
 
 
 def _rendered(p, cfg, *, runner, remote: str | None, out: str | None,
@@ -148,7 +148,10 @@ def _rendered(p, cfg, *, runner, remote: str | None, out: str | None,
 def _job_dir(p, runner, out: str | None, preflight_only: bool) -> str:
     """--out, or <jobs_dir>/<name>[-preflight]-<timestamp>."""
     if out:
-        return runner.expand_path(out)
+        # the parent resolved, never the directory itself: a link there is a path that
+        # exists, and is refused as one
+        parent, name = posixpath.split(posixpath.normpath(out))
+        return posixpath.join(runner.expand_path(parent or "."), name)
     kind = "-preflight" if preflight_only else "-stage" if (p.stage or {}).get("only") else ""
     return posixpath.join(runner.expand_path(p.jobs_dir),
                           f"{p.name}{kind}-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -26,6 +26,10 @@ from .runtime.contract import SHAPE_VARS, step_prefix
 from .templates import jinja
 from .words import Var, Word, argv_lines, quote
 
+# Every file of a job directory is its owner's alone: the scripts, plan.json and the deployment
+# file say what the job runs (and hold its paths and settings), and nobody else need read them.
+EXEC, PRIVATE = 0o700, 0o600
+
 # The in-job runtime, copied whole into the job directory as a package of its own: a folder,
 # not a zipapp, so that it is read (and patched, on a site that must) like the scripts beside it.
 RUNTIME = package_data.path("runtime")
@@ -70,7 +74,7 @@ def _title(plan: Plan, inst: Instance) -> str:
 def _stage_steps(files: dict, env, plan, jd: str) -> None:
     """model.stage: one task per node of each component copies the model to its stage cache."""
     files["launch/stage.sh"] = (env.get_template("stage.sh.j2").render(
-        py=plan.site_python, job_dir=jd), 0o755)
+        py=plan.site_python, job_dir=jd), EXEC)
     for c in plan.components:
         files[f"steps/stage-{c.index}.sh"] = (env.get_template("step.sh.j2").render(
             title=f"staging on every node of component {c.index} ({c.name}): one task per node "
@@ -79,7 +83,7 @@ def _stage_steps(files: dict, env, plan, jd: str) -> None:
             srun=[quote(w) for w in _srun(plan, c.index, c.nodes, "stage", nodelist=False,
                                           overlap=True)],
             command=[quote(w) for w in ["bash", f"{jd}/launch/stage.sh", str(c.index)]]),
-            0o755)
+            EXEC)
 
 
 def _engine_title(plan: Plan) -> str:
@@ -161,7 +165,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
         components=[] if plan.in_allocation else comps, alloc_components=comps, plan=plan,
         version=__version__, topology=topology(plan), engine_title=_engine_title(plan),
         unset=" \\\n  ".join(_folded(SHAPE_VARS, 90)),
-        job_dir=jd, site_python=plan.site_python), 0o755)
+        job_dir=jd, site_python=plan.site_python), EXEC)
 
     step = env.get_template("step.sh.j2")
     py = plan.site_python
@@ -169,7 +173,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
     ib_arg = "auto" if ib == "auto" else ",".join(ib) if ib else "none"
     pf = plan.preflight
     files["launch/discover.sh"] = (env.get_template("discover.sh.j2").render(
-        py=py, job_dir=jd, iface=plan.interface, ib=ib_arg, preflight=pf["enabled"]), 0o755)
+        py=py, job_dir=jd, iface=plan.interface, ib=ib_arg, preflight=pf["enabled"]), EXEC)
     for c in plan.components:
         what = "its preflight checks, then " if pf["enabled"] else ""
         files[f"steps/discover-{c.index}.sh"] = (step.render(
@@ -180,14 +184,14 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
                                           nodelist=False, overlap=True)
                   + (["--mpi=pmix"] if pf["enabled"] and pf["mpi"] else [])],
             command=[quote(w) for w in ["bash", f"{jd}/launch/discover.sh", str(c.index)]]),
-            0o755)
+            EXEC)
 
     if plan.stage:
         _stage_steps(files, env, plan, jd)
     launch = env.get_template("launch_engine.sh.j2")
     if plan.scratch:
         files["launch/scratch-cleanup.sh"] = (env.get_template("scratch_cleanup.sh.j2").render(
-            job_dir=jd), 0o755)
+            job_dir=jd), EXEC)
     for inst in plan.instances:
         srun_extra, prefix = wrap_task(plan, jd, inst.name)
         files[f"steps/{inst.name}.sh"] = (step.render(
@@ -195,7 +199,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
             srun=[quote(w) for w in _srun(plan, inst.component, inst.nodes, inst.name,
                                           nodelist=True, overlap=True, inst=inst)
                   + srun_extra],
-            command=[quote(w) for w in prefix + ["bash", f"{jd}/launch/{inst.name}.sh"]]), 0o755)
+            command=[quote(w) for w in prefix + ["bash", f"{jd}/launch/{inst.name}.sh"]]), EXEC)
         cmd = ([plan.engine_python, f"{jd}/hpcserve_sim.py"] if plan.simulate
                else list(plan.engine_command))
         envs = list(inst.env)
@@ -209,7 +213,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
             rank_args=[" ".join(quote(w) for w in r) for r in inst.rank_argv],
             own_ports=_port_list(inst.port, *(p for _, p in inst.ports)),
             own_timeout=plan.readiness.engine_timeout + 60,
-            command=argv_lines(cmd, inst.argv)), 0o755)
+            command=argv_lines(cmd, inst.argv)), EXEC)
 
     if plan.router:
         r = plan.router
@@ -219,7 +223,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
             needs_nodelist=True,
             srun=[quote(w) for w in _srun(plan, r.component, 1, "router", nodelist=True,
                                           overlap=True) + srun_extra],
-            command=[quote(w) for w in prefix + ["bash", f"{jd}/launch/router.sh"]]), 0o755)
+            command=[quote(w) for w in prefix + ["bash", f"{jd}/launch/router.sh"]]), EXEC)
         n_p = sum(1 for i in plan.instances if i.role == "prefill")
         n_d = sum(1 for i in plan.instances if i.role == "decode")
         n_w = sum(1 for i in plan.instances if i.role == "worker")
@@ -231,22 +235,22 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
             files=[(name, [quote(w) for w in lines]) for name, lines in r.files],
             own_ports=_port_list(r.port, r.prometheus_port),
             own_timeout=plan.readiness.router_timeout + 60,
-            command=argv_lines(list(r.command), r.argv)), 0o755)
+            command=argv_lines(list(r.command), r.argv)), EXEC)
 
     if plan.benchmark:
         files.update(_bench_files(plan, jd, step))
     for path, text in plan.files:
-        files[path] = (text, 0o644)
+        files[path] = (text, PRIVATE)
     files.update(container_files(plan, jd))
-    files["plan.json"] = (spec_dumps(job_spec(plan, jd)), 0o644)
+    files["plan.json"] = (spec_dumps(job_spec(plan, jd)), PRIVATE)
     if plan.source:  # `hpcserve scale` rebuilds the deployment from it (config.SOURCE_FILE)
-        files[SOURCE_FILE] = (source_text(plan.source), 0o644)
+        files[SOURCE_FILE] = (source_text(plan.source), PRIVATE)
     files.update(runtime_files())
     if plan.simulate:
         sim = engines.get(plan.engine).sim_source()
-        files["hpcserve_sim.py"] = (sim.read_text(encoding="utf-8"), 0o755)
-        files[SIM_CORE.name] = (SIM_CORE.read_text(encoding="utf-8"), 0o755)
-        files["hpcserve_facts.py"] = (FACTS.read_text(encoding="utf-8"), 0o755)
+        files["hpcserve_sim.py"] = (sim.read_text(encoding="utf-8"), EXEC)
+        files[SIM_CORE.name] = (SIM_CORE.read_text(encoding="utf-8"), EXEC)
+        files["hpcserve_facts.py"] = (FACTS.read_text(encoding="utf-8"), EXEC)
     files.update(_slot_files(plan, jd))
     return files
 
@@ -268,7 +272,7 @@ def _slot_files(plan: Plan, jd: str) -> dict[str, tuple[str, int]]:
 
 def runtime_files() -> dict[str, tuple[str, int]]:
     """hpcserve_runtime/*.py: every module of hpcserve.runtime, as they are in the package."""
-    return {f"{RUNTIME_DIR}/{f.name}": (f.read_text(encoding="utf-8"), 0o644)
+    return {f"{RUNTIME_DIR}/{f.name}": (f.read_text(encoding="utf-8"), PRIVATE)
             for f in sorted(RUNTIME.glob("*.py"))}
 
 
@@ -283,11 +287,11 @@ def _bench_files(plan: Plan, jd: str, step) -> dict[str, tuple[str, int]]:
             needs_nodelist=True,
             srun=[quote(w) for w in _srun(plan, b.component, 1, "bench", nodelist=True,
                                           overlap=True) + srun_extra],
-            command=[quote(w) for w in prefix + ["bash", f"{jd}/launch/bench.sh"]]), 0o755),
+            command=[quote(w) for w in prefix + ["bash", f"{jd}/launch/bench.sh"]]), EXEC),
         "launch/bench.sh": (bench_launch_script(
             CLIENTS[b.client], b.python, b.spec, list(b.points), job_dir=jd, target=target,
             env=list(b.env), started_by="Started by hpcserve_runtime once the deployment "
-                                       "serves (SERVING_URL: run/endpoints.env)"), 0o755)}
+                                       "serves (SERVING_URL: run/endpoints.env)"), EXEC)}
 
 
 def bench_launch_script(client: BenchClient, python: str, spec_: dict, points: list, *,
@@ -343,20 +347,37 @@ def _sim_env(plan: Plan, inst: Instance) -> list[tuple[str, Word]]:
 
 
 def write_job(files: dict[str, tuple[str, int]], out_dir: str | Path) -> Path:
-    """Write the files; the directory must be new or empty so no earlier job is overwritten."""
+    """Write the files into a directory made here, new (never one that was there: whoever made
+    it could change the scripts before the job runs them), readable by this user alone."""
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise HpcserveError(f"{out} exists and is not a directory; choose another --out")
-    if out.exists() and any(out.iterdir()):
-        raise HpcserveError(f"{out} exists and is not empty; choose another --out")
+    out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        os.mkdir(out, 0o700)
+    except FileExistsError:
+        raise HpcserveError(f"{out} exists ({_owned(out)}): a job directory is made new, never "
+                            "one that was there; choose another --out") from None
+    os.chmod(out, 0o700)  # whatever the umask left of it
     # logs/ (sbatch's --output) and run/ of the job, and of each job directory under it (an
-    # autoscale slot's)
+    # autoscale slot's); inside a directory only this user can write, so makedirs is safe
     tops = {os.path.dirname(rel) for rel in files if os.path.basename(rel) == "job.sbatch"}
     for d in sorted({os.path.dirname(rel) for rel in files} |
                     {os.path.join(t, d) for t in tops | {""} for d in ("logs", "run")}):
-        os.makedirs(out / d, exist_ok=True)
+        os.makedirs(out / d, mode=0o700, exist_ok=True)
     for rel, (text, mode) in sorted(files.items()):
-        with open(out / rel, "w", encoding="utf-8") as f:
+        fd = os.open(out / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        with open(fd, "w", encoding="utf-8") as f:
             f.write(text)
             os.fchmod(f.fileno(), mode)
     return out
+
+
+def _owned(path: Path) -> str:
+    import pwd
+    try:
+        uid = path.lstat().st_uid
+    except OSError as e:
+        return e.strerror or str(e)
+    try:
+        return f"owner {pwd.getpwuid(uid).pw_name}"
+    except KeyError:
+        return f"owner uid {uid}"

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
 SPEC = "hpcserve-job"
 SPEC_VERSION = 11
@@ -285,9 +286,28 @@ class SpecError(Exception):
     """plan.json is not a spec this runtime understands: nothing may start."""
 
 
+def check_private(path: str) -> None:
+    """Refused (SpecError) unless `path` is this user's own and nobody else can write it, and
+    is no link: whoever else could write the job directory or its plan.json could make the
+    job run what they like, as this user."""
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise SpecError(f"cannot read {path}: {e.strerror or e}") from None
+    link = stat.S_ISLNK(st.st_mode)
+    if link or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise SpecError(f"{path} is not this user's alone ({'a link, ' if link else ''}uid "
+                        f"{st.st_uid}, mode {st.st_mode & 0o7777:o}; this job runs as uid "
+                        f"{os.getuid()}): whoever else can write it could choose what the job "
+                        "runs; refusing it")
+
+
 def load_spec(job_dir: str) -> dict:
-    """plan.json of `job_dir`, refused unless it is the SPEC_VERSION this runtime understands."""
+    """plan.json of `job_dir`, refused unless it is the SPEC_VERSION this runtime understands
+    and the directory and plan.json are this user's alone."""
     path = os.path.join(job_dir, "plan.json")
+    check_private(job_dir.rstrip("/") or "/")
+    check_private(path)
     try:
         with open(path) as f:
             plan = json.load(f)

@@ -18,7 +18,7 @@ import subprocess
 import time
 
 from . import preflight as checks
-from .contract import load_spec
+from .contract import SpecError, load_spec
 from .failures import Stop
 from .logs import read_from, tail
 from .state import now
@@ -105,7 +105,10 @@ def cmd_discover(args) -> int:
     nodeid = os.environ.get("SLURM_NODEID", "0")
     if args.preflight:
         # First, so that a node whose address cannot be found still reports its checks.
-        plan = load_spec(args.preflight)
+        try:
+            plan = load_spec(args.preflight)
+        except SpecError as e:
+            raise SystemExit(f"hpcserve discover: {e}") from None
         checks.write_report(args.preflight,
                             checks.node_report(plan, args.component, int(nodeid), name))
     iface, ip = interface_address(args.iface)

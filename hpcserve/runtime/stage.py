@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 
-from .contract import load_spec
+from .contract import SpecError, load_spec
 from .model_dir import MAX_FILES
 from .stage_cache import Cache, StageError, check_listing, list_files, load_manifest, \
     plain_name, save_manifest
@@ -579,7 +579,12 @@ def main(argv: list) -> int:
     ap.add_argument("job_dir")
     ap.add_argument("--component", type=int, default=0)
     a = ap.parse_args(argv)
-    return Node(a.job_dir, a.component).main()
+    try:
+        node = Node(a.job_dir, a.component)
+    except SpecError as e:  # one line in the step's log; the batch side reports no copy here
+        sys.stderr.write(f"hpcserve_runtime stage: {e}\n")
+        return 2
+    return node.main()
 
 
 # ------------------------------------------------------------------------- on the batch host

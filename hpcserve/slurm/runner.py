@@ -19,6 +19,7 @@ import posixpath
 import shlex
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -190,15 +191,18 @@ class LocalRunner(Runner):
     def put_tree(self, local_dir: str, remote_dir: str) -> None:
         """Copy a rendered job directory into place whole: into a hidden sibling, then rename."""
         dst = Path(remote_dir)
-        if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
-            raise HpcserveError(f"{dst} exists and is not empty (or not a directory); refusing to "
-                                "overwrite it")
+        if os.path.lexists(dst):
+            raise HpcserveError(f"{dst} exists: a job directory is made new, never one that "
+                                "was there; refusing to write into it")
         dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.parent / f".{dst.name}.hpcserve-tmp-{os.getpid()}"
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.hpcserve-tmp-", dir=dst.parent))
         try:
-            shutil.copytree(local_dir, tmp)
-            if dst.exists():
-                dst.rmdir()
+            shutil.copytree(local_dir, tmp, dirs_exist_ok=True)
+            os.chmod(tmp, os.stat(local_dir).st_mode & 0o7777)
+            # rename(2) replaces a link or an empty directory made meanwhile with this tree
+            # (never writes into it): refused all the same, as a path that was there
+            if os.path.lexists(dst):
+                raise HpcserveError(f"{dst} appeared while it was written; refusing it")
             os.rename(tmp, dst)
         finally:
             if tmp.exists():

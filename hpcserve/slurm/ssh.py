@@ -483,9 +483,9 @@ class SSHRunner(Runner):
         raise e
 
     def put_tree(self, local_dir: str, remote_dir: str) -> None:
-        """Copy local_dir to remote_dir with file modes and times. remote_dir must not exist or
-        be an empty directory; its parents are created. The tree is uploaded beside it and renamed
-        into place, so it appears complete or not at all."""
+        """Copy local_dir to remote_dir with file modes and times. remote_dir must not exist
+        (not even as a link or an empty directory); its parents are created. The tree is
+        uploaded beside it and renamed into place, so it appears complete or not at all."""
         if not os.path.isdir(local_dir):
             raise HpcserveError(f"{local_dir} is not a directory")
         sftp = self._sftp_client()
@@ -494,14 +494,10 @@ class SSHRunner(Runner):
             raise HpcserveError(f"refusing to upload into {remote_dir!r}{self._where}")
         with self._lock:
             try:
-                st = self._stat(sftp, rdir)
-                if st is not None:
-                    if not stat.S_ISDIR(st.st_mode):
-                        raise HpcserveError(f"{rdir}{self._where} exists and is not a directory; "
-                                            f"refusing to overwrite it")
-                    if sftp.listdir(rdir):
-                        raise HpcserveError(f"{rdir}{self._where} exists and is not empty; "
-                                            f"refusing to overwrite it")
+                if self._lstat(sftp, rdir) is not None:
+                    raise HpcserveError(f"{rdir}{self._where} exists: a job directory is made "
+                                        "new, never one that was there; refusing to write "
+                                        "into it")
                 parent, name = posixpath.split(rdir)
                 self._makedirs(sftp, parent)
                 tmp = posixpath.join(parent, f".{name}.upload-{secrets.token_hex(4)}")
@@ -523,6 +519,14 @@ class SSHRunner(Runner):
     def _stat(sftp: Any, path: str) -> Any:
         try:
             return sftp.stat(path)
+        except FileNotFoundError:
+            return None
+
+    @staticmethod
+    def _lstat(sftp: Any, path: str) -> Any:
+        """The path itself (a link too, dangling or not), None where nothing is."""
+        try:
+            return sftp.lstat(path)
         except FileNotFoundError:
             return None
 

@@ -147,8 +147,9 @@ def test_pyxis_starts_from_the_job_imported_squashfs_or_the_sites_own() -> None:
 
 def test_import_helper_is_shipped_only_for_uri_images() -> None:
     files = containers.container_files(plan("enroot"), JD)
+    # its owner's alone, as every file of a job directory
     assert files[containers.IMPORT_HELPER] == (
-        (ROOT / "containers" / "enroot-import.sh").read_text(), 0o755)
+        (ROOT / "containers" / "enroot-import.sh").read_text(), 0o700)
     assert containers.IMPORT_HELPER not in containers.container_files(
         plan("enroot", "site.container.image=/img/s.sqsh"), JD)
 

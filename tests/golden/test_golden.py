@@ -78,7 +78,8 @@ def test_file_modes(stem, rendered):
         # the runtime's modules are imported (python3 -m hpcserve_runtime), not executed
         # (an autoscale slot's own job directory, under scale/, is made the same way)
         runnable = rel.endswith((".sh", ".py")) and "hpcserve_runtime/" not in rel
-        want = 0o755 if rel.rsplit("/", 1)[-1] == "job.sbatch" or runnable else 0o644
+        # and every file is its owner's alone
+        want = 0o700 if rel.rsplit("/", 1)[-1] == "job.sbatch" or runnable else 0o600
         assert mode == want, f"{stem}/{rel}: mode {oct(mode)}, expected {oct(want)}"
 
 

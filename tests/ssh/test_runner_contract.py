@@ -169,17 +169,22 @@ def test_put_tree_refuses_a_non_empty_destination(runner: Any, tmp_path: Path,
     _tree(tmp_path / "src")
     (tmp_path / "dst").mkdir()
     (tmp_path / "dst" / "keep").write_text("mine")
-    with pytest.raises(HpcserveError, match="not empty"):
+    with pytest.raises(HpcserveError, match="exists: a job directory is made new"):
         runner.put_tree(str(tmp_path / "src"), str(tmp_path / "dst"))
     assert os.listdir(tmp_path / "dst") == ["keep"]
 
 
-def test_put_tree_into_an_empty_directory(runner: Any, tmp_path: Path,
-                                          request: pytest.FixtureRequest) -> None:
+def test_put_tree_refuses_an_empty_directory_or_a_link_that_was_there(
+        runner: Any, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    # another user who made the path first could change the job's scripts once they are in it
     _tree(tmp_path / "src")
     (tmp_path / "dst").mkdir()
-    runner.put_tree(str(tmp_path / "src"), str(tmp_path / "dst"))
-    assert (tmp_path / "dst" / "sub" / "run.sh").exists()
+    (tmp_path / "link").symlink_to(tmp_path / "dst")
+    for name in ("dst", "link"):
+        with pytest.raises(HpcserveError, match="exists: a job directory is made new"):
+            runner.put_tree(str(tmp_path / "src"), str(tmp_path / name))
+    assert os.listdir(tmp_path / "dst") == [] and (tmp_path / "link").is_symlink()
+    assert sorted(os.listdir(tmp_path)) == ["dst", "link", "src"]  # no upload left behind
 
 
 # ------------------------------------------------------------------------------- paths

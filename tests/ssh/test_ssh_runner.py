@@ -294,23 +294,32 @@ def test_put_tree_refuses_non_empty_destination(sshd: Sshd, tmp_path: Path) -> N
     dst = tmp_path / "dst"
     dst.mkdir()
     (dst / "keep").write_text("mine")
-    with pytest.raises(HpcserveError, match="exists and is not empty; refusing") as ei:
+    with pytest.raises(HpcserveError, match="exists: a job directory is made new") as ei:
         sshd.runner().put_tree(str(src), str(dst))
     assert_one_line(ei.value)
     assert sorted(os.listdir(dst)) == ["keep"]
     assert sorted(os.listdir(tmp_path)) == ["dst", "src"]
     (tmp_path / "file").write_text("x")
-    with pytest.raises(HpcserveError, match="is not a directory"):
+    with pytest.raises(HpcserveError, match="exists: a job directory is made new"):
         sshd.runner().put_tree(str(src), str(tmp_path / "file"))
 
 
-def test_put_tree_into_empty_existing_dir(sshd: Sshd, tmp_path: Path) -> None:
+def test_put_tree_refuses_an_empty_directory_or_a_link_that_was_there(sshd: Sshd,
+                                                                      tmp_path: Path) -> None:
+    """Whoever made the path first (another user, on a shared file system) could change the
+    job's scripts once they are in it: an empty directory or a link there is refused and left
+    as it was, a dangling link too."""
     src = tmp_path / "src"
     make_tree(src)
-    dst = tmp_path / "dst"
-    dst.mkdir()
-    sshd.runner().put_tree(str(src), str(dst))
-    assert (dst / "sub" / "deeper" / "run.sh").read_bytes() == b"#!/bin/sh\n"
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for name in ("empty", "link", "dangling"):
+        with pytest.raises(HpcserveError, match="exists: a job directory is made new"):
+            sshd.runner().put_tree(str(src), str(tmp_path / name))
+    assert os.listdir(tmp_path / "empty") == [] == os.listdir(tmp_path / "elsewhere")
+    assert not (tmp_path / "nowhere").exists() and (tmp_path / "dangling").is_symlink()
 
 
 def test_read_text_and_list_dir(sshd: Sshd, tmp_path: Path) -> None:

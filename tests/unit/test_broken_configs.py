@@ -502,5 +502,6 @@ def test_out_that_is_a_file_is_refused_and_left_alone(tmp_path):
                                  "--out", str(existing)], capture_output=True, text=True,
                        timeout=60, stdin=subprocess.DEVNULL)
     assert (p.returncode, p.stderr) == (
-        2, f"hpcserve: error: {existing} exists and is not a directory; choose another --out\n")
+        2, f"hpcserve: error: {existing} exists (owner root): a job directory is made new, "
+           "never one that was there; choose another --out\n")
     assert existing.read_text() == "mine\n"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import re
 import subprocess
 import sys
@@ -198,14 +200,33 @@ def test_render_writes_the_job_directory_and_prints_it(tmp_path):
                 "launch/prefill-0.sh", "steps/discover-0.sh"):
         assert (out / rel).is_file(), rel
     assert (out / "logs").is_dir() and (out / "run").is_dir()
-    assert (out / "job.sbatch").stat().st_mode & 0o777 == 0o755
+    # the owner's alone: nobody else may read what it runs, nor write into it
+    assert (out / "job.sbatch").stat().st_mode & 0o777 == 0o700
+    assert out.stat().st_mode & 0o777 == 0o700 and (out / "logs").stat().st_mode & 0o777 == 0o700
+    assert (out / "plan.json").stat().st_mode & 0o777 == 0o600
     assert re.search(rf"HPCSERVE_JOB_DIR={re.escape(str(out.resolve()))}\n",
                      (out / "job.sbatch").read_text())
     # a second render into the same directory is refused, in one line
     p2 = subprocess.run([_cli(), "render", str(ROOT / "examples" / "demo.yaml"), "--out",
                          str(out)], capture_output=True, text=True, timeout=60)
     assert p2.returncode == 2 and p2.stderr.startswith("hpcserve: error: ")
-    assert p2.stderr.count("\n") == 1 and "not empty" in p2.stderr
+    assert p2.stderr.count("\n") == 1 and "exists (owner " in p2.stderr
+
+
+def test_render_refuses_a_directory_or_link_someone_made_first_and_names_its_owner(tmp_path):
+    """An empty directory made before the render (on a shared file system, by anyone), or a
+    link there, is refused: its maker could change the job's scripts before the job runs."""
+    nobody = pwd.getpwnam("nobody")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    os.chown(empty, nobody.pw_uid, nobody.pw_gid)
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    for out, owner in ((empty, "nobody"), (tmp_path / "link", "root")):
+        p = subprocess.run([_cli(), "render", str(ROOT / "examples" / "demo.yaml"), "--out",
+                            str(out)], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert f"exists (owner {owner}): a job directory is made new" in p.stderr, p.stderr
+    assert os.listdir(empty) == [] and not (tmp_path / "elsewhere").exists()
 
 
 def test_shell_completion_script_is_generated():
