@@ -39,3 +39,12 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/pip install -q -e '.[test]' mpi4py
   echo "$want" > "$stamp"
 fi
+
+# Two unprivileged users for the adversarial tests (tests/adversary): the first owns the
+# deployment under test, the second plays another user of the same shared cluster. Made only
+# where this runs as root (CI does); as anyone else, those tests say what to run.
+if [ "$(id -u)" = 0 ]; then
+  for u in hpcserve-a hpcserve-b; do
+    id -u "$u" >/dev/null 2>&1 || useradd --create-home --shell /bin/sh --user-group "$u"
+  done
+fi
