@@ -12,8 +12,10 @@ in the same directory renamed over the file, so Prometheus never reads half a fi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 
 DEFAULT_PATH = "/metrics"   # Prometheus's metrics_path default: not repeated as a label
 
@@ -54,12 +56,20 @@ def _group(address: str, port: int, path: str, labels: dict) -> dict:
 
 def write_atomic(path: str, text: str) -> None:
     """`text` as `path`, through a dot-file beside it (no *.json glob matches it) and one
-    rename; readable by the Prometheus server's user."""
-    tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    rename; readable by the Prometheus server's user. The dot-file is new, of an unguessable
+    name (mkstemp): in a directory other users can write, a name known beforehand could be a
+    link they planted, which open and chmod would follow."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path),
+                               prefix="." + os.path.basename(path) + ".")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            os.fchmod(f.fileno(), 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 class FileSD:
@@ -94,9 +104,11 @@ class FileSD:
         try:
             write_atomic(self.path, text)
         except OSError as e:
-            if str(e) != self._error:
-                self.job.log(f"Prometheus file SD not written: {e}")
-            self._error = str(e)
+            # said of the file, not of its temporary name (a new one each try)
+            why = f"{e.strerror or e}: {self.path}"
+            if why != self._error:
+                self.job.log(f"Prometheus file SD not written: {why}")
+            self._error = why
             return
         self._text, self._error = text, None
         self.job.log(f"Prometheus file SD: {len(groups)} target(s) in {self.path}")
