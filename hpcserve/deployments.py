@@ -15,6 +15,7 @@ lists under that id now.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import posixpath
@@ -62,16 +63,27 @@ class Entry:
 
 
 def record(entry: Entry) -> None:
+    """One line appended under an exclusive lock, on disk before it returns: submissions at
+    once (a user's two shells, an autoscaling front's `hpcserve scale`) never interleave their
+    lines, on an NFS home too (fcntl locks reach the server). The index is its user's alone:
+    it lists every job directory and endpoint."""
     p = index_path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p, "a", encoding="utf-8") as f:
+    p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    with open(fd, "a", encoding="utf-8") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
         f.write(json.dumps(asdict(entry)) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def entries() -> list[Entry]:
-    """Every submission, oldest first (one line per job directory: a later line replaces it)."""
+    """Every submission, oldest first (one line per job directory: a later line replaces it),
+    read under a shared lock: never a line half written."""
     try:
-        lines = index_path().read_text(encoding="utf-8").splitlines()
+        with open(index_path(), encoding="utf-8") as f:
+            fcntl.flock(f, fcntl.LOCK_SH)
+            lines = f.read().splitlines()
     except OSError:
         return []
     out: dict[tuple, Entry] = {}

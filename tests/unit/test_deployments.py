@@ -94,3 +94,37 @@ def test_the_cluster_is_asked_only_where_the_index_names_several():
     ops.status([entry("1", "dep-a", "devB", 1.0), entry("2", "dep-b", "devB", 2.0)],
                lambda _r: runner)
     assert parsers.config_argv() not in runner.calls
+
+
+def test_a_submission_is_recorded_under_the_indexs_lock_in_a_file_of_its_users_alone(
+        tmp_path, monkeypatch):
+    """Another process of the user (a second shell, an autoscaling front's `hpcserve scale`)
+    holds the index's lock (fcntl, as record and entries take it): the line waits for it,
+    then lands whole. The index and its directory are the user's alone."""
+    import os
+    import subprocess
+    import sys
+    import threading
+    deployments.record(entry("1", "dep-a", "devA", 1_000.0))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'a'); "
+         "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+         str(deployments.index_path())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (deployments.record(
+            entry("2", "dep-b", "devA", 2_000.0)), done.set()))
+        t.start()
+        assert not done.wait(0.5), "recorded while another process held the index's lock"
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+    t.join(10)
+    assert done.is_set() and [e.job_id for e in deployments.entries()] == ["1", "2"]
+    assert os.stat(deployments.index_path()).st_mode & 0o777 == 0o600
+    sub = tmp_path / "new-state"
+    monkeypatch.setenv("HPCSERVE_STATE_DIR", str(sub))
+    deployments.record(entry("3", "dep-c", "devA", 3_000.0))
+    assert sub.stat().st_mode & 0o777 == 0o700
