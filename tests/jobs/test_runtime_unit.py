@@ -96,18 +96,30 @@ IGNORE_TERM = (f"exec {sys.executable} -c 'import signal, time; "
                "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'")
 
 
-def test_a_failed_component_stops_every_other_discovery(make_job):
+def ignore_term(ready: Path) -> str:
+    """A step that ignores SIGTERM and creates `ready` once it does: a TERM before that would
+    end it as any process, which on a loaded machine (Python's start-up) is no rare race."""
+    return (f"exec {sys.executable} -c 'import signal, sys, time; "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); open(sys.argv[1], \"w\").close(); "
+            f"time.sleep(60)' {ready}")
+
+
+def test_a_failed_component_stops_every_other_discovery(make_job, tmp_path):
+    ready = tmp_path / "term-ignored"
     job = make_job([{"index": 0, "name": "prefill", "nodes": 1},
                     {"index": 1, "name": "decode", "nodes": 1},
                     {"index": 2, "name": "decode", "nodes": 1}],
-                   {"discover-0.sh": "exec sleep 60", "discover-1.sh": IGNORE_TERM,
-                    "discover-2.sh": "sleep 0.3; echo 'no such interface' >&2; exit 3"})
-    t0 = time.time()
+                   {"discover-0.sh": "exec sleep 60", "discover-1.sh": ignore_term(ready),
+                    # fails once component 1 ignores TERM (30 s at most)
+                    "discover-2.sh": f"for _ in $(seq 600); do [ -e {ready} ] && break; "
+                                     "sleep 0.05; done; echo 'no such interface' >&2; exit 3"})
     with pytest.raises(Stop) as e:
         job.discovery.discover()
+    assert ready.exists()
     assert e.value.phase == "failed" and "component 2" in e.value.reason, e.value.reason
     assert e.value.failure["log_tail"] == ["no such interface"]
-    assert time.time() - t0 < 8  # TERM, then KILL for the one that ignores TERM
+    # TERM, then KILL for the one that ignores TERM
+    assert time.time() - ready.stat().st_mtime < 8
     assert all(p.poll() is not None for p in job.discovery.procs.values())
     assert job.discovery.procs[0].returncode == -signal.SIGTERM
     assert job.discovery.procs[1].returncode == -signal.SIGKILL
