@@ -715,6 +715,11 @@ def cancel(entry: deployments.Entry, runner, *, wait: bool, echo: Callable[[str]
     return 2
 
 
+def whoami(runner) -> str:
+    """The user the runner's commands run as (here, or at the SSH target)."""
+    return runner.run(["id", "-un"]).out.strip()
+
+
 def resolve(job: str, remote: str | None, runner) -> deployments.Entry:
     e = deployments.find(job, remote)
     if e is not None:
@@ -729,6 +734,12 @@ def resolve(job: str, remote: str | None, runner) -> deployments.Entry:
         raise HpcserveError(f"job {jid} is not in hpcserve's list and Slurm does not know it "
                             f"({why})")
     recs = parsers.parse_scontrol_job(res.out)
+    others = sorted({r.user for r in recs if r.user} - {me := whoami(runner)})
+    if others:
+        # its job directory would be theirs: `scale` or `upgrade` would render and submit
+        # their deployment file as you, `status` would read what they keep there
+        raise HpcserveError(f"job {jid} belongs to {', '.join(others)}, not {me}: hpcserve "
+                            "acts on your own jobs only")
     for r in recs:
         if "/logs/batch-" in r.stdout:
             job_dir = r.stdout.rsplit("/logs/", 1)[0]
