@@ -296,6 +296,12 @@ class RouterAdapter:
         its debugging MiniLB's import (~0.5 s of the router's start)."""
         return [python, (Var("JOB_DIR"), "/hpcserve_runtime/router_main.py"), self.package]
 
+    # The address the router listens on (its port and its metrics'): its node's address on the
+    # site's interface, which the runtime writes to run/endpoints.env before the router's step,
+    # and the deployment's endpoint names. Not every address of the node (0.0.0.0): a
+    # node's other networks need not reach it.
+    HOST: Word = (Var("ROUTER_IP"),)
+
     def argv(self, *, pd: bool, prefill: list[tuple[Word, int | None]], decode: list[Word],
              workers: list[Word], port: int, prometheus_port: int, policy: str,
              args: dict[str, Any], start_timeout: int) -> list[Word]:

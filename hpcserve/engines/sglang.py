@@ -170,8 +170,8 @@ class SGLangRouter(RouterAdapter):
         else:
             w.append("--worker-urls")
             w += workers
-        w += ["--host", "0.0.0.0", "--port", str(port), "--policy", policy,
-              "--prometheus-host", "0.0.0.0", "--prometheus-port", str(prometheus_port)]
+        w += ["--host", self.HOST, "--port", str(port), "--policy", policy,
+              "--prometheus-host", self.HOST, "--prometheus-port", str(prometheus_port)]
         return w + self.extra_args(args)
 
 

@@ -152,7 +152,7 @@ class DisaggServer(RouterAdapter):
                 "-t", str(start_timeout)] + self.extra_args(args)
 
     def config_files(self, *, pd, prefill, decode, workers, port):
-        lines: list[Word] = ["hostname: 0.0.0.0", f"port: {port}"]
+        lines: list[Word] = [("hostname: ", *self.HOST), f"port: {port}"]
         for key, urls in (("context_servers", [u for u, _ in prefill]),
                           ("generation_servers", decode)):
             lines += [f"{key}:", f"  num_instances: {len(urls)}", "  urls:"]

@@ -203,8 +203,8 @@ class VLLMRouter(RouterAdapter):
             w += workers
         # Its default host is 127.0.0.1 and its metrics port sglang-router's 29000: both set.
         # The engines are healthy before the router starts; check them every second, not 30.
-        w += ["--host", "0.0.0.0", "--port", str(port), "--policy", policy,
-              "--prometheus-host", "0.0.0.0", "--prometheus-port", str(prometheus_port),
+        w += ["--host", self.HOST, "--port", str(port), "--policy", policy,
+              "--prometheus-host", self.HOST, "--prometheus-port", str(prometheus_port),
               "--worker-startup-check-interval", "1"]
         return w + self.extra_args(args)
 

@@ -190,6 +190,8 @@ class Job:
         heads = self.instances.heads
         env_lines = [f"{i['role'].upper()}_{i['index']}_IP={shlex.quote(heads[i['name']])}"
                      for i in plan["instances"]]
+        # the one address the router listens on: the one its endpoint names
+        env_lines.append(f"ROUTER_IP={shlex.quote(self.instances.router_addr)}")
         with open(os.path.join(self.dir, "run", "endpoints.env"), "w") as f:
             f.write("\n".join(env_lines) + "\n")
         self.steps.start("router", "steps/router.sh", [self.instances.router_node])

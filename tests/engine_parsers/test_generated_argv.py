@@ -89,8 +89,10 @@ def test_router_command_parses_with_sglang_routers_own_parser(example):
 
     p = plan.build(config.load(example))
     vals = {f"{i.role.upper()}_{i.index}_IP": f"10.1.0.{n + 1}" for n, i in enumerate(p.instances)}
+    vals["ROUTER_IP"] = "10.1.0.99"  # its node's address, as endpoints.env says it
     args = parse_router_args([show(w, vals) for w in p.router.argv])
     assert args.port == p.router.port and args.prometheus_port == p.router.prometheus_port
+    assert args.host == args.prometheus_host == "10.1.0.99"  # that address alone, not 0.0.0.0
     if p.pd:
         prefill = [i for i in p.instances if i.role == "prefill"]
         assert args.pd_disaggregation

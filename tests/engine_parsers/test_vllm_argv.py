@@ -108,9 +108,11 @@ def test_router_command_parses_with_vllm_routers_own_parser(example):
 
     p = plan.build(config.load(example))
     vals = {f"{i.role.upper()}_{i.index}_IP": f"10.1.0.{n + 1}" for n, i in enumerate(p.instances)}
+    vals["ROUTER_IP"] = "10.1.0.99"  # its node's address, as endpoints.env says it
     args = parse_router_args([show(w, vals) for w in p.router.argv])
-    assert (args.host, args.port, args.prometheus_port) == ("0.0.0.0", p.router.port,
+    assert (args.host, args.port, args.prometheus_port) == ("10.1.0.99", p.router.port,
                                                              p.router.prometheus_port)
+    assert args.prometheus_host == "10.1.0.99"
     url = {i.name: f"http://{vals[f'{i.role.upper()}_{i.index}_IP']}:{i.port}" for i in p.instances}
     if p.pd:
         assert args.vllm_pd_disaggregation and args.kv_connector == "nixl"

@@ -349,3 +349,36 @@ def test_a_change_outlasts_a_router_that_answers_nothing_for_longer_than_a_call(
             rw.remove(out, wait=3)
     finally:
         os.kill(router.pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_which_routers_api_key_guards_its_worker_api(procs, engine):
+    """The releases' own answer, without a worker to hide behind: sglang-router 0.3.2 started
+    with --api-key answers 401 to GET and POST /workers without it (200 with it); vllm-router
+    0.1.17 takes its --api-key for the workers (its help: "authorization with workers") and
+    lists and adds workers for anyone. Its worker API stays open: the runtime's reconciling
+    of the listed workers (recovery.py) and the node-address bind are what guard it."""
+    port = free_port()
+    cmd = ROUTER_CMD if engine == "sglang" else VLLM_ROUTER_CMD
+    extra = ["--prometheus-host", "127.0.0.1", "--prometheus-port", free_port()]
+    r = procs.start(cmd + [str(a) for a in ["--host", "127.0.0.1", "--port", port,
+                                             "--api-key", "k-123", "--worker-urls", *extra]],
+                    f"{engine}-router-key")
+    url = f"http://127.0.0.1:{port}"
+    wait_status(url + "/health", proc=r, timeout=30)
+    keyed = RouterWorkers("queued", url, headers={"Authorization": "Bearer k-123"})
+    assert keyed.listed() == []
+    nobody = f"http://127.0.0.1:{free_port()}"
+    anyone = RouterWorkers("queued", url)
+    if engine == "sglang":
+        with pytest.raises(WorkerApiError, match="GET /workers: HTTP 401"):
+            anyone.listed()
+        with pytest.raises(WorkerApiError, match="POST /workers: HTTP 401"):
+            anyone._call("POST", "/workers", {"url": nobody})
+    else:
+        assert anyone.listed() == []  # no key asked for
+        # POST /workers without the key is taken up: the router waits for the worker's
+        # health (nobody here answers) instead of answering 401
+        with pytest.raises(WorkerApiError) as e:
+            RouterWorkers("direct", url, timeout=2)._call("POST", "/workers", {"url": nobody})
+        assert "POST /workers: no answer from the router" in str(e.value), e.value

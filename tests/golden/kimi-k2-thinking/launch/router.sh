@@ -21,8 +21,8 @@ mkdir -p -- "$JOB_DIR/run/ports"
 exec \
   python3 "${JOB_DIR}"/hpcserve_runtime/router_main.py sglang_router \
   --worker-urls http://"${WORKER_0_IP}":30000 http://"${WORKER_1_IP}":30000 \
-  --host 0.0.0.0 \
+  --host "${ROUTER_IP}" \
   --port 8000 \
   --policy cache_aware \
-  --prometheus-host 0.0.0.0 \
+  --prometheus-host "${ROUTER_IP}" \
   --prometheus-port 29000

@@ -11,7 +11,7 @@ export PYTHONUNBUFFERED=1
 
 # run/disagg.yaml: the router's configuration, with the workers' addresses from endpoints.env
 printf '%s\n' \
-  'hostname: 0.0.0.0' \
+  'hostname: '"${ROUTER_IP}" \
   'port: 8000' \
   context_servers: \
   '  num_instances: 1' \

@@ -23,9 +23,9 @@ exec \
   --vllm-pd-disaggregation \
   --prefill http://"${PREFILL_0_IP}":8100 \
   --decode http://"${DECODE_0_IP}":8100 \
-  --host 0.0.0.0 \
+  --host "${ROUTER_IP}" \
   --port 8000 \
   --policy round_robin \
-  --prometheus-host 0.0.0.0 \
+  --prometheus-host "${ROUTER_IP}" \
   --prometheus-port 29000 \
   --worker-startup-check-interval 1

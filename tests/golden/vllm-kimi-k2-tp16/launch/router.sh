@@ -21,9 +21,9 @@ mkdir -p -- "$JOB_DIR/run/ports"
 exec \
   python3 "${JOB_DIR}"/hpcserve_runtime/router_main.py vllm_router \
   --worker-urls http://"${WORKER_0_IP}":8100 \
-  --host 0.0.0.0 \
+  --host "${ROUTER_IP}" \
   --port 8000 \
   --policy round_robin \
-  --prometheus-host 0.0.0.0 \
+  --prometheus-host "${ROUTER_IP}" \
   --prometheus-port 29000 \
   --worker-startup-check-interval 1

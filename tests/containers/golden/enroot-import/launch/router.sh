@@ -23,8 +23,8 @@ exec \
   --pd-disaggregation \
   --prefill http://"${PREFILL_0_IP}":30000 8998 \
   --decode http://"${DECODE_0_IP}":30000 \
-  --host 0.0.0.0 \
+  --host "${ROUTER_IP}" \
   --port 8000 \
   --policy round_robin \
-  --prometheus-host 0.0.0.0 \
+  --prometheus-host "${ROUTER_IP}" \
   --prometheus-port 29000
