@@ -37,6 +37,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -301,8 +302,10 @@ class Node:
     def _copy(self, upstream, nxt) -> None:
         """Receive the model (from the shared path, or from `upstream`), write it to a partial
         directory, pass it on to `nxt`, check it, and install it."""
-        partial = self.cache.path(self.name, f".partial-{self.job_id or os.getpid()}")
-        shutil.rmtree(partial, ignore_errors=True)
+        # new, of a name nobody knew beforehand, this user's alone (0700): never a directory
+        # another user made at the name a job id predicts
+        partial = tempfile.mkdtemp(prefix=f"{self.name}.partial-{self.job_id}-",
+                                   dir=self.cache.dir)
         down = self._connect(nxt) if nxt else None
         try:
             if upstream is None:

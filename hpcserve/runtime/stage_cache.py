@@ -8,6 +8,12 @@ Layout of stage_dir, for a model staged under NAME:
   NAME.lock          fcntl lock: one job at a time stages (or evicts) NAME on this node
   NAME.users/JOBID   a job using NAME, holding the time its allocation ends at the latest
   NAME.partial-JOBID the copy in progress; renamed to NAME once every file matched the manifest
+
+Every entry is used only if it is this user's own, no link, and nobody else can write it: in a
+stage_dir other users can write (a site-wide one), an entry of theirs at one of this model's
+names is refused in a line naming it and its owner, never trusted (a planted copy is code the
+engines may run: trust_remote_code) and never removed; theirs under other names are neither
+counted nor evicted. A lock held by another job waits LOCK_WAIT_S at most.
 """
 
 from __future__ import annotations
@@ -16,12 +22,15 @@ import fcntl
 import hashlib
 import json
 import os
+import pwd
 import shutil
+import stat
 import time
 
 from .model_dir import TooManyFiles, model_files
 
 MANIFEST = ".hpcserve-manifest.json"
+LOCK_WAIT_S = 600.0   # s another job's staging of the same model on a node is waited for
 
 
 class StageError(Exception):
@@ -121,6 +130,34 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def foreign(path: str) -> str | None:
+    """Why `path` is not this user's alone (a link, another owner, writable by others), or
+    None where it is, or where nothing is there."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "a link"
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        try:
+            owner = pwd.getpwuid(st.st_uid).pw_name
+        except KeyError:
+            owner = f"uid {st.st_uid}"
+        return f"owner {owner}, mode {st.st_mode & 0o7777:o}"
+    return None
+
+
+def check_own(path: str) -> None:
+    """StageError unless `path` is this user's alone (or absent)."""
+    why = foreign(path)
+    if why:
+        raise StageError(None, f"{path} is not this user's ({why}): a stage cache entry "
+                               "another user could have made or can change is never used; "
+                               "give each user a stage directory of their own "
+                               "(site.paths.stage_dir)")
+
+
 # ------------------------------------------------------------------------------- the cache
 
 class Cache:
@@ -133,9 +170,17 @@ class Cache:
 
     # -- the per-model lock
     def try_lock(self, name: str):
-        """The model's lock, held by the returned file object, or None while another holds it."""
-        os.makedirs(self.dir, exist_ok=True)
-        f = open(self.path(name, ".lock"), "a")
+        """The model's lock, held by the returned file object, or None while another holds it.
+        A lock file that is a link or another user's is refused (StageError), not followed."""
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        path = self.path(name, ".lock")
+        check_own(path)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise StageError(None, f"cannot open the stage lock {path}: {e.strerror or e}"
+                             ) from None
+        f = os.fdopen(fd, "r+")
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -144,20 +189,27 @@ class Cache:
         return f
 
     def lock(self, name: str, deadline: float, check=lambda: None):
-        """The model's lock, waiting for another job's staging to end (until `deadline`)."""
+        """The model's lock, waiting for another job's staging to end (until `deadline`, and
+        LOCK_WAIT_S at most: a job's time limit may be days)."""
+        limit = min(deadline, time.time() + LOCK_WAIT_S)
         while True:
             f = self.try_lock(name)
             if f is not None:
                 return f
-            if time.time() > deadline:
-                raise StageError(None, "another job held this node's stage lock for "
-                                       f"{self.path(name, '.lock')} until the deadline")
+            if time.time() > limit:
+                waited = (f"for {LOCK_WAIT_S:g} s (the most a job waits for another's copy)"
+                          if limit < deadline else "until this job's deadline")
+                raise StageError(None, "another job held this node's stage lock "
+                                       f"{self.path(name, '.lock')} {waited}")
             check()
             time.sleep(0.05)
 
     # -- the completion marker
     def warm(self, name: str, manifest: dict | None) -> bool:
-        """A complete copy of this manifest's files is here (a marker, and the sizes agree)."""
+        """A complete copy of this manifest's files is here (a marker, and the sizes agree).
+        A marker or copy that is not this user's alone is refused (StageError), not trusted."""
+        for suffix in (".done", "", ".users"):
+            check_own(self.path(name, suffix))
         try:
             with open(self.path(name, ".done")) as f:
                 done = json.load(f)
@@ -208,7 +260,8 @@ class Cache:
         and its parent) is nobody's model: never counted, never removed."""
         out = []
         for entry in os.listdir(self.dir):
-            if entry.endswith(".done") and plain_name(entry[:-5]):
+            if entry.endswith(".done") and plain_name(entry[:-5]) and \
+                    not foreign(self.path(entry[:-5], ".done")):
                 name = entry[:-5]
                 try:
                     with open(self.path(name, ".done")) as f:
@@ -255,6 +308,8 @@ class Cache:
         complete."""
         if not plain_name(name):
             raise StageError(None, f"{name!r} is no model's name in the stage cache: not removed")
+        for suffix in ("", ".done", ".users"):
+            check_own(self.path(name, suffix))
         for suffix in (".done", ".manifest.json"):
             try:
                 os.unlink(self.path(name, suffix))

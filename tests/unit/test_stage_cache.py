@@ -92,7 +92,7 @@ sys.stdin.readline()
 """
 
 
-def test_the_lock_lets_one_process_stage_a_model_on_a_node_at_a_time(tmp_path):
+def test_the_lock_lets_one_process_stage_a_model_on_a_node_at_a_time(tmp_path, monkeypatch):
     holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -101,7 +101,13 @@ def test_the_lock_lets_one_process_stage_a_model_on_a_node_at_a_time(tmp_path):
         assert cache.try_lock("m") is None and cache.try_lock("other") is not None
         with pytest.raises(sc.StageError) as e:
             cache.lock("m", time.time() + 0.2)
-        assert "another job held" in e.value.cause
+        assert "another job held" in e.value.cause and "until this job's deadline" in e.value.cause
+        # a deadline days away (a job's time limit) is not waited for: LOCK_WAIT_S at most
+        monkeypatch.setattr(sc, "LOCK_WAIT_S", 0.3)
+        t0 = time.time()
+        with pytest.raises(sc.StageError) as e:
+            cache.lock("m", time.time() + 3 * 86400)
+        assert time.time() - t0 < 60 and "for 0.3 s (the most a job waits" in e.value.cause
     finally:
         holder.communicate("\n", timeout=10)
     assert sc.Cache(str(tmp_path), 10).try_lock("m") is not None  # free once it exits
