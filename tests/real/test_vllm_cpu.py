@@ -30,7 +30,8 @@ TOOLS = [{"type": "function", "function": {
                    "required": ["city"]}}}]
 # What vLLM and torch leave in /tmp and /dev/shm: rendezvous and ZMQ socket files, shared memory
 # segments, compile caches, and hpcserve's own per-job scratch directories.
-LEFTOVER = re.compile(r"^(vllm_dist_\w+|psm_\w+|torchinductor_\w+|hpcserve-job(\d+)|"
+LEFTOVER = re.compile(r"^(vllm_dist_\w+|psm_\w+|torchinductor_\w+|"
+                      r"hpcserve-job(\d+)(?:-[\w.-]+)?|"
                       r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
 
 

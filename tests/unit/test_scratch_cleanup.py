@@ -30,8 +30,18 @@ def test_the_cleanup_removes_what_the_engine_left_and_nothing_else(tmp_path):
     left.write_bytes(b"x")
     held.write_bytes(b"x")
     holder = subprocess.Popen(["sleep", "60"], stdin=open(held, "rb"))
-    scratch = tmp_path / "tmp" / "hpcserve-job77"
-    (scratch / "worker-0.0").mkdir(parents=True)
+    # the launch script's directories on n1, as it records them (two attempts), and one of
+    # another user's at a recorded path, and one at the name the job id predicts: theirs stay
+    scratch = [tmp_path / "tmp" / f"hpcserve-job77-worker-0.0.{k}" for k in ("aB3dE6", "Xy9z01")]
+    theirs = tmp_path / "tmp" / "hpcserve-job77-worker-0.0.theirs"
+    guessed = tmp_path / "tmp" / "hpcserve-job77"
+    for d in (*scratch, theirs, guessed):
+        (d / "inside").mkdir(parents=True)
+    os.chown(theirs, 65534, 65534)
+    (job / "run" / "scratch").mkdir()
+    (job / "run" / "scratch" / "worker-0.0.n1").write_text(
+        "".join(f"{d}\n" for d in (*scratch, theirs, tmp_path / "elsewhere")))
+    (tmp_path / "elsewhere").mkdir()
     try:
         env = {**os.environ, "SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "77",
                "TMPDIR": str(tmp_path / "tmp")}
@@ -39,8 +49,10 @@ def test_the_cleanup_removes_what_the_engine_left_and_nothing_else(tmp_path):
                            timeout=60)
         assert r.returncode == 0, r.stderr
         assert not left.exists() and before.exists() and held.exists()
-        assert not scratch.exists()
+        assert not any(d.exists() for d in scratch)
+        assert theirs.exists() and guessed.exists() and (tmp_path / "elsewhere").exists()
         assert not (job / "run" / "shm" / "worker-0.0.n1").exists()
+        assert not (job / "run" / "scratch" / "worker-0.0.n1").exists()
     finally:
         holder.kill()
         holder.wait()

@@ -25,10 +25,13 @@ echo "hpcserve: prefill-0 node-rank $NODE_RANK on $me ($NODE_IP), leader $LEADER
 # container task script does it for containers).
 ulimit -S -l "$(ulimit -H -l)" 2>/dev/null || true
 # The engine's temporary files (IPC sockets, rendezvous files, compile caches) go to a directory
-# of this job's own on the node; hpcserve_runtime has it removed once the job's steps ended.
-export TMPDIR="${TMPDIR:-/tmp}/hpcserve-job${SLURM_JOB_ID:?}/prefill-0.${NODE_RANK}"
-mkdir -p -- "$TMPDIR" "$JOB_DIR/run/scratch"
-: >"$JOB_DIR/run/scratch/prefill-0.${NODE_RANK}.$me"
+# of this job's own on the node, made new (mktemp: 0700, a name nobody knew beforehand, never one
+# another user made at a name the job id predicts) and recorded in run/scratch/, from which
+# hpcserve_runtime has it removed once the job's steps ended.
+TMPDIR="$(mktemp -d "${TMPDIR:-/tmp}/hpcserve-job${SLURM_JOB_ID:?}-prefill-0.${NODE_RANK}.XXXXXX")"
+export TMPDIR
+mkdir -p -- "$JOB_DIR/run/scratch"
+printf '%s\n' "$TMPDIR" >>"$JOB_DIR/run/scratch/prefill-0.${NODE_RANK}.$me"
 # POSIX shared memory goes to /dev/shm whatever TMPDIR says, and a worker that crashes never
 # unlinks its segments: what was there before the engine lets the cleanup tell what it left.
 mkdir -p -- "$JOB_DIR/run/shm"

@@ -3,9 +3,17 @@
 # it on every node of the job (one srun per component) after the job's steps ended.
 set -uo pipefail
 me="${SLURMD_NODENAME:?run this through srun}"
-# SLURM_JOB_ID is the het-job component's own id in its steps, this one's as the engines'.
-rm -rf -- "${TMPDIR:-/tmp}/hpcserve-job${SLURM_JOB_ID:?}"
-rm -f -- /jobs/vllm-kimi-k2-pd-nixl/run/scratch/*."$me"
+# The directories the launch scripts made here (each attempt its own), as they recorded them:
+# only one of this user's own, no link, of the name they give (never a path guessed from the
+# job id, which another user could have made).
+for rec in /jobs/vllm-kimi-k2-pd-nixl/run/scratch/*."$me"; do
+  [ -f "$rec" ] || continue
+  while IFS= read -r d; do
+    case "${d##*/}" in hpcserve-job[0-9]*-*) ;; *) continue ;; esac
+    if [ -d "$d" ] && [ ! -L "$d" ] && [ -O "$d" ]; then rm -rf -- "$d"; fi
+  done <"$rec"
+  rm -f -- "$rec"
+done
 # Shared memory segments an engine left in /dev/shm (a crashed worker never unlinks its own):
 # this user's, made after the engine started on this node, and held open or mapped by no
 # process.

@@ -22,10 +22,13 @@ ATTEMPT_TAG="${HPCSERVE_ATTEMPT_TAG:-}"
 exec >"$JOB_DIR/logs/worker-0${ATTEMPT_TAG}.node${NODE_RANK}.${me}.log" 2>&1
 echo "hpcserve: worker-0 node-rank $NODE_RANK on $me ($NODE_IP), leader $LEADER_IP"
 # The engine's temporary files (IPC sockets, rendezvous files, compile caches) go to a directory
-# of this job's own on the node; hpcserve_runtime has it removed once the job's steps ended.
-export TMPDIR="${TMPDIR:-/tmp}/hpcserve-job${SLURM_JOB_ID:?}/worker-0.${NODE_RANK}"
-mkdir -p -- "$TMPDIR" "$JOB_DIR/run/scratch"
-: >"$JOB_DIR/run/scratch/worker-0.${NODE_RANK}.$me"
+# of this job's own on the node, made new (mktemp: 0700, a name nobody knew beforehand, never one
+# another user made at a name the job id predicts) and recorded in run/scratch/, from which
+# hpcserve_runtime has it removed once the job's steps ended.
+TMPDIR="$(mktemp -d "${TMPDIR:-/tmp}/hpcserve-job${SLURM_JOB_ID:?}-worker-0.${NODE_RANK}.XXXXXX")"
+export TMPDIR
+mkdir -p -- "$JOB_DIR/run/scratch"
+printf '%s\n' "$TMPDIR" >>"$JOB_DIR/run/scratch/worker-0.${NODE_RANK}.$me"
 
 export PYTHONUNBUFFERED=1
 export GLOO_SOCKET_IFNAME=ib0
