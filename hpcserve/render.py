@@ -24,7 +24,7 @@ from .plan_json import dumps as spec_dumps
 from .plan_json import job_spec
 from .runtime.contract import SHAPE_VARS, step_prefix
 from .templates import jinja
-from .words import Var, Word, argv_lines, quote
+from .words import Var, Word, argv_lines, quote, show
 
 # Every file of a job directory is its owner's alone: the scripts, plan.json and the deployment
 # file say what the job runs (and hold its paths and settings), and nobody else need read them.
@@ -205,6 +205,8 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
         envs = list(inst.env)
         if plan.simulate:
             envs += _sim_env(plan, inst)
+        cmd, argv, secrets = secret_argv(cmd, inst.argv, jd, f"{plan.engine} ({inst.name})")
+        envs += secrets
         files[f"launch/{inst.name}.sh"] = (launch.render(
             inst=inst, title=_title(plan, inst), job_dir=jd, scratch=plan.scratch,
             in_container=plan.container.runtime != "none",
@@ -213,7 +215,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
             rank_args=[" ".join(quote(w) for w in r) for r in inst.rank_argv],
             own_ports=_port_list(inst.port, *(p for _, p in inst.ports)),
             own_timeout=plan.readiness.engine_timeout + 60,
-            command=argv_lines(cmd, inst.argv)), EXEC)
+            command=argv_lines(cmd, argv)), EXEC)
 
     if plan.router:
         r = plan.router
@@ -229,13 +231,14 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
         n_w = sum(1 for i in plan.instances if i.role == "worker")
         workers = (f"{n_p} prefill and {n_d} decode instance(s)" if r.pd
                    else f"{n_w} instance(s)")
+        rcmd, rargv, secrets = secret_argv(list(r.command), r.argv, jd, r.name)
         files["launch/router.sh"] = (env.get_template("launch_router.sh.j2").render(
             router=r.name, mode="PD" if r.pd else "plain", workers=workers, job_dir=jd,
-            env=[(k, quote(v)) for k, v in r.env],
+            env=[(k, quote(v)) for k, v in [*r.env, *secrets]],
             files=[(name, [quote(w) for w in lines]) for name, lines in r.files],
             own_ports=_port_list(r.port, r.prometheus_port),
             own_timeout=plan.readiness.router_timeout + 60,
-            command=argv_lines(list(r.command), r.argv)), EXEC)
+            command=argv_lines(rcmd, rargv)), EXEC)
 
     if plan.benchmark:
         files.update(_bench_files(plan, jd, step))
@@ -344,6 +347,34 @@ def _sim_env(plan: Plan, inst: Instance) -> list[tuple[str, Word]]:
         if f.attempts is not None:  # the sim reads the attempt from HPCSERVE_ATTEMPT
             out.append(("HPCSERVE_SIM_FAULT_ATTEMPTS", ",".join(map(str, f.attempts))))
     return out
+
+
+def secret_argv(cmd: list[Word], argv: tuple[Word, ...], jd: str,
+                what: str) -> tuple[list[Word], tuple[Word, ...], list[tuple[str, Word]]]:
+    """(command, argv, environment) with every secret argument (a flag whose value is a
+    {from_env} variable) off the command line, which every user of the node sees in `ps`: the
+    Python program runs under hpcserve_runtime/secret_argv.py, which reads the values from the
+    variables named in HPCSERVE_SECRET_ARGS and hands them to it in sys.argv. A program that
+    is no Python's (`trtllm-serve`) cannot take them so: refused."""
+    kept: list[Word] = []
+    named: list[str] = []
+    for w in argv:
+        if isinstance(w, tuple) and any(isinstance(p, Var) and p.secret for p in w):
+            if len(w) != 1 or not kept or not isinstance(kept[-1], str):
+                raise HpcserveError(f"{what}: a secret is only ever a flag's whole value")
+            named += [kept.pop(), w[0].name]
+        else:
+            kept.append(w)
+    if not named:
+        return cmd, argv, []
+    python_program = len(cmd) >= 2 and (cmd[1] == "-m" or show(cmd[1]).endswith(".py"))
+    if not python_program:
+        raise HpcserveError(
+            f"{what}: {show(cmd[0])} takes its arguments only on its command line, where "
+            f"{named[0]} {{from_env: {named[1]}}} would be visible to every user of the node "
+            "(ps); set it another way")
+    wrapped = [cmd[0], f"{jd}/{RUNTIME_DIR}/secret_argv.py", *cmd[1:]]
+    return wrapped, tuple(kept), [("HPCSERVE_SECRET_ARGS", " ".join(named))]
 
 
 def write_job(files: dict[str, tuple[str, int]], out_dir: str | Path) -> Path:

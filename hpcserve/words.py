@@ -18,6 +18,9 @@ from .records import record
 class Var:
     name: str
     unset_ok: bool = False  # empty where the variable is not set (under `set -u` too)
+    # its value is a secret ({from_env: NAME}): as a program's argument it never goes on the
+    # command line, which every user of the node sees (render.py: secret_argv)
+    secret: bool = False
 
 
 Part = Union[str, Var]

@@ -259,7 +259,7 @@ def arg_words(flag: str, value: Any, check: Callable[[list], list] = lambda w: w
     if value is True:
         return [flag]
     if hasattr(value, "from_env"):
-        return [flag, (Var(value.from_env),)]
+        return [flag, (Var(value.from_env, secret=True),)]
     if isinstance(value, list):
         return check([flag, *map(fmt, value)])
     return check([flag, fmt(value)])

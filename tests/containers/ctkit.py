@@ -111,7 +111,8 @@ def write_job(tmp_path: Path, sets: list[str]) -> Path:
     for inst in p.instances:
         rows = [f"{r} {NODES[inst.name][r]} 127.0.0.{r + 1} lo -" for r in range(inst.nodes)]
         (job / "run" / f"{inst.name}.nodes").write_text("\n".join(rows) + "\n")
-    (job / "run" / "endpoints.env").write_text("PREFILL_0_IP=127.0.0.1\nDECODE_0_IP=127.0.0.1\n")
+    (job / "run" / "endpoints.env").write_text(
+        "PREFILL_0_IP=127.0.0.1\nDECODE_0_IP=127.0.0.1\nROUTER_IP=127.0.0.1\n")
     return job
 
 

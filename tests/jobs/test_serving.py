@@ -69,9 +69,20 @@ def test_router_api_key_given_by_name_guards_the_endpoint(submit, dev_cluster, m
     job = submit(dep)
     st = job.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving" and st["smoke_tokens"] > 0, job.logs()
-    for p in job.dir.rglob("*"):
-        if p.is_file() and p.suffix in (".sh", ".json", ".sbatch"):
+    for p in job.dir.rglob("*"):  # its logs too
+        if p.is_file():
             assert "k-123-not-in-any-file" not in p.read_text(errors="replace"), p
+    # nor on any command line: `ps` as another user of the nodes (hpcserve-b, a real second
+    # Unix user) sees the job's processes, none with it (the router ran under secret_argv.py,
+    # and names itself sglang::router once it runs)
+    import subprocess
+    ps = subprocess.run(["runuser", "-u", "hpcserve-b", "--", "ps", "-eo", "args"],
+                        capture_output=True, text=True, timeout=30)
+    assert ps.returncode == 0, ps
+    assert [ln for ln in ps.stdout.splitlines() if str(job.dir) in ln], ps.stdout[-2000:]
+    assert "k-123" not in ps.stdout
+    launch = (job.dir / "launch" / "router.sh").read_text()
+    assert "secret_argv.py" in launch and "export HPCSERVE_SECRET_ARGS" in launch
     body = json.dumps({"model": "kimi-k2", "max_tokens": 2,
                        "messages": [{"role": "user", "content": "hi"}]}).encode()
     req = urllib.request.Request(st["endpoint"] + "/v1/chat/completions", body,

@@ -206,7 +206,7 @@ class Run:
             nodes[i.name] = rows
         (self.job / "run" / "endpoints.env").write_text("".join(
             f"{i.role.upper()}_{i.index}_IP={shlex.quote(nodes[i.name][0][2])}\n"
-            for i in self.plan.instances) + "SERVING_URL=http://10.9.9.9:8000\n",
+            for i in self.plan.instances) + "ROUTER_IP=10.9.9.9\nSERVING_URL=http://10.9.9.9:8000\n",
             encoding="utf-8")
         env = stub_env(self.bin, self.log, self.home, NODELIST="n1,n2", SLURM_JOB_ID="77",
                        SLURM_STEP_ID="3")

@@ -103,7 +103,8 @@ def job(tmp_path_factory):
     write_nodes(jd, "prefill-0", P_NODES)
     write_nodes(jd, "decode-0", D_NODES)
     (jd / "run" / "endpoints.env").write_text(
-        f"PREFILL_0_IP={P_NODES[0][2]}\nDECODE_0_IP={D_NODES[0][2]}\n", encoding="utf-8")
+        f"PREFILL_0_IP={P_NODES[0][2]}\nDECODE_0_IP={D_NODES[0][2]}\n"
+        f"ROUTER_IP={P_NODES[0][2]}\n", encoding="utf-8")
     return {"dir": jd, "files": files, "plan": plan, "base": base}
 
 

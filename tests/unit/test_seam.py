@@ -89,7 +89,8 @@ def test_a_router_config_file_is_written_in_the_task_with_the_discovered_address
     assert plan.router.files[0][0] == "front.yaml"
     jd = tmp_path / "job"
     write_job(render_files(plan, str(jd)), jd)
-    (jd / "run" / "endpoints.env").write_text("PREFILL_0_IP=10.3.0.7\nDECODE_0_IP=10.3.0.8\n")
+    (jd / "run" / "endpoints.env").write_text("PREFILL_0_IP=10.3.0.7\nDECODE_0_IP=10.3.0.8\n"
+                                             "ROUTER_IP=10.3.0.7\n")
     bindir, log = stubs
     r = run_bash(jd / "launch" / "router.sh", stub_env(bindir, log, tmp_path), cwd=tmp_path)
     assert r.returncode == 0, r.stderr

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,28 +34,56 @@ def _render(tmp_path: Path, dep: dict) -> Path:
     return out
 
 
-def test_secrets_are_named_in_files_and_expanded_only_in_the_task(tmp_path, monkeypatch):
+def test_secrets_are_named_in_files_and_reach_the_program_but_not_its_command_line(
+        tmp_path, monkeypatch):
+    """An argument given {from_env: NAME} is named in the job directory, never written, and
+    never on the command line either (every user of the node reads it in `ps`): the launch
+    scripts run the program under hpcserve_runtime/secret_argv.py, naming flag and variable in
+    HPCSERVE_SECRET_ARGS, and the program finds the value in its sys.argv while
+    /proc/PID/cmdline, which ps reads, does not hold it."""
     monkeypatch.setenv("SGL_KEY", SECRET)
     job = _render(tmp_path, DEP)
     for p in job.rglob("*"):
         if p.is_file():
             assert SECRET not in p.read_text(errors="replace"), p
+    for script in ("prefill-0.sh", "router.sh"):
+        text = (job / "launch" / script).read_text()
+        assert "--api-key" not in text.replace("HPCSERVE_SECRET_ARGS='--api-key SGL_KEY'", ""), \
+            script
+        assert "export HPCSERVE_SECRET_ARGS='--api-key SGL_KEY'" in text, script
+        assert "/hpcserve_runtime/secret_argv.py" in text, script
     launch = (job / "launch" / "prefill-0.sh").read_text()
-    assert '--api-key "${SGL_KEY}"' in launch and 'HF_TOKEN="${MY_HF_TOKEN}"' in launch
-    assert '--api-key "${SGL_KEY}"' in (job / "launch" / "router.sh").read_text()
-    # in the task the shell expands the name: the engine gets the value
+    assert 'HF_TOKEN="${MY_HF_TOKEN}"' in launch
+    # in the task: the engine (here a stand-in that reports what it got) has the value in
+    # sys.argv, its command line has not
+    (job / "hpcserve_sim.py").write_text(
+        "import json, os, sys\n"
+        "cmdline = open('/proc/self/cmdline', 'rb').read().decode().split('\\0')\n"
+        "json.dump({'argv': sys.argv, 'cmdline': cmdline, 'left': os.environ.get("
+        "'HPCSERVE_SECRET_ARGS')}, open(os.environ['ARGV_OUT'], 'w'))\n")
     bindir = tmp_path / "bin"
     bindir.mkdir()
     # (the launch script's background port-owner check is a python3 call too: not the engine)
-    (bindir / "python3").write_text('#!/bin/sh\ncase "$3" in *hpcserve_runtime/ownport.py) exit 0;; esac\n'
-                                    'printf "%s\\n" "$@" > "$ARGV_OUT"\n')
+    (bindir / "python3").write_text('#!/bin/sh\ncase "$3" in *hpcserve_runtime/ownport.py) '
+                                    f'exit 0;; esac\nexec {sys.executable} "$@"\n')
     (bindir / "python3").chmod(0o755)
     (job / "run" / "prefill-0.nodes").write_text("0 n1 10.0.0.1 eth0 -\n")
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "SLURMD_NODENAME": "n1",
            "ARGV_OUT": str(tmp_path / "argv"), "SGL_KEY": SECRET, "MY_HF_TOKEN": "hf-x"}
     subprocess.run(["bash", str(job / "launch" / "prefill-0.sh")], env=env, check=True)
-    argv = (tmp_path / "argv").read_text().splitlines()
-    assert argv[argv.index("--api-key") + 1] == SECRET
+    got = json.loads((tmp_path / "argv").read_text())
+    assert got["argv"][got["argv"].index("--api-key") + 1] == SECRET
+    assert got["argv"][0].endswith("hpcserve_sim.py") and got["left"] is None
+    assert SECRET not in " ".join(got["cmdline"]) and "--api-key" not in got["cmdline"]
+    assert any(w.endswith("hpcserve_runtime/secret_argv.py") for w in got["cmdline"])
+    # a variable the task lacks is named, never a value, and nothing runs
+    env.pop("SGL_KEY")
+    r = subprocess.run(["bash", str(job / "launch" / "prefill-0.sh")], env=env,
+                       capture_output=True, text=True)
+    log = (job / "logs").rglob("prefill-0*")
+    assert r.returncode != 0
+    assert any("SGL_KEY is not set in this task's environment: --api-key takes its value "
+               "from it" in p.read_text() for p in log), r
 
 
 @pytest.mark.parametrize("where", [("env", "HF_TOKEN"), ("router.args", "api-key"),
@@ -71,3 +101,20 @@ def test_a_literal_secret_is_refused_with_its_place(tmp_path, where):
         config.load(f)
     assert e.value.field == f"{where[0]}.{where[1]}" and "from_env" in e.value.message
     assert SECRET not in str(e.value)
+
+
+def test_a_secret_argument_of_a_program_that_is_not_pythons_is_refused():
+    """trtllm-serve cannot be run under secret_argv.py: its secret would be on the command
+    line, so the render refuses it, naming flag and variable (never a value)."""
+    from hpcserve.errors import HpcserveError
+    from hpcserve.render import secret_argv
+    from hpcserve.words import Var
+    argv = ("--port", "8000", "--api-key", (Var("K", secret=True),))
+    cmd, kept, env = secret_argv(["python3", "-m", "m"], argv, "/j", "x")
+    assert cmd == ["python3", "/j/hpcserve_runtime/secret_argv.py", "-m", "m"]
+    assert kept == ("--port", "8000") and env == [("HPCSERVE_SECRET_ARGS", "--api-key K")]
+    assert secret_argv(["python3", "-m", "m"], argv[:2], "/j", "x") == (
+        ["python3", "-m", "m"], argv[:2], [])
+    with pytest.raises(HpcserveError, match="trtllm-serve takes its arguments only on its "
+                                            "command line, where --api-key {from_env: K}"):
+        secret_argv(["trtllm-serve", "disaggregated"], argv, "/j", "x")

@@ -107,10 +107,12 @@ def test_front_server_config_as_the_router_task_writes_it(tmp_path):
     files = render_files(p, str(jd))
     script = files["launch/router.sh"][0]
     block = script[script.index("printf '%s\\n'"):script.index('>"$JOB_DIR/run/disagg.yaml"')]
-    out = subprocess.run(["bash", "-c", "PREFILL_0_IP=10.1.0.1 DECODE_0_IP=10.1.0.2\n" + block],
+    out = subprocess.run(["bash", "-c", "PREFILL_0_IP=10.1.0.1 DECODE_0_IP=10.1.0.2 "
+                                        "ROUTER_IP=10.1.0.1\n" + block],
                          capture_output=True, text=True, check=True).stdout
     cfg = yaml.safe_load(out)
-    assert cfg == {"hostname": "0.0.0.0", "port": 8000,
+    # it listens on its node's address (run/endpoints.env's ROUTER_IP), not on every one
+    assert cfg == {"hostname": "10.1.0.1", "port": 8000,
                    "context_servers": {"num_instances": 1, "urls": ["10.1.0.1:8200"]},
                    "generation_servers": {"num_instances": 1, "urls": ["10.1.0.2:8200"]}}
     argv = [show(w, {"JOB_DIR": str(jd)}) for w in p.router.command + p.router.argv]

@@ -4,6 +4,7 @@ through bash), its topology checks and flag matrix refusals, its ports and its r
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,7 @@ def _ranks_run(tmp_path, stubs, plan, inst_name: str) -> list[list[str]]:
     inst = next(i for i in plan.instances if i.name == inst_name)
     rows = [(r, f"n{r}", f"10.9.0.{r + 1}", "eth0", HCAS) for r in range(inst.nodes)]
     write_nodes(jd, inst_name, rows)
+    (tmp_path / "tmp").mkdir(exist_ok=True)  # the node's TMPDIR, under which the engine's is made
     for _, name, *_ in rows:
         r = run_bash(jd / "launch" / f"{inst_name}.sh",
                      stub_env(bindir, log, tmp_path, SLURMD_NODENAME=name, SLURM_JOB_ID="77",
@@ -59,9 +61,14 @@ def test_tp_across_nodes_uses_the_mp_executor_and_headless_followers(tmp_path, s
         assert _opt(argv, "--tensor-parallel-size") == "16"
         assert ("--headless" in argv) == (rank > 0)
         assert envs[rank]["VLLM_HOST_IP"] == f"10.9.0.{rank + 1}"
-        # vLLM's leftovers go to a directory of the job's own, marked for the cleanup
-        assert envs[rank]["TMPDIR"] == str(tmp_path / "tmp" / "hpcserve-job77" / f"worker-0.{rank}")
-        assert (tmp_path / "job" / "run" / "scratch" / f"worker-0.{rank}.n{rank}").exists()
+        # vLLM's leftovers go to a directory of the job's own, made new (0700) and recorded
+        # for the cleanup
+        tmp = Path(envs[rank]["TMPDIR"])
+        assert tmp.parent == tmp_path / "tmp" and \
+            tmp.name.startswith(f"hpcserve-job77-worker-0.{rank}.")
+        assert tmp.is_dir() and tmp.stat().st_mode & 0o777 == 0o700
+        rec = tmp_path / "job" / "run" / "scratch" / f"worker-0.{rank}.n{rank}"
+        assert rec.read_text() == f"{tmp}\n"
     assert "--enable-auto-tool-choice" in argvs[0] and _opt(argvs[0], "--tool-call-parser") == "kimi_k2"
 
 
