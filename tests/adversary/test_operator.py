@@ -12,11 +12,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from adversarykit import OTHER
 from hpcserve.devcluster.cluster import DevCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 HPCSERVE = ROOT / ".venv" / "bin" / "hpcserve"
-OTHER = "hpcserve-b"
 
 
 def test_another_users_job_is_refused_by_every_operator_command(dev_cluster: DevCluster,

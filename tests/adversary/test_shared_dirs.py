@@ -6,32 +6,9 @@ neither redirects that write nor stops it."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
-import pytest
-
+from adversarykit import OTHER, as_other, shared  # noqa: F401  (shared: a fixture)
 from hpcserve.runtime.file_sd import write_atomic
-
-OTHER = "hpcserve-b"
-
-
-@pytest.fixture
-def shared():
-    d = Path(tempfile.mkdtemp(prefix="hpcserve-sd-", dir="/tmp"))
-    os.chmod(d, 0o1777)
-    yield d
-    shutil.rmtree(d)
-
-
-def as_other(*argv: str) -> subprocess.CompletedProcess:
-    r = subprocess.run(["runuser", "-u", OTHER, "--", *argv], capture_output=True, text=True,
-                       timeout=30, cwd="/")
-    assert r.returncode == 0, (f"as {OTHER} (scripts/setup.sh makes it, as root)", argv, r)
-    return r
-
 
 def test_a_link_planted_at_the_temporary_name_neither_redirects_nor_stops_the_write(shared):
     """The name the file was once written through (.<name>.tmp, known to anyone) is a link of
