@@ -17,9 +17,12 @@ from jobkit import Job, Load, deployment, requests_in, until
 pytestmark = pytest.mark.slurm
 
 FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1, "hung_after": 1}
-# 8 tokens at 0.05 s: a request runs 0.4 s, so ten clients hold about ten running requests
+# 8 tokens at 0.2 s: a request runs 1.6 s, so ten clients hold ten running requests but for
+# the moments between one's answer and its next request. At 0.4 s a request, on a loaded 2-core
+# machine (CI, a vLLM start-up beside it), the clients' threads fell behind: one reading of
+# fewer than 5 running decided a remove while the load lasted.
 ENGINE = {"name": "sglang", "version": "0.5.23", "simulate": True,
-          "sim_decode_s_per_token": 0.05}
+          "sim_decode_s_per_token": 0.2}
 CLIENTS = 10
 # 10 running over 1 instance > 5: one slot added; over 2 (5 each, never above) no second one,
 # and one fewer (10) is not below 5: no remove. A renewal counted twice (capacity 3) would

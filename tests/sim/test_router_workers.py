@@ -15,6 +15,7 @@ import pytest
 
 from hpcserve import engines
 from hpcserve.runtime.workers import KINDS, RouterWorkers, WorkerApiError
+from hpcserve.words import show
 from simlib import (ROUTER_CMD, VLLM_ROUTER_CMD, free_port, http, wait_router_ready,
                     wait_status)
 
@@ -253,7 +254,9 @@ def started_empty(procs, engine: str, pd: bool):
     argv = router.argv(pd=pd, prefill=[], decode=[], workers=[], port=port,
                        prometheus_port=prom, policy="round_robin", args={}, start_timeout=60)
     cmd = ROUTER_CMD if engine == "sglang" else VLLM_ROUTER_CMD
-    r = procs.start(cmd + [str(a) for a in argv], f"{router.name}-empty")
+    # the router's node address, as run/endpoints.env gives it: here the loopback's
+    r = procs.start(cmd + [show(a, {"ROUTER_IP": "127.0.0.1"}) for a in argv],
+                    f"{router.name}-empty")
     url = f"http://127.0.0.1:{port}"
     wait_status(url + "/workers", proc=r, timeout=30)
     assert http("GET", url + "/readiness")[0] == 503
