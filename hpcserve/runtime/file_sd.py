@@ -12,10 +12,10 @@ in the same directory renamed over the file, so Prometheus never reads half a fi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
+
+from . import owned
 
 DEFAULT_PATH = "/metrics"   # Prometheus's metrics_path default: not repeated as a label
 
@@ -55,21 +55,9 @@ def _group(address: str, port: int, path: str, labels: dict) -> dict:
 
 
 def write_atomic(path: str, text: str) -> None:
-    """`text` as `path`, through a dot-file beside it (no *.json glob matches it) and one
-    rename; readable by the Prometheus server's user. The dot-file is new, of an unguessable
-    name (mkstemp): in a directory other users can write, a name known beforehand could be a
-    link they planted, which open and chmod would follow."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path),
-                               prefix="." + os.path.basename(path) + ".")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            os.fchmod(f.fileno(), 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """`text` as `path` in one rename, readable by the Prometheus server's user, never through
+    a name another user of the directory could have planted a link at (owned.write_atomic)."""
+    owned.write_atomic(path, text, mode=0o644)
 
 
 class FileSD:

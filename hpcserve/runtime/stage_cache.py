@@ -22,12 +22,12 @@ import fcntl
 import hashlib
 import json
 import os
-import pwd
 import shutil
-import stat
 import time
 
+from . import owned
 from .model_dir import TooManyFiles, model_files
+from .owned import foreign, fsync_dir
 
 MANIFEST = ".hpcserve-manifest.json"
 LOCK_WAIT_S = 600.0   # s another job's staging of the same model on a node is waited for
@@ -110,42 +110,10 @@ def check_listing(files: list, manifest: dict, where: str) -> None:
 
 
 def write_atomic(path: str, text: str) -> None:
-    """`text` at `path` in one rename, on disk before the rename and the rename too: a node
-    that crashes leaves the old file or the new one, never a marker without its bytes."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path))
-
-
-def fsync_dir(path: str) -> None:
-    """The directory's entries (files created, renamed into it) on disk."""
-    fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def foreign(path: str) -> str | None:
-    """Why `path` is not this user's alone (a link, another owner, writable by others), or
-    None where it is, or where nothing is there."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    if stat.S_ISLNK(st.st_mode):
-        return "a link"
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
-        try:
-            owner = pwd.getpwuid(st.st_uid).pw_name
-        except KeyError:
-            owner = f"uid {st.st_uid}"
-        return f"owner {owner}, mode {st.st_mode & 0o7777:o}"
-    return None
+    """A stage cache file (marker, user, manifest): never through a name known beforehand, on
+    disk before its rename and the rename too, so that a crash never leaves a marker without
+    the bytes it vouches for."""
+    owned.write_atomic(path, text, durable=True)
 
 
 def check_own(path: str) -> None:
@@ -204,12 +172,16 @@ class Cache:
             check()
             time.sleep(0.05)
 
+    def _check_own(self, name: str) -> None:
+        """The model's marker, copy and users: StageError unless each is this user's alone."""
+        for suffix in (".done", "", ".users"):
+            check_own(self.path(name, suffix))
+
     # -- the completion marker
     def warm(self, name: str, manifest: dict | None) -> bool:
         """A complete copy of this manifest's files is here (a marker, and the sizes agree).
         A marker or copy that is not this user's alone is refused (StageError), not trusted."""
-        for suffix in (".done", "", ".users"):
-            check_own(self.path(name, suffix))
+        self._check_own(name)
         try:
             with open(self.path(name, ".done")) as f:
                 done = json.load(f)
@@ -308,8 +280,7 @@ class Cache:
         complete."""
         if not plain_name(name):
             raise StageError(None, f"{name!r} is no model's name in the stage cache: not removed")
-        for suffix in ("", ".done", ".users"):
-            check_own(self.path(name, suffix))
+        self._check_own(name)
         for suffix in (".done", ".manifest.json"):
             try:
                 os.unlink(self.path(name, suffix))

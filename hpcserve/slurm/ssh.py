@@ -494,7 +494,7 @@ class SSHRunner(Runner):
             raise HpcserveError(f"refusing to upload into {remote_dir!r}{self._where}")
         with self._lock:
             try:
-                if self._lstat(sftp, rdir) is not None:
+                if self._stat(sftp, rdir, follow=False) is not None:
                     raise HpcserveError(f"{rdir}{self._where} exists: a job directory is made "
                                         "new, never one that was there; refusing to write "
                                         "into it")
@@ -516,17 +516,11 @@ class SSHRunner(Runner):
                 self._lost(e)
 
     @staticmethod
-    def _stat(sftp: Any, path: str) -> Any:
+    def _stat(sftp: Any, path: str, follow: bool = True) -> Any:
+        """What is at `path` (not following a link there, dangling or not, unless `follow`),
+        None where nothing is."""
         try:
-            return sftp.stat(path)
-        except FileNotFoundError:
-            return None
-
-    @staticmethod
-    def _lstat(sftp: Any, path: str) -> Any:
-        """The path itself (a link too, dangling or not), None where nothing is."""
-        try:
-            return sftp.lstat(path)
+            return sftp.stat(path) if follow else sftp.lstat(path)
         except FileNotFoundError:
             return None
 
