@@ -3,9 +3,11 @@
 Each engine adapter declares the variables its release reads (engines.base.CacheVar, verified in
 the release's source); the plan points each at
 
-    <cache_dir>/<model>/<engine>-<release>/<gpu type>/<cache name>
+    <cache_dir>/<user>/<model>/<engine>-<release>/<gpu type>/<cache name>
 
-so that the next job with the same model, engine release and GPU type finds what this one
+per user, because a cache holds code the engine loads and runs (compiled kernels, .so files):
+the launch script makes <cache_dir>/<user> 0700 and refuses one another user owns or may
+write (a planted cache would run that user's code as the deployer). Within it, so that the next job with the same model, engine release and GPU type finds what this one
 compiled, while another release or GPU never reads kernels built for something else. <model> is
 the model directory's name: two paths to the same weights share one cache, which is right for
 kernels (they depend on the shapes, not on the weights' values).
@@ -36,16 +38,22 @@ class CachePlan:
     probe: str     # warm when <the variable's value>/<probe> holds a file ("" = the directory)
 
 
+def user_root(cache_dir: str, user: str) -> str:
+    """<cache_dir>/<user>: the part of a site's cache directory that is this user's alone."""
+    return f"{cache_dir.rstrip('/')}/{slug(user)}"
+
+
 def slug(text: str) -> str:
     return _SLUG.sub("_", text).strip("_") or "_"
 
 
-def plan_caches(cache_dir: str | None, model_path: str, engine: str, adapter: Any, rel: Any,
-                gpu_type: str) -> tuple[CachePlan, ...]:
+def plan_caches(cache_dir: str | None, user: str, model_path: str, engine: str, adapter: Any,
+                rel: Any, gpu_type: str) -> tuple[CachePlan, ...]:
     """The caches of one deployment: none without a cache_dir."""
     if not cache_dir:
         return ()
     model = slug(model_path.rstrip("/").rsplit("/", 1)[-1])
-    base = f"{cache_dir.rstrip('/')}/{model}/{engine}-{rel.version}/{slug(gpu_type)}"
+    base = (f"{user_root(cache_dir, user)}/{model}/{engine}-{rel.version}/"
+            f"{slug(gpu_type)}")
     return tuple(CachePlan(c.name, c.var, f"{base}/{c.name}", c.probe)
                  for c in adapter.cache_vars(rel))

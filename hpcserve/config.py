@@ -159,8 +159,9 @@ class Paths:
         "use are removed to keep to it; required with stage_dir", ge=0.001))
     cache_dir: str | None = field(default=None, metadata=doc(
         "where the engines' compile and JIT caches (Triton, torch.compile, DeepGEMM, FlashInfer) "
-        "outlive the job, one directory per model, engine release and GPU type; null: none is "
-        "kept (each engine uses its own default under $HOME)",
+        "outlive the job: <cache_dir>/<user>/ (0700, refused if another user owns it), one "
+        "directory per model, engine release and GPU type; null: none is kept (each engine "
+        "uses its own default under $HOME)",
         pattern=r"/[^,:\s%\\]*",
         pattern_help="an absolute path without commas, colons, whitespace, % or \\ (it is "
                      "mounted into containers)"))
@@ -744,6 +745,9 @@ class Resolved:
     positions: Positions = field(compare=False, repr=False)
     # The deployment as submitted, as one document that load() rebuilds it from (source_text).
     source: dict = field(default_factory=dict, compare=False, repr=False)
+    # The cluster user the jobs run as ("": this machine's user): the per-user caches' owner.
+    # `hpcserve submit` over SSH sets it from the remote side (ops.whoami).
+    user: str = field(default="", compare=False, repr=False)
 
 
 # The job directory keeps the deployment it was rendered from (render.py: deployment.yaml), so

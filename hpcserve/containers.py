@@ -45,6 +45,7 @@ import re
 from typing import TYPE_CHECKING
 
 from . import package_data
+from .compile_caches import slug
 from .errors import ConfigError
 from .templates import jinja
 from .words import Word
@@ -144,14 +145,17 @@ def enroot_image(plan: "Plan", job_dir: str) -> tuple[str | None, str]:
     if image.startswith(("/", "./", "../")):
         return None, image
     uri = image if _URI_SCHEME.match(image) else f"docker://{image}"
-    return uri, _cached(job_dir, uri, ".sqsh")
+    return uri, _cached(plan, job_dir, uri, ".sqsh")
 
 
-def _cached(job_dir: str, uri: str, suffix: str) -> str:
-    """The image cache's file for `uri`: beside the job directories, shared by every job there."""
+def _cached(plan: "Plan", job_dir: str, uri: str, suffix: str) -> str:
+    """The image cache's file for `uri`: beside the job directories, in the user's own part of
+    it (<jobs_dir>/.hpcserve-images/<user>/). An image is code the deployment runs as its user:
+    the helpers (enroot-import.sh, apptainer-build.sh) make that directory 0700 and refuse one
+    another user owns or may write, so nobody else's file is ever taken for the image."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "+", uri.split("://", 1)[-1]).strip("+")
     cache = os.path.join(os.path.dirname(job_dir.rstrip("/")) or "/", IMAGE_CACHE)
-    return f"{cache}/{stem}{suffix}"
+    return f"{cache}/{slug(plan.user)}/{stem}{suffix}"
 
 
 def apptainer_image(plan: "Plan", job_dir: str) -> tuple[str | None, str]:
@@ -168,7 +172,7 @@ def apptainer_image(plan: "Plan", job_dir: str) -> tuple[str | None, str]:
     uri = image if _URI_SCHEME.match(image) else "docker://" + image.replace("#", "/", 1)
     if not uri.startswith(APPTAINER_BUILDS):
         return None, uri
-    return uri, _cached(job_dir, uri, ".sif")
+    return uri, _cached(plan, job_dir, uri, ".sif")
 
 
 def image_import(plan: "Plan", job_dir: str) -> dict | None:

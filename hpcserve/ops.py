@@ -56,7 +56,7 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
            stage_only: bool = False) -> Submitted | str:
     from . import config, plan as planner
     from .render import write_job
-    cfg = config.load(file, sets)
+    cfg = with_user(config.load(file, sets), runner, remote)
     if stage_only:
         cfg = planner.with_stage(cfg)
 
@@ -718,6 +718,13 @@ def cancel(entry: deployments.Entry, runner, *, wait: bool, echo: Callable[[str]
 def whoami(runner) -> str:
     """The user the runner's commands run as (here, or at the SSH target)."""
     return runner.run(["id", "-un"]).out.strip()
+
+
+def with_user(cfg, runner, remote: str | None):
+    """`cfg` for the user its jobs run as: over SSH the remote account (its per-user caches'
+    owner), which may be named otherwise than this machine's user (the plan's default)."""
+    from .records import replace
+    return cfg if remote is None else replace(cfg, user=whoami(runner))
 
 
 def resolve(job: str, remote: str | None, runner) -> deployments.Entry:

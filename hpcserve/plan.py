@@ -9,6 +9,7 @@ the engine (its parallel layout, ports, argv, environment, router) comes from it
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import posixpath
 import re
@@ -168,6 +169,7 @@ class Plan:
     file_sd_dir: str | None = None  # site.metrics.file_sd_dir: Prometheus file SD while serving
     stage: dict | None = None  # plan.json's stage block (model.stage), None when off
     caches: tuple = ()              # compile_caches.CachePlan: compile caches kept between jobs
+    user: str = ""                  # the cluster user: <cache>/<user>/ of the per-user caches
     cache_dir: str | None = None    # site.paths.cache_dir (mounted into containers)
     cache_storage: str = "shared"   # site.paths.cache_storage: node-local or shared
     sim: dict = field(default_factory=dict)
@@ -427,8 +429,8 @@ def _start(cfg: Resolved) -> _Draft:
                net=Net(ib_word=ib_word, has_ib=bool(ib),
                        iface=((Var("NODE_IFACE"),) if site.network.interface == "auto"
                               else site.network.interface)))
-    d.caches = plan_caches(site.paths.cache_dir, dep.model.path, adapter.name, adapter, rel,
-                           site.node.gpu_type)
+    d.caches = plan_caches(site.paths.cache_dir, user_of(cfg), dep.model.path, adapter.name,
+                           adapter, rel, site.node.gpu_type)
     if rel.note:
         d.warnings.append(rel.note)
     if not dep.engine.version:
@@ -786,6 +788,7 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
         benchmark=_benchmark(d, router),
         file_sd_dir=site.metrics.file_sd_dir, stage=_stage(cfg),
         caches=d.caches, cache_dir=site.paths.cache_dir if d.caches else None,
+        user=user_of(cfg),
         cache_storage=site.paths.cache_storage,
         sim={"startup_delay": dep.engine.sim_startup_delay,
              "prefill_s_per_token": dep.engine.sim_prefill_s_per_token,
@@ -793,6 +796,11 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
         startup_lines=tuple(a.startup_lines(d.rel).items()),
         source=cfg.source,
         warnings=tuple(d.warnings), notes=tuple(d.notes))
+
+
+def user_of(cfg: Resolved) -> str:
+    """The user the deployment's jobs run as: the one its per-user caches belong to."""
+    return cfg.user or getpass.getuser()
 
 
 def staged_name(model_path: str) -> str:

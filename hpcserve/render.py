@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 
 from . import __version__, engines, package_data
-from .compile_caches import CACHE_REPORTS
+from .compile_caches import CACHE_REPORTS, user_root
 from .containers import container_files, wrap_task
 from .engines.bench_clients import CLIENTS, BenchClient
 from .errors import HpcserveError
@@ -211,6 +211,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
             inst=inst, title=_title(plan, inst), job_dir=jd, scratch=plan.scratch,
             in_container=plan.container.runtime != "none",
             caches=plan.caches, cache_storage=plan.cache_storage, cache_reports=CACHE_REPORTS,
+            cache_root=plan.caches and user_root(plan.cache_dir, plan.user),
             env=[(k, quote(v)) for k, v in envs],
             rank_args=[" ".join(quote(w) for w in r) for r in inst.rank_argv],
             own_ports=_port_list(inst.port, *(p for _, p in inst.ports)),

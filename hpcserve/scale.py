@@ -157,7 +157,7 @@ def source_config(f: Front, runner, sets: tuple[str, ...] = ()):
     with tempfile.TemporaryDirectory(prefix="hpcserve-scale-") as tmp:
         local = Path(tmp) / config.SOURCE_FILE
         local.write_text(text, encoding="utf-8")
-        return config.load(local, sets)
+        return ops.with_user(config.load(local, sets), runner, f.entry.remote)
 
 
 def next_seq(runner, front_dir: str, role: str) -> int:

@@ -8,7 +8,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcserve import config, plan, render
+from hpcserve import config, plan, records, render
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKES = ROOT / "tests" / "fakes"
@@ -42,8 +42,11 @@ GOLDEN = {
 DEMO_SETS = ["roles.prefill.nodes=1"]
 
 
+USER = "alice"   # the cluster user: the per-user image cache's name in the goldens
+
+
 def plan_for(sets: list[str]):
-    return plan.build(config.load(DEMO, [*DEMO_SETS, *sets]))
+    return plan.build(records.replace(config.load(DEMO, [*DEMO_SETS, *sets]), user=USER))
 
 
 @dataclass

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ctkit import ROOT, Fakes, plan_for
+from ctkit import ROOT, USER, Fakes, plan_for
 from hpcserve import render
 from hpcserve.runtime import job as jobmod
 
@@ -133,7 +133,7 @@ def test_each_job_builds_once_a_later_job_reuses_and_two_at_once_build_once(tmp_
     first = _job(jobs, "first")
     imp = first.plan["container"]["import"]
     sif = Path(imp["sif"])
-    assert sif.parent == jobs / ".hpcserve-images" and imp["uri"] == URI
+    assert sif.parent == jobs / ".hpcserve-images" / USER and imp["uri"] == URI
     # the tasks exec that file, not the registry
     task = (jobs / "first" / "launch" / "container-task.sh").read_text()
     assert f"  {sif} \\\n" in task and URI not in task.split("exec apptainer")[1]

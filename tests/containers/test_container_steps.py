@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ctkit import LOW_MEMLOCK, NODES, Fakes, write_job, write_sif
+from ctkit import LOW_MEMLOCK, NODES, USER, Fakes, write_job, write_sif
 
 IMAGE_ENV = {"NCCL_SOCKET_IFNAME": "docker0", "NCCL_DEBUG": "WARN",
              "HPCSERVE_TEST_FROM_HOST": "image"}
@@ -249,7 +249,7 @@ def test_enroot_failed_node_kills_the_other_and_cleanup_removes_its_container(
 
 def test_enroot_image_uri_is_imported_once(tmp_path: Path, fakes: Fakes, sqsh: Path) -> None:
     job = enroot_job(tmp_path, "lmsysorg/sglang:v0.5.23")
-    cache = tmp_path / ".hpcserve-images" / "lmsysorg+sglang+v0.5.23.sqsh"
+    cache = tmp_path / ".hpcserve-images" / USER / "lmsysorg+sglang+v0.5.23.sqsh"
     env = {"HPCSERVE_FAKE_ENROOT_IMPORT_SECONDS": "0.5"}
     r = run_step(fakes, job, "decode-0", env)  # two tasks race to import
     assert r.returncode == 0, r.stderr

@@ -39,7 +39,7 @@ def test_pyxis_flags_and_prefix() -> None:
     flags, prefix = containers.wrap_task(p, JD, "decode-0")
     assert flags == [
         # the squashfs the job imports once (next to the jobs folder), not the registry URI
-        "--container-image=/shared/jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sqsh",
+        "--container-image=/shared/jobs/.hpcserve-images/alice/lmsysorg+sglang+v0.5.23.sqsh",
         "--container-mounts=/lustre:/lustre,/scratch:/scratch:rw,"
         f"{JD}:{JD},/models/Kimi-K2-Instruct:/models/Kimi-K2-Instruct:ro",
         "--container-workdir=/lustre/work",
@@ -92,11 +92,11 @@ def test_enroot_image_path_or_cached_import() -> None:
         None, "/img/s.sqsh")
     assert containers.enroot_image(plan("enroot"), JD) == (
         "docker://lmsysorg/sglang:v0.5.23",
-        "/shared/jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sqsh")
+        "/shared/jobs/.hpcserve-images/alice/lmsysorg+sglang+v0.5.23.sqsh")
     assert containers.enroot_image(
         plan("enroot", "site.container.image=docker://nvcr.io#nvidia/pytorch:24.01-py3"), JD) == (
         "docker://nvcr.io#nvidia/pytorch:24.01-py3",
-        "/shared/jobs/.hpcserve-images/nvcr.io+nvidia+pytorch+24.01-py3.sqsh")
+        "/shared/jobs/.hpcserve-images/alice/nvcr.io+nvidia+pytorch+24.01-py3.sqsh")
     assert containers.enroot_image(
         plan("enroot", "site.container.image=registry:5000#team/sglang:1"), JD)[0] == (
         "docker://registry:5000#team/sglang:1")
@@ -117,7 +117,7 @@ def test_apptainer_image(image: str, want: str) -> None:
     uri, run = containers.apptainer_image(plan("apptainer", f"site.container.image={image}"), JD)
     if want.startswith(("docker://", "oras://")):
         stem = want.split("://", 1)[1].replace("/", "+").replace(":", "+")
-        assert (uri, run) == (want, f"{Path(JD).parent}/.hpcserve-images/{stem}.sif")
+        assert (uri, run) == (want, f"{Path(JD).parent}/.hpcserve-images/alice/{stem}.sif")
     else:
         assert (uri, run) == (None, want)
 
@@ -134,7 +134,7 @@ def test_pyxis_starts_from_the_job_imported_squashfs_or_the_sites_own() -> None:
     spec = json.loads(containers_spec(plan("pyxis")))
     assert spec["container"]["import"] == {
         "uri": "docker://lmsysorg/sglang:v0.5.23",
-        "sqsh": "/shared/jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sqsh",
+        "sqsh": "/shared/jobs/.hpcserve-images/alice/lmsysorg+sglang+v0.5.23.sqsh",
         "helper": f"{JD}/{containers.IMPORT_HELPER}"}
     assert containers.IMPORT_HELPER in containers.container_files(plan("pyxis"), JD)
     # a site's prebuilt squashfs: used as it is, nothing imported

@@ -18,6 +18,9 @@ COPIED = {**RUNTIME,
           "hpcserve_enroot_import.sh": ROOT / "containers" / "enroot-import.sh"}
 
 
+GOLDEN_USER = "alice"   # the user the golden job directories are rendered for
+
+
 def copied(rel: str) -> str | None:
     """The COPIED name of a job-directory path, in the job's own directory or in an autoscale
     slot's under scale/<slot>/ (rendered with the front, its own runtime copy); else None."""
@@ -34,6 +37,8 @@ def job_dir_for(stem: str) -> str:
 
 
 def render_example(example: Path) -> dict[str, tuple[str, int]]:
-    from hpcserve import config, plan
+    from hpcserve import config, plan, records
     from hpcserve.render import render_files
-    return render_files(plan.build(config.load(example)), job_dir_for(example.stem))
+    # the cluster user fixed, so that the per-user cache paths read the same for whoever runs this
+    cfg = records.replace(config.load(example), user=GOLDEN_USER)
+    return render_files(plan.build(cfg), job_dir_for(example.stem))

@@ -6,6 +6,7 @@ and `--remove 1` drains it under load (one front for both: a real vLLM start cos
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
@@ -175,8 +176,11 @@ def test_a_killed_vllm_instance_is_replaced_and_an_added_one_serves_then_drains(
 
 def _check_caches(job_dir: Path, st: dict, node: str, cache: Path, new_log: Path) -> None:
     """vLLM's compile cache: cold at the deployment's start (both instances), warm at worker-1's
-    restart on `node`, in state.json and in the engine's log; vLLM itself wrote it there."""
-    root = next(cache.glob("tiny-llama/vllm-0.32.0/*/vllm"))
+    restart on `node`, in state.json and in the engine's log; vLLM itself wrote it there, in
+    this user's own part of the cache directory (0700)."""
+    mine = cache / getpass.getuser()
+    assert mine.stat().st_mode & 0o777 == 0o700 and mine.stat().st_uid == os.getuid()
+    root = next(mine.glob("tiny-llama/vllm-0.32.0/*/vllm"))
     assert st["caches"]["storage"] == "shared" and st["caches"]["dir"] == str(cache), st
     for name in ("worker-0", "worker-1"):
         (first,) = st["caches"]["instances"][name].values()

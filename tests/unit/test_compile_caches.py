@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcserve import config, plan, render
+from hpcserve import config, plan, records, render
 from hpcserve.errors import ConfigError
 from hpcserve.runtime import caches
 
@@ -33,9 +33,11 @@ def _deployment(tmp_path: Path, cache_dir, engine=("vllm", "0.32.0"), env=None) 
     return write_yaml(tmp_path / "d.yaml", doc)
 
 
-def test_each_cache_variable_is_keyed_by_model_release_and_gpu(tmp_path):
-    p = plan.build(config.load(_deployment(tmp_path, str(tmp_path / "c"))))
-    base = f"{tmp_path}/c/tiny-llama/vllm-0.32.0/H100_SXM"
+def test_each_cache_variable_is_keyed_by_user_model_release_and_gpu(tmp_path):
+    cfg = records.replace(config.load(_deployment(tmp_path, str(tmp_path / "c"))), user="alice")
+    p = plan.build(cfg)
+    # the user's own part of the site's cache directory: kernels are code the engine runs
+    base = f"{tmp_path}/c/alice/tiny-llama/vllm-0.32.0/H100_SXM"
     env = dict(p.instances[0].env)
     assert {c.var: env[c.var] for c in p.caches} == {
         "VLLM_CACHE_ROOT": f"{base}/vllm", "TRITON_CACHE_DIR": f"{base}/triton",
@@ -120,3 +122,46 @@ def test_status_says_how_many_caches_were_warm_and_where_they_live():
     assert caches_line(v) == "  compile caches (node-local /raid/hpcserve-cache): 3 of 4 warm"
     assert caches_line(v) in status_table([v], instances=True).splitlines()
     assert caches_line(v) not in status_table([v])     # the one-line-per-job table stays so
+
+
+def _job_with_caches(tmp_path: Path, cache: Path) -> Path:
+    job = tmp_path / "job"
+    cfg = records.replace(config.load(_deployment(tmp_path, str(cache))), user="alice")
+    render.write_job(render.render_files(plan.build(cfg), str(job)), job)
+    (job / "run").mkdir(exist_ok=True)
+    (job / "run" / "worker-0.nodes").write_text("0 n1 127.0.0.1 lo -\n")
+    return job
+
+
+def test_the_users_cache_directory_is_made_private_under_a_shared_parent(tmp_path):
+    """The site's cache_dir made like /tmp (anyone adds a directory, none removes another's),
+    the user's own part of it 0700: what one user compiles no other user can plant or read."""
+    cache = tmp_path / "site" / "cache"
+    job = _job_with_caches(tmp_path, cache)
+    r = _start(job, "n1")
+    assert r.returncode == 0, r.stderr
+    assert (cache.stat().st_mode & 0o7777, (cache / "alice").stat().st_mode & 0o7777) == (
+        0o1777, 0o700)
+    assert caches.read(str(job), "worker-0")["n1"]["vllm"] == "cold"
+
+
+@pytest.mark.parametrize("plant", ["link", "group-writable", "file"])
+def test_a_cache_directory_that_is_not_the_users_alone_is_refused_before_the_engine(
+        tmp_path, plant):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    mine = cache / "alice"
+    if plant == "link":        # a link to a directory: its target is whoever's it points to
+        (tmp_path / "elsewhere").mkdir()
+        mine.symlink_to(tmp_path / "elsewhere")
+    elif plant == "group-writable":
+        mine.mkdir()
+        mine.chmod(0o770)
+    else:
+        mine.write_text("")
+    job = _job_with_caches(tmp_path, cache)
+    r = _start(job, "n1")
+    log = (job / "logs" / "worker-0.node0.n1.log").read_text()
+    assert r.returncode == 3, (r.stdout, r.stderr, log)
+    assert f"hpcserve: compile cache {mine} refused (owner root," in log, log
+    assert not (job / "run" / "caches").exists()  # it stopped before any cache or engine

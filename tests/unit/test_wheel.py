@@ -28,8 +28,10 @@ def test_the_installed_wheel_renders_every_example_as_its_golden(installed, tmp_
     # from a directory that is not the checkout, with the example copied there (and its site
     # taken from the package, not from a site_configs/ beside the file)
     (tmp_path / "d.yaml").write_text((ROOT / "examples" / f"{stem}.yaml").read_text())
+    # as the user the goldens are rendered for (their per-user caches: getpass reads LOGNAME)
     r = subprocess.run([str(installed), "render", "d.yaml", "--out", str(out)], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "LOGNAME": "alice"})
     assert r.returncode == 0, r.stderr
     gold = GOLDEN / stem
     assert gold.is_dir(), f"every example has a golden job directory: {stem}"

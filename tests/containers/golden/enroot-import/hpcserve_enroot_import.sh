@@ -48,6 +48,29 @@ for cmd in enroot flock unsquashfs; do
   command -v "$cmd" >/dev/null || { say "$cmd is not installed"; exit 2; }
 done
 
+# The image is code the deployment runs as its user: TARGET's directory must be that user's
+# own. Where it is missing it is made 0700 (and its parent, the cache shared by every user of
+# the jobs folder, like /tmp: anyone may add a directory, nobody remove another's); one that
+# another user owns, a link, or one others may write is refused, naming its owner, so that
+# nobody else's file is ever taken for the image (nor their lock stalls the job).
+own_dir() {
+  local d=$1
+  if [ ! -e "$d" ] && [ ! -L "$d" ]; then
+    [ -d "${d%/*}" ] || { mkdir -p -- "$(dirname -- "${d%/*}")" &&
+                          mkdir -m 1777 -- "${d%/*}"; } 2>/dev/null || :
+    mkdir -m 700 -- "$d" 2>/dev/null || :
+  fi
+  if [ -L "$d" ] || [ ! -d "$d" ] || [ ! -O "$d" ] ||
+     [ $(( 0$(stat -c %a -- "$d") & 022 )) != 0 ]; then
+    say "refusing $d for images (owner $(stat -c %U -- "$d" 2>&1), mode" \
+        "$(stat -c %a -- "$d" 2>&1)): it must be a directory of yours, not a link, that no" \
+        "one else may write"
+    exit 2
+  fi
+}
+umask 077
+own_dir "$(dirname -- "$target")"
+
 valid() { [ -f "$1" ] && unsquashfs -l "$1" >/dev/null 2>&1; }
 
 if valid "$target"; then
@@ -55,9 +78,9 @@ if valid "$target"; then
   exit 0
 fi
 
-mkdir -p -- "$(dirname -- "$target")"
 # The lock file is never deleted: removing it while another process waits on it would let a third
-# one lock a new file of the same name.
+# one lock a new file of the same name. It lies in the user's own directory: only this user's
+# jobs ever wait on it.
 exec {lock}>>"$target.lock"
 wait_s=${HPCSERVE_IMPORT_LOCK_TIMEOUT:-7200}
 say "waiting for the lock on $target.lock (up to ${wait_s}s)"

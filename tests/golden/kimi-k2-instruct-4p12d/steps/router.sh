@@ -11,7 +11,7 @@ exec srun \
   --overlap \
   --job-name=router \
   --kill-on-bad-exit=1 \
-  --container-image=/jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sqsh \
+  --container-image=/jobs/.hpcserve-images/alice/lmsysorg+sglang+v0.5.23.sqsh \
   --container-mounts=/lustre:/lustre,/jobs/kimi-k2-instruct-4p12d:/jobs/kimi-k2-instruct-4p12d,/raid/hpcserve-cache:/raid/hpcserve-cache \
   --container-workdir=/jobs/kimi-k2-instruct-4p12d \
   --no-container-mount-home \

@@ -10,7 +10,7 @@ exec srun \
   --overlap \
   --job-name=router \
   --kill-on-bad-exit=1 \
-  --container-image=/jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sqsh \
+  --container-image=/jobs/.hpcserve-images/alice/lmsysorg+sglang+v0.5.23.sqsh \
   --container-mounts=/lustre:/lustre,/jobs/kimi-k2-instruct-tp16:/jobs/kimi-k2-instruct-tp16,/raid/hpcserve-cache:/raid/hpcserve-cache \
   --container-workdir=/jobs/kimi-k2-instruct-tp16 \
   --no-container-mount-home \

@@ -10,7 +10,7 @@ exec srun \
   --overlap \
   --job-name=worker-1"${HPCSERVE_ATTEMPT_TAG:-}" \
   --kill-on-bad-exit=1 \
-  --container-image=/jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sqsh \
+  --container-image=/jobs/.hpcserve-images/alice/lmsysorg+sglang+v0.5.23.sqsh \
   --container-mounts=/lustre:/lustre,/jobs/kimi-k2-thinking:/jobs/kimi-k2-thinking,/raid/hpcserve-cache:/raid/hpcserve-cache \
   --container-workdir=/jobs/kimi-k2-thinking \
   --no-container-mount-home \

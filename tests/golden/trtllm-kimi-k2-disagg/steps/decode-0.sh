@@ -13,7 +13,7 @@ exec srun \
   --wait=5 \
   --job-name=decode-0"${HPCSERVE_ATTEMPT_TAG:-}" \
   --kill-on-bad-exit=1 \
-  --container-image=/jobs/.hpcserve-images/nvcr.io+nvidia+tensorrt-llm+release+1.3.0rc3.sqsh \
+  --container-image=/jobs/.hpcserve-images/alice/nvcr.io+nvidia+tensorrt-llm+release+1.3.0rc3.sqsh \
   --container-mounts=/lustre:/lustre,/jobs/trtllm-kimi-k2-disagg:/jobs/trtllm-kimi-k2-disagg \
   --container-workdir=/jobs/trtllm-kimi-k2-disagg \
   --no-container-mount-home \

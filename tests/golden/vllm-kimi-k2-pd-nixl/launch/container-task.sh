@@ -2,7 +2,7 @@
 # The task of every engine and router step: `container-task.sh TASK COMMAND...`, where TASK is the
 # instance name (or "router") and COMMAND runs its launch script.
 # Runs inside the container pyxis made for this task from the step's --container-* flags, from
-#   /jobs/.hpcserve-images/vllm+vllm-openai+v0.33.0.sqsh
+#   /jobs/.hpcserve-images/alice/vllm+vllm-openai+v0.33.0.sqsh
 # (hpcserve_runtime imported a registry image there once for every node); pyxis removes the
 # container after the task, as it is unnamed.
 set -uo pipefail

@@ -36,10 +36,10 @@ export NCCL_SOCKET_IFNAME=ib0
 export NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7
 export UCX_NET_DEVICES=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1
 export VLLM_NIXL_SIDE_CHANNEL_PORT=5600
-export VLLM_CACHE_ROOT=/raid/hpcserve-cache/Kimi-K2-Instruct/vllm-0.33.0/H200/vllm
-export TRITON_CACHE_DIR=/raid/hpcserve-cache/Kimi-K2-Instruct/vllm-0.33.0/H200/triton
-export DG_JIT_CACHE_DIR=/raid/hpcserve-cache/Kimi-K2-Instruct/vllm-0.33.0/H200/deep_gemm
-export VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=/raid/hpcserve-cache/Kimi-K2-Instruct/vllm-0.33.0/H200/flashinfer_autotune
+export VLLM_CACHE_ROOT=/raid/hpcserve-cache/alice/Kimi-K2-Instruct/vllm-0.33.0/H200/vllm
+export TRITON_CACHE_DIR=/raid/hpcserve-cache/alice/Kimi-K2-Instruct/vllm-0.33.0/H200/triton
+export DG_JIT_CACHE_DIR=/raid/hpcserve-cache/alice/Kimi-K2-Instruct/vllm-0.33.0/H200/deep_gemm
+export VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=/raid/hpcserve-cache/alice/Kimi-K2-Instruct/vllm-0.33.0/H200/flashinfer_autotune
 export NCCL_IB_GID_INDEX=3
 export NCCL_CROSS_NIC=0
 export UCX_TLS=rc,ud,sm,cuda_copy,cuda_ipc,gdr_copy,tcp
@@ -50,6 +50,24 @@ export VLLM_NIXL_SIDE_CHANNEL_HOST="${NODE_IP}"
 # warm when the directory its variable names (its probe part, where only compiled artifacts go)
 # holds a file as the engine starts. Said in this log and in run/caches/, which hpcserve_runtime
 # puts in state.json.
+#
+# The caches hold code the engine runs (compiled kernels): only this user's own directory,
+# <cache_dir>/<user>, is used. <cache_dir> is made like /tmp (anyone may add a directory, none
+# may remove another's), <user> 0700; one another user owns, a link, or one others may write
+# is refused, naming its owner, before the engine starts.
+cache_root=/raid/hpcserve-cache/alice
+if [ ! -e "$cache_root" ] && [ ! -L "$cache_root" ]; then
+  [ -d "${cache_root%/*}" ] ||
+    { mkdir -p -- "${cache_root%/*/*}" && mkdir -m 1777 -- "${cache_root%/*}"; } 2>/dev/null || :
+  mkdir -m 700 -- "$cache_root" 2>/dev/null || :
+fi
+if [ -L "$cache_root" ] || [ ! -d "$cache_root" ] || [ ! -O "$cache_root" ] ||
+   [ $(( 0$(stat -c %a -- "$cache_root") & 022 )) != 0 ]; then
+  echo "hpcserve: compile cache $cache_root refused (owner $(stat -c %U -- "$cache_root" 2>&1)," \
+       "mode $(stat -c %a -- "$cache_root" 2>&1)): it must be a directory of yours, not a" \
+       "link, that no one else may write (site.paths.cache_dir)" >&2
+  exit 3
+fi
 cache_state() {  # NAME VAR DIR [PROBE]
   local state=cold
   if [ -n "$(find "$3${4:+/$4}" -type f -print -quit 2>/dev/null)" ]; then state=warm; fi

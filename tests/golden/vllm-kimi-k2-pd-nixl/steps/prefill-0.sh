@@ -12,7 +12,7 @@ exec srun \
   --wait=5 \
   --job-name=prefill-0"${HPCSERVE_ATTEMPT_TAG:-}" \
   --kill-on-bad-exit=1 \
-  --container-image=/jobs/.hpcserve-images/vllm+vllm-openai+v0.33.0.sqsh \
+  --container-image=/jobs/.hpcserve-images/alice/vllm+vllm-openai+v0.33.0.sqsh \
   --container-mounts=/lustre:/lustre,/jobs/vllm-kimi-k2-pd-nixl:/jobs/vllm-kimi-k2-pd-nixl,/raid/hpcserve-cache:/raid/hpcserve-cache \
   --container-workdir=/jobs/vllm-kimi-k2-pd-nixl \
   --no-container-mount-home \

@@ -10,7 +10,7 @@ exec srun \
   --overlap \
   --job-name=router \
   --kill-on-bad-exit=1 \
-  --container-image=/jobs/.hpcserve-images/vllm+vllm-openai+v0.33.0.sqsh \
+  --container-image=/jobs/.hpcserve-images/alice/vllm+vllm-openai+v0.33.0.sqsh \
   --container-mounts=/lustre:/lustre,/jobs/vllm-kimi-k2-tp8pp2-dcp8:/jobs/vllm-kimi-k2-tp8pp2-dcp8,/raid/hpcserve-cache:/raid/hpcserve-cache \
   --container-workdir=/jobs/vllm-kimi-k2-tp8pp2-dcp8 \
   --no-container-mount-home \

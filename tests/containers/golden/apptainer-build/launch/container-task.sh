@@ -1,7 +1,7 @@
 #!/bin/bash
 # The task of every engine and router step: `container-task.sh TASK COMMAND...`, where TASK is the
 # instance name (or "router") and COMMAND runs its launch script.
-# Runs on the host and execs COMMAND in `apptainer exec` of /shared/hpcserve-jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sif.
+# Runs on the host and execs COMMAND in `apptainer exec` of /shared/hpcserve-jobs/.hpcserve-images/alice/lmsysorg+sglang+v0.5.23.sif.
 # (hpcserve_runtime built it from docker://lmsysorg/sglang:v0.5.23 once for every node, before any step.)
 set -uo pipefail
 task=${1:?usage: container-task.sh TASK COMMAND...}
@@ -23,5 +23,5 @@ exec apptainer exec --nv \
   --bind /shared/hpcserve-jobs/demo-golden:/shared/hpcserve-jobs/demo-golden \
   --bind /models/Kimi-K2-Instruct:/models/Kimi-K2-Instruct:ro \
   --pwd /shared/hpcserve-jobs/demo-golden \
-  /shared/hpcserve-jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sif \
+  /shared/hpcserve-jobs/.hpcserve-images/alice/lmsysorg+sglang+v0.5.23.sif \
   "$@"

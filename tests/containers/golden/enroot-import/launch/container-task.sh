@@ -2,7 +2,7 @@
 # The task of every engine and router step: `container-task.sh TASK COMMAND...`, where TASK is the
 # instance name (or "router") and COMMAND runs its launch script.
 # Runs on the host: creates one enroot container for this task from the image
-#   /shared/hpcserve-jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sqsh
+#   /shared/hpcserve-jobs/.hpcserve-images/alice/lmsysorg+sglang+v0.5.23.sqsh
 # starts COMMAND in it and removes the container when the task ends, also after TERM/INT/HUP
 # (the engine is stopped first). Only a SIGKILL of the task can leave it behind; then
 # `container-task.sh --cleanup`, run on that node, removes this job's leftovers there.
@@ -18,7 +18,7 @@ node=${SLURMD_NODENAME:-$(hostname)}
 # that is the same or lower, and `ulimit -l unlimited` fails wherever the hard limit is finite.
 ulimit -S -l "$(ulimit -H -l)" 2>/dev/null || true
 
-image=/shared/hpcserve-jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sqsh
+image=/shared/hpcserve-jobs/.hpcserve-images/alice/lmsysorg+sglang+v0.5.23.sqsh
 # One file per container this job made and has not removed yet, so that `container-task.sh
 # --cleanup` run on a node after the job's steps finds what a SIGKILL left behind (srun's
 # --kill-on-bad-exit SIGKILLs the other nodes' tasks of an instance whose engine failed).

@@ -12,7 +12,7 @@ exec srun \
   --wait=5 \
   --job-name=decode-0"${HPCSERVE_ATTEMPT_TAG:-}" \
   --kill-on-bad-exit=1 \
-  --container-image=/shared/hpcserve-jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sqsh \
+  --container-image=/shared/hpcserve-jobs/.hpcserve-images/alice/lmsysorg+sglang+v0.5.23.sqsh \
   --container-mounts=/lustre:/lustre,/shared/hpcserve-jobs/demo-golden:/shared/hpcserve-jobs/demo-golden,/models/Kimi-K2-Instruct:/models/Kimi-K2-Instruct:ro \
   --container-workdir=/shared/hpcserve-jobs/demo-golden \
   --no-container-mount-home \

@@ -11,7 +11,7 @@ exec srun \
   --overlap \
   --job-name=router \
   --kill-on-bad-exit=1 \
-  --container-image=/shared/hpcserve-jobs/.hpcserve-images/lmsysorg+sglang+v0.5.23.sqsh \
+  --container-image=/shared/hpcserve-jobs/.hpcserve-images/alice/lmsysorg+sglang+v0.5.23.sqsh \
   --container-mounts=/lustre:/lustre,/shared/hpcserve-jobs/demo-golden:/shared/hpcserve-jobs/demo-golden,/models/Kimi-K2-Instruct:/models/Kimi-K2-Instruct:ro \
   --container-workdir=/shared/hpcserve-jobs/demo-golden \
   --no-container-mount-home \
