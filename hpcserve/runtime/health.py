@@ -343,7 +343,8 @@ class Liveness:
     def watch(self, router_url: str | None, tick) -> None:
         """While serving: every round, all targets probed at once (each bounded by `timeout`),
         the engines' metrics read beside their health; Slurm asked about the nodes now and then;
-        drain requests taken between rounds; tick() called once a round (the benchmark's). One
+        drain requests taken between rounds; tick() called once a round (the benchmark's), and
+        the router's worker list set against the deployment's (reconcile.py). One
         instance that fails `failures` rounds in a row is recovery's (recovery.py); the router's
         failure, a signal or a lost router node end the deployment by raising Stop. `router_url` is the
         job's own router only: an instance job (attach) probes its engines, and the router it
@@ -354,6 +355,8 @@ class Liveness:
         while True:
             self._pause(lv["interval"])
             tick()
+            if router_url:  # the router this job runs: its workers as the deployment wants them
+                job.reconcile.round()
             for name, url, res in self._round(self.targets(router_url), lv["timeout"]):
                 self._judge(name, url, res, lv)
             job.state.record(job.log, health={
@@ -376,6 +379,7 @@ class Liveness:
                 job.drains.scan()
                 self._next_scan = now() + SCAN_S
             job.recovery.tick()
+            job.reconcile.poll()
             job.renewal.tick()
             job.drains.tick()
             job.autoscaler.tick()

@@ -28,6 +28,7 @@ from .file_sd import FileSD
 from .health import Liveness, Readiness
 from .instances import Instances
 from .logs import JobLog
+from .reconcile import Reconcile
 from .recovery import Recovery
 from .renew import Renewal
 from .requeue import Requeue
@@ -63,6 +64,7 @@ class Job:
         self.readiness = Readiness(self)
         self.liveness = Liveness(self)
         self.recovery = Recovery(self)
+        self.reconcile = Reconcile(self)
         self.drains = Drains(self)
         self.attach = Attach(self)
         self.autoscaler = Autoscaler(self)
