@@ -45,7 +45,7 @@ import re
 from typing import TYPE_CHECKING
 
 from . import package_data
-from .compile_caches import slug
+from .compile_caches import user_root
 from .errors import ConfigError
 from .templates import jinja
 from .words import Word
@@ -155,7 +155,7 @@ def _cached(plan: "Plan", job_dir: str, uri: str, suffix: str) -> str:
     another user owns or may write, so nobody else's file is ever taken for the image."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "+", uri.split("://", 1)[-1]).strip("+")
     cache = os.path.join(os.path.dirname(job_dir.rstrip("/")) or "/", IMAGE_CACHE)
-    return f"{cache}/{slug(plan.user)}/{stem}{suffix}"
+    return f"{user_root(cache, plan.user)}/{stem}{suffix}"
 
 
 def apptainer_image(plan: "Plan", job_dir: str) -> tuple[str | None, str]:

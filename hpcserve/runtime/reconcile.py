@@ -67,7 +67,9 @@ class Reconcile:
     def _compare(self, listed: set[str]) -> None:
         rec = self.job.recovery
         mine = {rec.worker_url(n): r for n, r in rec.recs.items()}
-        unknown = listed - set(mine) - self._instance_jobs()
+        unknown = listed - set(mine)
+        if unknown:  # scale/'s state files read only when a worker is not this job's own
+            unknown -= self._instance_jobs()
         # an instance of this job serving (since before the reading) and not listed is put back
         # at once: without it the router may answer nothing (a PD router with no decode)
         missing = {u for u, r in mine.items() if r.status == "serving" and not r.taken_out

@@ -37,7 +37,7 @@ def _as_other(node_ns: str, *argv: str, **kw) -> subprocess.Popen:
 
 def _ask_as_other(node_ns: str, method: str, url: str, body: dict | None = None) -> int:
     """One HTTP call made by OTHER: its status (0: nobody answered)."""
-    code = ("import json,sys,urllib.request as u\n"
+    code = ("import sys,urllib.request as u\n"
             "d=None if sys.argv[3]=='null' else sys.argv[3].encode()\n"
             "r=u.Request(sys.argv[2],d,{'Content-Type':'application/json'},method=sys.argv[1])\n"
             "o=u.build_opener(u.ProxyHandler({}))\n"
@@ -65,13 +65,14 @@ def _urls(router: str) -> list[str]:
 
 
 def test_a_worker_another_user_adds_is_removed_and_one_they_remove_is_put_back(
-        submit, dev_cluster, shared):
+        submit, dev_cluster, shared, tmp_path):
     job = submit(deployment(1, 1, name="t-reconcile",
                             liveness={"interval": 1, "timeout": 5, "failures": 5}))
     st = job.wait({"serving", "failed", "cancelled"}, 90)
     assert st["phase"] == "serving", job.logs()
     router = st["endpoint"]
-    node = next(n for n, a in dev_cluster.node_addresses().items() if a in router)
+    host = urllib.parse.urlsplit(router).hostname
+    node = next(n for n, a in dev_cluster.node_addresses().items() if a == host)
     ns, ip = dev_cluster.netns_names()[node], dev_cluster.node_addresses()[node]
     for f in SIM_FILES:
         shutil.copy(job.dir / f, shared / f)
@@ -81,12 +82,12 @@ def test_a_worker_another_user_adds_is_removed_and_one_they_remove_is_put_back(
                        "--model-path", "/models/Kimi-K2-Instruct", "--served-model-name",
                        "kimi-k2", "--host", ip, "--port", "31999",
                        "--disaggregation-mode", "decode",
-                       stdout=subprocess.DEVNULL, stderr=open(shared / "engine.log", "w"))
+                       stdout=subprocess.DEVNULL, stderr=open(tmp_path / "engine.log", "w"))
     log = job.dir / "logs" / "hpcserve-job.log"
     try:
         until("the other user's engine answering", lambda: _ask_as_other(
             ns, "GET", evil + "/health") == 200, 30, poll=0.5,
-            why=lambda: (shared / "engine.log").read_text()[-2000:])
+            why=lambda: (tmp_path / "engine.log").read_text()[-2000:])
         # their worker, added through the API: the router takes it (it answers its checks)...
         assert _ask_as_other(ns, "POST", router + "/workers",
                              {"url": evil, "worker_type": "decode"}) in (200, 202)
