@@ -51,6 +51,8 @@ class Renewal:
         self.withdrawn = False            # scaled in on request: no renewal any more
         if self.spec:
             signal.signal(getattr(signal, "SIG" + RENEW_SIGNAL), self._on_signal)
+            # one that came while job.sbatch ran, before this handler (job.sbatch.j2)
+            self.signalled = os.environ.get("HPCSERVE_RENEW_SIGNALLED") == "1"
 
     def _on_signal(self, _signum, _frame) -> None:
         self.signalled = True  # only recorded: tick() acts on it (see Supervisor.on_signal)

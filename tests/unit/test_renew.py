@@ -7,6 +7,8 @@ stand-in; the job directories are real renders."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 
 import jsonschema
 import pytest
@@ -134,3 +136,56 @@ def test_cancel_of_a_renewing_instance_job_named_stops_the_job_its_pair_runs_now
     cluster, a, b = renewed
     assert CliRunner().invoke(main, ["cancel", "77"]).exit_code == 0  # the index's, ended
     assert cluster.called("scancel") == [["scancel", "--batch", "--signal=USR1", "78"]]
+
+
+# What the runtime stub reports once job.sbatch execs it: the variable, and whether USR2 (signal
+# 12, bit 11 of /proc's SigIgn mask) is ignored in it.
+_RUNTIME_STUB = """#!/bin/bash
+if [ "$1" = -c ]; then kill -USR2 "$PPID"; exit 0; fi
+echo "signalled=${HPCSERVE_RENEW_SIGNALLED-unset}"
+echo "usr2_ignored=$(( (16#$(awk '/^SigIgn/ {print $2}' /proc/self/status) >> 11) & 1 ))"
+"""
+
+
+def test_slurms_warning_signal_as_the_batch_script_starts_is_kept_for_the_runtime(
+        renewing, tmp_path):
+    """Slurm may send --signal's USR2 up to 60 s early (sbatch(1)): with a short limit, as the
+    batch script starts, before the runtime's handler exists. Sent here while job.sbatch checks
+    its Python (the stub python3 signals its parent then), it must not end the script (USR2's
+    default action would), and the runtime must start with it recorded and USR2 ignored until
+    its own handler takes over."""
+    e, cluster, jd = renewing
+    assert CliRunner().invoke(main, ["scale", "42", "--role", "decode", "--add", "1"]
+                              ).exit_code == 0
+    a = jd / "scale" / "decode-1"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "python3"
+    stub.write_text(_RUNTIME_STUB)
+    stub.chmod(0o700)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    r = subprocess.run(["bash", str(a / "job.sbatch")], env=env, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, (r.returncode, r.stderr)  # -12: ended by the signal
+    assert r.stdout.split() == ["signalled=1", "usr2_ignored=1"], r.stdout
+    # without the signal: nothing recorded
+    stub.write_text(_RUNTIME_STUB.replace('kill -USR2 "$PPID"; ', ""))
+    r = subprocess.run(["bash", str(a / "job.sbatch")], env=env, capture_output=True, text=True,
+                       timeout=30)
+    assert r.stdout.split() == ["signalled=", "usr2_ignored=1"], (r.stdout, r.stderr)
+
+
+def test_the_runtime_takes_a_warning_signal_that_came_before_its_handler(monkeypatch):
+    """runtime/renew.py: HPCSERVE_RENEW_SIGNALLED=1 from job.sbatch counts as the signal."""
+    from hpcserve.runtime.renew import Renewal
+
+    class Job:
+        plan = {"renew": {"twin_dir": "/x", "margin_s": 40}, "signal_grace": 5}
+
+    old = signal.getsignal(signal.SIGUSR2)
+    try:
+        for value, signalled in (("1", True), ("", False)):
+            monkeypatch.setenv("HPCSERVE_RENEW_SIGNALLED", value)
+            assert Renewal(Job()).signalled is signalled
+    finally:
+        signal.signal(signal.SIGUSR2, old)
