@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import ipaddress
+import os
 import signal
 import subprocess
 import threading
@@ -158,3 +159,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) sums up
         config.pluginmanager.register(suiteplan.TierClock(), "hpcserve-tier-clock")
+    elif os.geteuid() == 0:  # a worker beside others: the lanes' CPU shares (tests/suiteplan.py)
+        config.pluginmanager.register(suiteplan.LanePriority(_daemon_pids), "hpcserve-lanes")
+
+
+def _daemon_pids() -> list[int]:
+    return [pid for c in _active_clusters for pid in c.live_daemon_pids()]

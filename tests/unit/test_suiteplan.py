@@ -101,3 +101,58 @@ def test_the_real_engine_lane_is_the_tests_marked_real_engine():
 
     assert suiteplan.group_of(item({"real_engine", "slurm"})) == suiteplan.REAL_ENGINE_GROUP
     assert suiteplan.group_of(item({"slurm"})) is None
+
+
+LANES_CONFTEST = CONFTEST + """
+    elif os.geteuid() == 0:
+        config.pluginmanager.register(suiteplan.LanePriority(lambda: DAEMONS), "lanes")
+
+import os, subprocess
+DAEMONS = []
+
+@pytest.fixture(scope="session")
+def daemon():
+    # a daemon this worker started before its lane was known, as a dev cluster's slurmd
+    p = subprocess.Popen(["sleep", "60"])
+    DAEMONS.append(p.pid)
+    yield p.pid
+    p.kill()
+    p.wait()
+"""
+
+NICE_TEST = """
+def {name}(daemon):
+    child = subprocess.run(["sh", "-c", "cut -d' ' -f19 /proc/$$/stat"], capture_output=True,
+                           text=True).stdout.split()[0]
+    daemon_nice = open(f"/proc/{{daemon}}/stat").read().rsplit(")", 1)[1].split()[16]
+    with open({out!r}, "a") as f:
+        f.write(json.dumps([{lane!r}, os.nice(0), int(child), int(daemon_nice)]) + "\\n")
+"""
+
+
+def test_the_waiting_lanes_yield_the_cpu_to_the_real_engines_lane(tmp_path):
+    """As root under xdist: a worker runs a real-engine test at nice 0 and any other at
+    WAITING_NICE, and so do the processes it starts then and the daemons it started before."""
+    import os
+    out = tmp_path / "nice.jsonl"
+    (tmp_path / "tests" / "real").mkdir(parents=True)
+    (tmp_path / "tests" / "jobs").mkdir()
+    conftest = LANES_CONFTEST.replace("import sys\n", "import os, sys\n", 1)
+    (tmp_path / "tests" / "conftest.py").write_text(conftest)
+    tests = {lane: "".join(NICE_TEST.format(name=f"test_{lane}{i}", out=str(out), lane=lane)
+                           for i in range(3)) for lane in ("real", "jobs")}
+    (tmp_path / "tests" / "real" / "test_lane.py").write_text(
+        "import json, os, subprocess, pytest\npytestmark = pytest.mark.real_engine\n"
+        + tests["real"])
+    (tmp_path / "tests" / "jobs" / "test_wait.py").write_text(
+        "import json, os, subprocess\n" + tests["jobs"])
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2",
+                        "--dist", "loadgroup", "--no-loadscope-reorder", "tests"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ran = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert len(ran) == 6
+    waiting = suiteplan.WAITING_NICE if os.geteuid() == 0 else 0
+    for lane, worker, child, daemon in ran:
+        want = 0 if lane == "real" else waiting
+        assert (worker, child, daemon) == (want, want, want), (lane, ran)
