@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import fcntl
 import ipaddress
-import os
 import signal
 import subprocess
 import threading
@@ -19,6 +18,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+import cpulanes
 import suiteplan
 
 # Each live pytest session holds one slot (an flock, released by the kernel even if pytest is
@@ -159,8 +159,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) sums up
         config.pluginmanager.register(suiteplan.TierClock(), "hpcserve-tier-clock")
-    elif os.geteuid() == 0:  # a worker beside others: the lanes' CPU shares (tests/suiteplan.py)
-        config.pluginmanager.register(suiteplan.LanePriority(_daemon_pids), "hpcserve-lanes")
+    cpulanes.configure(config, _daemon_pids)  # the real-engine lane first (tests/cpulanes.py)
 
 
 def _daemon_pids() -> list[int]:

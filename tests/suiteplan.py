@@ -14,12 +14,7 @@ share a Slurm cluster, a port of a node or a file. What must stay on one worker 
   run on the worker that set it up, so it is set up once; so do the tests that use one of the
   costly session fixtures (the installed wheel).
 
-Lanes and their CPU shares: with more than one worker, run as root, a worker running a real-engine
-test runs at the default priority and every other at nice WAITING_NICE, it and the dev cluster's
-daemons it started (slurmd and slurmctld: the jobs' processes inherit their nice value, Slurm's
-PropagatePrioProcess=0). The real engines' start-ups are CPU-bound and what the run waits on; the
-other lanes mostly wait on Slurm and the stand-ins, and take the CPU the engines leave. Nothing
-decides differently for it: every timing a test checks is a bound, never a race between lanes.
+The lanes' CPU shares (the real-engine lane first): tests/cpulanes.py.
 
 Every other test is its own unit of work. Units are handed out slowest tier first (a Slurm job
 takes tens of seconds, a unit test milliseconds), so the short ones fill the gaps at the end.
@@ -30,10 +25,8 @@ summed test time: what CI's log shows of where the time goes.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 
@@ -43,8 +36,6 @@ TIERS = ("real", "jobs", "ssh", "devcluster", "sim", "containers", "facts", "eng
 REAL_ENGINE_GROUP = "real-engine"
 # Session fixtures too costly to set up on every worker: the tests that use one share a worker.
 COSTLY_SESSION_FIXTURES = {"installed_wheel": "installed-wheel"}  # a wheel built, a venv installed
-# The nice value of the lanes that run no real engine (HPCSERVE_TEST_WAITING_NICE overrides it).
-WAITING_NICE = int(os.environ.get("HPCSERVE_TEST_WAITING_NICE", "5"))
 
 
 def tier(nodeid: str) -> str:
@@ -83,43 +74,6 @@ def order_and_group(items: list[pytest.Item]) -> None:
         group = group_of(it)
         if group and not it.get_closest_marker("xdist_group"):
             it.add_marker(pytest.mark.xdist_group(group))
-
-
-def lane_nice(item: pytest.Item) -> int:
-    """The nice value a worker runs `item` at: the real engines' lane first."""
-    return 0 if item.get_closest_marker("real_engine") else WAITING_NICE
-
-
-class LanePriority:
-    """A worker's plugin (root, under xdist): before each test, this worker's process and the
-    daemons of its dev cluster at the test's lane_nice. Only root may lower a nice value again,
-    so elsewhere every lane runs at the default."""
-
-    def __init__(self, daemon_pids) -> None:
-        self.daemon_pids = daemon_pids  # () -> the PIDs of this worker's cluster daemons
-        self.nice = 0
-
-    @pytest.hookimpl(tryfirst=True)  # before the test's fixtures start anything
-    def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        want = lane_nice(item)
-        if want != self.nice:
-            self.nice = want
-            for pid in (os.getpid(), *self.daemon_pids()):
-                renice(pid, want)
-
-
-def renice(pid: int, nice: int) -> None:
-    """Every thread of `pid` at `nice` (Linux keeps a nice value per thread; a thread or process
-    made later inherits its maker's)."""
-    try:
-        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        return  # ended
-    for tid in tids:
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, nice)
-        except OSError:
-            pass  # the thread ended meanwhile
 
 
 class TierClock:

@@ -103,9 +103,9 @@ def test_the_real_engine_lane_is_the_tests_marked_real_engine():
     assert suiteplan.group_of(item({"slurm"})) is None
 
 
-LANES_CONFTEST = CONFTEST + """
-    elif os.geteuid() == 0:
-        config.pluginmanager.register(suiteplan.LanePriority(lambda: DAEMONS), "lanes")
+
+LANES_CONFTEST = CONFTEST.replace("import pytest, suiteplan", "import pytest, suiteplan, cpulanes") + """
+    cpulanes.configure(config, lambda: DAEMONS)
 
 import os, subprocess
 DAEMONS = []
@@ -120,26 +120,31 @@ def daemon():
     p.wait()
 """
 
-NICE_TEST = """
+LANE_TEST = """
 def {name}(daemon):
-    child = subprocess.run(["sh", "-c", "cut -d' ' -f19 /proc/$$/stat"], capture_output=True,
-                           text=True).stdout.split()[0]
-    daemon_nice = open(f"/proc/{{daemon}}/stat").read().rsplit(")", 1)[1].split()[16]
+    child = subprocess.run(["cat", "/proc/self/cgroup"], capture_output=True, text=True).stdout
+    cpu = lambda text: next(ln.split(":", 2)[2] for ln in text.splitlines()
+                            if "cpu" in ln.split(":")[1].split(","))
+    seen = [cpu(open(f"/proc/{{p}}/cgroup").read()) for p in (os.getpid(), daemon)]
     with open({out!r}, "a") as f:
-        f.write(json.dumps([{lane!r}, os.nice(0), int(child), int(daemon_nice)]) + "\\n")
+        f.write(json.dumps([{lane!r}, os.environ.get("HPCSERVE_TEST_CPU_LANES"), *seen,
+                            cpu(child)]) + "\\n")
 """
 
 
-def test_the_waiting_lanes_yield_the_cpu_to_the_real_engines_lane(tmp_path):
-    """As root under xdist: a worker runs a real-engine test at nice 0 and any other at
-    WAITING_NICE, and so do the processes it starts then and the daemons it started before."""
+def test_the_real_engine_lane_gets_the_larger_cpu_share(tmp_path):
+    """As root under xdist: a worker runs a real-engine test in the controller's `engines` cpu
+    cgroup and any other in `waiting` (their cpu.shares 4:1), and so do the processes it starts
+    then and the daemons it started before; the groups are gone after the run. Elsewhere every
+    lane shares alike."""
     import os
-    out = tmp_path / "nice.jsonl"
+
+    import cpulanes
+    out = tmp_path / "lanes.jsonl"
     (tmp_path / "tests" / "real").mkdir(parents=True)
     (tmp_path / "tests" / "jobs").mkdir()
-    conftest = LANES_CONFTEST.replace("import sys\n", "import os, sys\n", 1)
-    (tmp_path / "tests" / "conftest.py").write_text(conftest)
-    tests = {lane: "".join(NICE_TEST.format(name=f"test_{lane}{i}", out=str(out), lane=lane)
+    (tmp_path / "tests" / "conftest.py").write_text(LANES_CONFTEST)
+    tests = {lane: "".join(LANE_TEST.format(name=f"test_{lane}{i}", out=str(out), lane=lane)
                            for i in range(3)) for lane in ("real", "jobs")}
     (tmp_path / "tests" / "real" / "test_lane.py").write_text(
         "import json, os, subprocess, pytest\npytestmark = pytest.mark.real_engine\n"
@@ -152,7 +157,13 @@ def test_the_waiting_lanes_yield_the_cpu_to_the_real_engines_lane(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ran = [json.loads(ln) for ln in out.read_text().splitlines()]
     assert len(ran) == 6
-    waiting = suiteplan.WAITING_NICE if os.geteuid() == 0 else 0
-    for lane, worker, child, daemon in ran:
-        want = 0 if lane == "real" else waiting
-        assert (worker, child, daemon) == (want, want, want), (lane, ran)
+    top = ran[0][1]
+    if os.geteuid() != 0 or cpulanes._own_cgroup() is None:
+        assert top is None, ran
+        return
+    assert top and Path(top).name.startswith(cpulanes.PREFIX), ran
+    rel = "/" + str(Path(top).relative_to(cpulanes.CPU_ROOT))
+    for lane, _, worker, daemon, child in ran:
+        want = f"{rel}/{'engines' if lane == 'real' else 'waiting'}"
+        assert (worker, daemon, child) == (want, want, want), (lane, ran)
+    assert (Path(top).parent / "cgroup.procs").exists() and not Path(top).exists()
