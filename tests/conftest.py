@@ -18,7 +18,6 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-import cpulanes
 import suiteplan
 
 # Each live pytest session holds one slot (an flock, released by the kernel even if pytest is
@@ -159,8 +158,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) sums up
         config.pluginmanager.register(suiteplan.TierClock(), "hpcserve-tier-clock")
-    cpulanes.configure(config, _daemon_pids)  # the real-engine lane first (tests/cpulanes.py)
-
-
-def _daemon_pids() -> list[int]:
-    return [pid for c in _active_clusters for pid in c.live_daemon_pids()]

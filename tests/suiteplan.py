@@ -14,8 +14,6 @@ share a Slurm cluster, a port of a node or a file. What must stay on one worker 
   run on the worker that set it up, so it is set up once; so do the tests that use one of the
   costly session fixtures (the installed wheel).
 
-The lanes' CPU shares (the real-engine lane first): tests/cpulanes.py.
-
 Every other test is its own unit of work. Units are handed out slowest tier first (a Slurm job
 takes tens of seconds, a unit test milliseconds), so the short ones fill the gaps at the end.
 

@@ -297,12 +297,6 @@ class DevCluster:
         state = self._load_state() or {}
         return {k: v["pid"] for k, v in state.get("pids", {}).items()}
 
-    def live_daemon_pids(self) -> list[int]:
-        """The PIDs of this cluster's daemons that still run: the very processes recorded (their
-        start times checked), never a later process that reuses a PID."""
-        state = self._load_state() or {}
-        return [v["pid"] for v in state.get("pids", {}).values() if _alive(v["pid"], v["start"])]
-
     # ------------------------------------------------------------------ commands
     def _run(self, argv: list[str], *, check: bool = True, timeout: float = 15.0,
              env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
