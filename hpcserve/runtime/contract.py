@@ -72,8 +72,13 @@ SCALE_DIR = "scale"
 # of the router and its in-flight requests finish; removed: drained and stopped, for good.
 INSTANCE_STATUSES = ("serving", "out", "restarting", "failed", "draining", "removed")
 # The signal a renewing instance job asks Slurm for margin_s before its limit (sbatch
-# --signal=B:USR2@margin_s): submit the successor now if not yet (runtime/renew.py).
-RENEW_SIGNAL = "USR2"
+# --signal=B:23@margin_s): submit the successor now if not yet (runtime/renew.py). Slurm may
+# send it up to 60 s early (sbatch(1)), so with a short limit as the batch script starts, before
+# any handler: SIGURG's default action is to ignore it (signal(7)), where USR1/USR2's would end
+# the job. Slurm 22.05 knows no name for it (sig_name2num), so sbatch gets its number, 23 on
+# Linux's x86-64 and aarch64 (signal(7)).
+RENEW_SIGNAL = "URG"
+RENEW_SIGNAL_NUMBER = 23
 # A phase the job never leaves: state.json's last word on the deployment.
 TERMINAL_PHASES = frozenset({"done", "cancelled", "failed"})
 # Phases in which the deployment's endpoint answers.

@@ -13,7 +13,7 @@ scaled in on request (`hpcserve scale --remove`) renews no more: its twin would 
 instance back.
 
 Slurm's warning signal is the trigger of last resort: the job is rendered with
---signal=B:USR2@margin_s (contract.RENEW_SIGNAL) in place of TERM at signal_grace, which Slurm
+--signal=B:23@margin_s (contract.RENEW_SIGNAL, SIGURG) in place of TERM at signal_grace, which Slurm
 may send up to 60 s early (sbatch(1), --signal); it submits the successor at once if this job
 has not yet. Without that TERM, the job stops itself signal_grace before its limit (time_is_up,
 asked by every check), as a job in an allocation does: the teardown at the limit stays orderly.

@@ -39,7 +39,7 @@ def test_a_slot_job_renews_under_load_and_stays_one_instance_of_capacity(submit)
     st = front.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", front.logs()
     slot_a, slot_b = front.dir / "scale" / "worker-s1", front.dir / "scale" / "worker-s1b"
-    assert "#SBATCH --signal=B:USR2@40" in (slot_b / "job.sbatch").read_text()
+    assert "#SBATCH --signal=B:23@40" in (slot_b / "job.sbatch").read_text()
 
     def auto() -> dict:
         return (front.state().get("autoscale") or {}).get("worker", {})

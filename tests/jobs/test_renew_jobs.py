@@ -79,7 +79,7 @@ def _add(env: dict, front: Job, role: str) -> Job:
     twin_dir = Path(str(job.dir) + "b")
     assert (twin_dir / "job.sbatch").exists() and not (twin_dir / "state.json").exists()
     sbatch = (twin_dir / "job.sbatch").read_text()
-    assert "#SBATCH --signal=B:USR2@40" in sbatch and "#SBATCH --time=00:01:00" in sbatch
+    assert "#SBATCH --signal=B:23@40" in sbatch and "#SBATCH --time=00:01:00" in sbatch
     return job
 
 

@@ -46,8 +46,8 @@ def slurm(tmp_path, monkeypatch):
 @pytest.fixture
 def job(tmp_path, monkeypatch):
     """A serving instance job (its decode-0 serving) whose plan renews into tmp/twin with a
-    40 s margin; the USR2 handler the job sets is put back after."""
-    saved = signal.getsignal(signal.SIGUSR2)
+    40 s margin; the SIGURG handler the job sets is put back after."""
+    saved = signal.getsignal(signal.SIGURG)
     monkeypatch.setenv("SLURM_JOB_ID", "500")
     monkeypatch.setattr(renewmod, "RETRY_S", 0.0)
     twin = tmp_path / "twin"
@@ -64,7 +64,7 @@ def job(tmp_path, monkeypatch):
     j.recovery.recs = {"decode-0": types.SimpleNamespace(status="serving")}
     yield j
     j.log.close()
-    signal.signal(signal.SIGUSR2, saved)
+    signal.signal(signal.SIGURG, saved)
 
 
 def _sbatches(calls: Path) -> int:
@@ -126,7 +126,7 @@ def test_slurm_s_warning_signal_submits_at_once_while_the_controller_is_away(job
     calls = slurm(None)  # the end cannot be asked
     job.renewal.tick()
     assert _sbatches(calls) == 0 and job.renewal.end is None
-    os.kill(os.getpid(), signal.SIGUSR2)  # the job's own handler records it
+    os.kill(os.getpid(), signal.SIGURG)  # the job's own handler records it
     job.renewal.tick()
     assert "renewal (Slurm's warning signal): submitted job 501" in _log(job)
 

@@ -162,7 +162,7 @@ def test_with_renew_each_slot_is_rendered_as_a_pair_that_names_its_twin():
         assert (s["name"], s["attach"]["front_job_dir"]) == ("demo-kimi-k2-decode-s1",
                                                              "/jobs/demo")
         sbatch = files[f"scale/{name}/job.sbatch"][0]
-        assert "#SBATCH --signal=B:USR2@40" in sbatch and "#SBATCH --time=00:02:00" in sbatch
+        assert "#SBATCH --signal=B:23@40" in sbatch and "#SBATCH --time=00:02:00" in sbatch
 
 
 def test_status_and_cancel_find_a_renewing_slot_s_successor_the_front_has_not_recorded(tmp_path):

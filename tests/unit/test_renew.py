@@ -82,7 +82,7 @@ def test_add_renders_the_pair_each_naming_its_twin_and_submits_the_first(renewin
     assert not pa & pb and not (pa | pb) & front_ports
     for d in (a, b):
         sb = (d / "job.sbatch").read_text()
-        assert "#SBATCH --signal=B:USR2@40\n" in sb and "#SBATCH --time=00:01:00\n" in sb, sb
+        assert "#SBATCH --signal=B:23@40\n" in sb and "#SBATCH --time=00:01:00\n" in sb, sb
         assert "B:TERM@" not in sb
     # the next instance job keeps clear of the twin too, which the index does not hold
     cluster.jobs["77"] = ("demo-kimi-k2-decode-1", "RUNNING")
@@ -138,22 +138,21 @@ def test_cancel_of_a_renewing_instance_job_named_stops_the_job_its_pair_runs_now
     assert cluster.called("scancel") == [["scancel", "--batch", "--signal=USR1", "78"]]
 
 
-# What the runtime stub reports once job.sbatch execs it: the variable, and whether USR2 (signal
-# 12, bit 11 of /proc's SigIgn mask) is ignored in it.
+# What the runtime stub reports once job.sbatch execs it: the variable, and whether SIGURG
+# (signal 23, bit 22 of /proc's SigIgn mask) is ignored in it.
 _RUNTIME_STUB = """#!/bin/bash
-if [ "$1" = -c ]; then kill -USR2 "$PPID"; exit 0; fi
+if [ "$1" = -c ]; then kill -URG "$PPID"; exit 0; fi
 echo "signalled=${HPCSERVE_RENEW_SIGNALLED-unset}"
-echo "usr2_ignored=$(( (16#$(awk '/^SigIgn/ {print $2}' /proc/self/status) >> 11) & 1 ))"
+echo "usr2_ignored=$(( (16#$(awk '/^SigIgn/ {print $2}' /proc/self/status) >> 22) & 1 ))"
 """
 
 
 def test_slurms_warning_signal_as_the_batch_script_starts_is_kept_for_the_runtime(
         renewing, tmp_path):
-    """Slurm may send --signal's USR2 up to 60 s early (sbatch(1)): with a short limit, as the
+    """Slurm may send --signal's SIGURG up to 60 s early (sbatch(1)): with a short limit, as the
     batch script starts, before the runtime's handler exists. Sent here while job.sbatch checks
-    its Python (the stub python3 signals its parent then), it must not end the script (USR2's
-    default action would), and the runtime must start with it recorded and USR2 ignored until
-    its own handler takes over."""
+    its Python (the stub python3 signals its parent then), it must not end the script, and the
+    runtime must start with it recorded and SIGURG ignored until its own handler takes over."""
     e, cluster, jd = renewing
     assert CliRunner().invoke(main, ["scale", "42", "--role", "decode", "--add", "1"]
                               ).exit_code == 0
@@ -166,10 +165,10 @@ def test_slurms_warning_signal_as_the_batch_script_starts_is_kept_for_the_runtim
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
     r = subprocess.run(["bash", str(a / "job.sbatch")], env=env, capture_output=True, text=True,
                        timeout=30)
-    assert r.returncode == 0, (r.returncode, r.stderr)  # -12: ended by the signal
+    assert r.returncode == 0, (r.returncode, r.stderr)
     assert r.stdout.split() == ["signalled=1", "usr2_ignored=1"], r.stdout
     # without the signal: nothing recorded
-    stub.write_text(_RUNTIME_STUB.replace('kill -USR2 "$PPID"; ', ""))
+    stub.write_text(_RUNTIME_STUB.replace('kill -URG "$PPID"; ', ""))
     r = subprocess.run(["bash", str(a / "job.sbatch")], env=env, capture_output=True, text=True,
                        timeout=30)
     assert r.stdout.split() == ["signalled=", "usr2_ignored=1"], (r.stdout, r.stderr)
@@ -182,10 +181,20 @@ def test_the_runtime_takes_a_warning_signal_that_came_before_its_handler(monkeyp
     class Job:
         plan = {"renew": {"twin_dir": "/x", "margin_s": 40}, "signal_grace": 5}
 
-    old = signal.getsignal(signal.SIGUSR2)
+    old = signal.getsignal(signal.SIGURG)
     try:
         for value, signalled in (("1", True), ("", False)):
             monkeypatch.setenv("HPCSERVE_RENEW_SIGNALLED", value)
             assert Renewal(Job()).signalled is signalled
     finally:
-        signal.signal(signal.SIGUSR2, old)
+        signal.signal(signal.SIGURG, old)
+
+
+def test_the_renewal_signal_ends_no_process_that_has_no_handler_yet():
+    """What Slurm sends early can come before any handler (sbatch(1): up to 60 s early): its
+    default action must be to ignore it, and sbatch's number must be that signal here."""
+    from hpcserve.runtime.contract import RENEW_SIGNAL, RENEW_SIGNAL_NUMBER
+    assert signal.Signals[f"SIG{RENEW_SIGNAL}"] == RENEW_SIGNAL_NUMBER
+    r = subprocess.run(["bash", "-c", f"kill -{RENEW_SIGNAL} $$; echo alive"],
+                       capture_output=True, text=True, timeout=30)
+    assert (r.returncode, r.stdout) == (0, "alive\n"), r
