@@ -143,7 +143,7 @@ def test_cancel_of_a_renewing_instance_job_named_stops_the_job_its_pair_runs_now
 _RUNTIME_STUB = """#!/bin/bash
 if [ "$1" = -c ]; then kill -URG "$PPID"; exit 0; fi
 echo "signalled=${HPCSERVE_RENEW_SIGNALLED-unset}"
-echo "usr2_ignored=$(( (16#$(awk '/^SigIgn/ {print $2}' /proc/self/status) >> 22) & 1 ))"
+echo "urg_ignored=$(( (16#$(awk '/^SigIgn/ {print $2}' /proc/self/status) >> 22) & 1 ))"
 """
 
 
@@ -166,12 +166,12 @@ def test_slurms_warning_signal_as_the_batch_script_starts_is_kept_for_the_runtim
     r = subprocess.run(["bash", str(a / "job.sbatch")], env=env, capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 0, (r.returncode, r.stderr)
-    assert r.stdout.split() == ["signalled=1", "usr2_ignored=1"], r.stdout
+    assert r.stdout.split() == ["signalled=1", "urg_ignored=1"], r.stdout
     # without the signal: nothing recorded
     stub.write_text(_RUNTIME_STUB.replace('kill -URG "$PPID"; ', ""))
     r = subprocess.run(["bash", str(a / "job.sbatch")], env=env, capture_output=True, text=True,
                        timeout=30)
-    assert r.stdout.split() == ["signalled=", "usr2_ignored=1"], (r.stdout, r.stderr)
+    assert r.stdout.split() == ["signalled=", "urg_ignored=1"], (r.stdout, r.stderr)
 
 
 def test_the_runtime_takes_a_warning_signal_that_came_before_its_handler(monkeypatch):
