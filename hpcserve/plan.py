@@ -399,7 +399,8 @@ def with_twin_dir(p, scale_root: str):
 def _renew_signal(p: Plan) -> Plan:
     """A renewing job asks Slurm for contract.RENEW_SIGNAL (by its number) `margin_s` before its
     limit instead of TERM `signal_grace` before it (one --signal per job): the trigger of last
-    resort for submitting its successor. Its runtime stops itself signal_grace before the limit (runtime/renew.py)."""
+    resort for submitting its successor. Its runtime stops itself signal_grace before the limit
+    (runtime/renew.py)."""
     sig = ("signal", f"B:{RENEW_SIGNAL_NUMBER}@{int(p.renew['margin_s'])}")
     comps = tuple(replace(c, directives=tuple(sig if k == "signal" else (k, v)
                                               for k, v in c.directives)) for c in p.components)
