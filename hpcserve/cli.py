@@ -301,6 +301,9 @@ def submit(file, sets, out, dry_run, check, follow, wait, in_allocation, foregro
     click.echo(f"started {res.name} in allocation {res.job_id}" if in_allocation else
                f"submitted job {res.job_id}: {res.name}")
     click.echo(f"job directory: {res.job_dir}")
+    if res.api_key_file:
+        click.echo(f"API key: {res.api_key_file} (yours alone to read); clients send it as "
+                   "`Authorization: Bearer <key>`")
     if foreground:
         from .in_allocation import run_in_place
         sys.exit(run_in_place(res.driver, lambda: ops.follow(

@@ -24,6 +24,7 @@ from pathlib import Path
 from . import config, deployments, ops, package_data, plan
 from .devcluster.cluster import DevCluster
 from .errors import HpcserveError
+from .runtime.contract import API_KEY_FILE
 from .slurm.runner import LocalRunner
 
 ROOT = package_data.path().parent  # the checkout: the demo's deployments are its examples/
@@ -105,8 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"3. serving at {url} after {st.get('serving_after_s')} s; asking it something")
         body = {"model": plan.build(config.load(a.file)).served_name, "max_tokens": 16,
                 "messages": [{"role": "user", "content": "What is 15% of 240?"}]}
+        # the deployment's API key, made at submit, in a file only its owner reads
+        key = (job_dir / API_KEY_FILE).read_text().strip()
+        print(f"   (with the deployment's API key, {job_dir / API_KEY_FILE})")
         req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
+                                     {"Content-Type": "application/json",
+                                      "Authorization": f"Bearer {key}"})
         resp = json.load(urllib.request.urlopen(req, timeout=300))
         print("   answer:", resp["choices"][0]["message"]["content"].strip())
         print("   usage: ", resp.get("usage"))

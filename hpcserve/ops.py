@@ -48,6 +48,7 @@ class Submitted:
     remote: str | None
     entry: deployments.Entry
     driver: Any = None   # --in-allocation: the driver process started here (in_allocation.py)
+    api_key_file: str | None = None  # the deployment's API key that submit made (plan.json)
 
 
 def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out: str | None,
@@ -98,7 +99,14 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
                 if remote is not None:
                     runner.run(["rm", "-rf", "--", scratch], check=False)
         return (res.err or res.out).strip()
-    return submit_files(p.name, files, job_dir, runner=runner, remote=remote)
+    sub = submit_files(p.name, files, job_dir, runner=runner, remote=remote)
+    sub.api_key_file = _api_key_file(p, job_dir)
+    return sub
+
+
+def _api_key_file(p, job_dir: str) -> str | None:
+    from .plan_json import api_key
+    return (api_key(p, job_dir) or {}).get("file")
 
 
 def submit_files(name: str, files: dict, job_dir: str, *, runner, remote: str | None,
@@ -178,7 +186,7 @@ def _submit_in_allocation(p, cfg, *, runner, remote: str | None, out: str | None
     driver = ia.start_driver(job_dir, alloc)
     entry = deployments.new_entry(alloc, p.name, job_dir, None, cluster_name(runner), alloc)
     deployments.record(entry)
-    return Submitted(alloc, job_dir, p.name, None, entry, driver)
+    return Submitted(alloc, job_dir, p.name, None, entry, driver, _api_key_file(p, job_dir))
 
 
 def cluster_name(runner) -> str | None:

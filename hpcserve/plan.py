@@ -24,7 +24,7 @@ from .engines.bench_clients import CLIENTS, BenchPoint
 from .engines.flags import FlagError, Release
 from .errors import ConfigError
 from .ports import clear_ports, plan_ports
-from .runtime.contract import RENEW_SIGNAL_NUMBER
+from .runtime.contract import API_KEY_VAR, RENEW_SIGNAL_NUMBER
 from .values import FromEnv
 from .words import Var, Word
 from .yamlsrc import format_path
@@ -181,6 +181,9 @@ class Plan:
     autoscale: dict = field(default_factory=dict)
     # a renewing instance job: plan.json's renew, its twin's directory and the margin
     renew: dict | None = None
+    # the variable of the deployment's API key (_with_api_key), which job.sbatch exports and the
+    # runtime's own requests send; None where neither the engine nor its router takes a key
+    api_key_env: str | None = None
     # the deployment's source document (config.SOURCE_FILE), kept in the job directory; written
     # out only by the render (a plan is built many times over when its ports are moved)
     source: dict = field(default_factory=dict)
@@ -317,6 +320,7 @@ class _Draft:
     router_port: int | None = None
     recovery: dict[str, dict] = field(default_factory=dict)  # role -> plan.json's block
     caches: tuple = ()                                   # compile_caches.CachePlan
+    api_key_env: str | None = None   # the deployment's API key's variable (_with_api_key)
 
 
 # On nodes other jobs share, `hpcserve submit` moves a deployment's ports by a multiple of
@@ -407,6 +411,32 @@ def _renew_signal(p: Plan) -> Plan:
     return replace(p, components=comps)
 
 
+def _with_api_key(cfg: Resolved, adapter: EngineAdapter, pd: bool) -> tuple[Resolved, str | None]:
+    """`cfg` with the deployment's API key given, by name ({from_env}), to its router and to
+    every engine that checks it, and the key's variable (None: nothing here takes a key).
+    The key is contract.API_KEY_VAR, made at submit, unless router.args.api-key names another
+    variable: that one then keys the engines too, as the router hands its key to them. An
+    engine behind a router that cannot hand a key on (keys_workers) takes none: it would turn
+    the router's requests away. A key the file sets for an engine stays its own."""
+    dep = cfg.deployment
+    router = adapter.router_for(pd) if dep.router.enabled else None
+    own = dep.router.args.get(router.api_key_flag) if router and router.api_key_flag else None
+    var = own.from_env if isinstance(own, FromEnv) else API_KEY_VAR
+    key = FromEnv(from_env=var)
+    engines_keyed = adapter.api_key_flag and (router is None or router.keys_workers(pd))
+    if not engines_keyed and not (router and router.api_key_flag):
+        return cfg, None
+    rc = dep.router
+    if router and router.api_key_flag and own is None:
+        rc = replace(rc, args={router.api_key_flag: key, **rc.args})
+    roles = dict(dep.roles)
+    if engines_keyed:
+        flag = adapter.api_key_flag
+        roles = {n: r if flag in r.args else replace(r, args={flag: key, **r.args})
+                 for n, r in roles.items()}
+    return replace(cfg, deployment=replace(dep, router=rc, roles=roles)), var
+
+
 def _start(cfg: Resolved) -> _Draft:
     """The engine, its release and the roles: prefill + decode (PD) or worker (plain)."""
     dep, site = cfg.deployment, cfg.site
@@ -420,6 +450,8 @@ def _start(cfg: Resolved) -> _Draft:
     if pd and not dep.router.enabled:
         raise _err(cfg, ("router", "enabled"), "prefill/decode disaggregation needs the router: "
                                                "it pairs each request's prefill and decode")
+    cfg, key_env = _with_api_key(cfg, adapter, pd)
+    dep = cfg.deployment
     ib = site.network.ib_devices
     ib_word: Word | None = ((Var("IB_DEVICES"),) if ib == "auto" else ",".join(ib) if ib
                             else None)
@@ -429,7 +461,8 @@ def _start(cfg: Resolved) -> _Draft:
                served_name=dep.model.served_name or cfg.profile.name,
                net=Net(ib_word=ib_word, has_ib=bool(ib),
                        iface=((Var("NODE_IFACE"),) if site.network.interface == "auto"
-                              else site.network.interface)))
+                              else site.network.interface)),
+               api_key_env=key_env)
     d.caches = plan_caches(site.paths.cache_dir, user_of(cfg), dep.model.path, adapter.name,
                            adapter, rel, site.node.gpu_type)
     if rel.note:
@@ -789,7 +822,7 @@ def _finish(d: _Draft, router: RouterPlan | None) -> Plan:
         benchmark=_benchmark(d, router),
         file_sd_dir=site.metrics.file_sd_dir, stage=_stage(cfg),
         caches=d.caches, cache_dir=site.paths.cache_dir if d.caches else None,
-        user=user_of(cfg),
+        user=user_of(cfg), api_key_env=d.api_key_env,
         cache_storage=site.paths.cache_storage,
         sim={"startup_delay": dep.engine.sim_startup_delay,
              "prefill_s_per_token": dep.engine.sim_prefill_s_per_token,
@@ -846,9 +879,6 @@ def _benchmark(d: _Draft, router: RouterPlan | None) -> BenchPlan | None:
     if router is None and len(d.instances) > 1:
         raise _err(d.cfg, ("benchmark",), f"the benchmark needs one address to measure: enable "
                                           f"the router (there are {len(d.instances)} instances)")
-    if router is not None and router.api_key_env:
-        raise _err(d.cfg, ("benchmark",), "the router wants an API key (router.args.api-key), "
-                                          "which the benchmark clients do not send")
     client, python = _bench_client(d)
     inp = b.input_tokens or dep.workload.input_tokens
     out = b.output_tokens or dep.workload.output_tokens
@@ -866,6 +896,8 @@ def _benchmark(d: _Draft, router: RouterPlan | None) -> BenchPlan | None:
                             output_tolerance=b.output_tolerance,
                             metrics_interval_s=b.metrics_interval_s, then=b.then)
     env = {"PYTHONUNBUFFERED": "1", **{k: _env_word(v) for k, v in dep.env.items()}}
+    if d.api_key_env:  # both clients send it as a bearer token (bench_clients.CLIENTS)
+        env["OPENAI_API_KEY"] = (Var(d.api_key_env),)
     return BenchPlan(client=client.name, title=client.title, python=python, tokenizer=tokenizer,
                      component=where[0], node_offset=where[1], points=tuple(points),
                      env=tuple(env.items()), spec=spec)

@@ -17,11 +17,12 @@ The spec versions and what each added: runtime/contract.py.
 from __future__ import annotations
 
 import json
+import posixpath
 from typing import Any
 
 from . import __version__
 from .containers import apptainer_image, enroot_image, image_import
-from .runtime.contract import SPEC, SPEC_VERSION, WORKERS_APIS
+from .runtime.contract import API_KEY_FILE, API_KEY_VAR, SPEC, SPEC_VERSION, WORKERS_APIS
 from .words import Var, Word
 
 
@@ -47,6 +48,19 @@ def word(w: Word) -> Any:
 
 def words(ws) -> list:
     return [word(w) for w in ws]
+
+
+def api_key(plan, job_dir: str) -> dict | None:
+    """plan.json's api_key: the variable of the deployment's key and the file job.sbatch reads
+    it from, the front's own (an instance job's: its front's); no file where the deployment
+    names its own variable (router.args.api-key), which sbatch exports from the submitting
+    environment. None where nothing of the deployment takes a key."""
+    if not plan.api_key_env:
+        return None
+    front = plan.attach["front_job_dir"] if plan.attach else job_dir
+    return {"env": plan.api_key_env,
+            "file": posixpath.join(front, API_KEY_FILE) if plan.api_key_env == API_KEY_VAR
+            else None}
 
 
 def job_spec(plan, job_dir: str) -> dict:
@@ -97,6 +111,7 @@ def job_spec(plan, job_dir: str) -> dict:
                                    "caches": [{"name": c.name, "var": c.var, "path": c.path,
                                                "probe": c.probe} for c in plan.caches]} or None,
         "secret_env": list(plan.secret_env),
+        "api_key": api_key(plan, job_dir),
         # steps of an allocation the user holds (runtime/allocation.py), not a het job's
         "in_allocation": plan.in_allocation,
         "warnings": list(plan.warnings), "notes": list(plan.notes),
@@ -290,6 +305,7 @@ SCHEMA = {
             "caches": {"type": "array", "items": _obj({
                 "name": _STR, "var": _STR, "path": _STR, "probe": _STR})}})]},
         "secret_env": {"type": "array", "items": _STR},
+        "api_key": {"anyOf": [{"type": "null"}, _obj({"env": _STR, "file": _OPT_STR})]},
         "in_allocation": {"type": "boolean"},
         "warnings": {"type": "array", "items": _STR},
         "notes": {"type": "array", "items": _STR},

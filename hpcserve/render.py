@@ -7,8 +7,10 @@ StrictUndefined and receive every word already quoted for bash by the `q` filter
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import secrets
 import shlex
 from pathlib import Path
 
@@ -21,8 +23,8 @@ from .config import SOURCE_FILE, source_text
 from .plan import Instance, Plan
 from .records import replace
 from .plan_json import dumps as spec_dumps
-from .plan_json import job_spec
-from .runtime.contract import SHAPE_VARS, step_prefix
+from .plan_json import api_key, job_spec
+from .runtime.contract import API_KEY_FILE, SHAPE_VARS, step_prefix
 from .templates import jinja
 from .words import Var, Word, argv_lines, quote, show
 
@@ -165,7 +167,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
         components=[] if plan.in_allocation else comps, alloc_components=comps, plan=plan,
         version=__version__, topology=topology(plan), engine_title=_engine_title(plan),
         unset=" \\\n  ".join(_folded(SHAPE_VARS, 90)),
-        job_dir=jd, site_python=plan.site_python), EXEC)
+        job_dir=jd, site_python=plan.site_python, api_key=api_key(plan, jd)), EXEC)
 
     step = env.get_template("step.sh.j2")
     py = plan.site_python
@@ -205,7 +207,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
         envs = list(inst.env)
         if plan.simulate:
             envs += _sim_env(plan, inst)
-        cmd, argv, secrets = secret_argv(cmd, inst.argv, jd, f"{plan.engine} ({inst.name})")
+        cmd, argv, secrets = secret_argv(cmd, inst.argv, f"{plan.engine} ({inst.name})")
         envs += secrets
         files[f"launch/{inst.name}.sh"] = (launch.render(
             inst=inst, title=_title(plan, inst), job_dir=jd, scratch=plan.scratch,
@@ -232,7 +234,7 @@ def render_files(plan: Plan, job_dir: str) -> dict[str, tuple[str, int]]:
         n_w = sum(1 for i in plan.instances if i.role == "worker")
         workers = (f"{n_p} prefill and {n_d} decode instance(s)" if r.pd
                    else f"{n_w} instance(s)")
-        rcmd, rargv, secrets = secret_argv(list(r.command), r.argv, jd, r.name)
+        rcmd, rargv, secrets = secret_argv(list(r.command), r.argv, r.name)
         files["launch/router.sh"] = (env.get_template("launch_router.sh.j2").render(
             router=r.name, mode="PD" if r.pd else "plain", workers=workers, job_dir=jd,
             env=[(k, quote(v)) for k, v in [*r.env, *secrets]],
@@ -350,13 +352,29 @@ def _sim_env(plan: Plan, inst: Instance) -> list[tuple[str, Word]]:
     return out
 
 
-def secret_argv(cmd: list[Word], argv: tuple[Word, ...], jd: str,
+def secret_argv(cmd: list[Word], argv: tuple[Word, ...],
                 what: str) -> tuple[list[Word], tuple[Word, ...], list[tuple[str, Word]]]:
     """(command, argv, environment) with every secret argument (a flag whose value is a
     {from_env} variable) off the command line, which every user of the node sees in `ps`: the
     Python program runs under hpcserve_runtime/secret_argv.py, which reads the values from the
     variables named in HPCSERVE_SECRET_ARGS and hands them to it in sys.argv. A program that
     is no Python's (`trtllm-serve`) cannot take them so: refused."""
+    kept, named = secret_words(argv, what)
+    if not named:
+        return cmd, argv, []
+    python_program = len(cmd) >= 2 and (cmd[1] == "-m" or show(cmd[1]).endswith(".py"))
+    if not python_program:
+        raise HpcserveError(
+            f"{what}: {show(cmd[0])} takes its arguments only on its command line, where "
+            f"{named[0]} {{from_env: {named[1]}}} would be visible to every user of the node "
+            "(ps); set it another way")
+    wrapped = [cmd[0], (Var("JOB_DIR"), f"/{RUNTIME_DIR}/secret_argv.py"), *cmd[1:]]
+    return wrapped, kept, [("HPCSERVE_SECRET_ARGS", " ".join(named))]
+
+
+def secret_words(argv: tuple[Word, ...], what: str) -> tuple[tuple[Word, ...], list[str]]:
+    """`argv` without its secret arguments (a flag whose value is a {from_env} variable), and
+    those as [flag, variable, ...]."""
     kept: list[Word] = []
     named: list[str] = []
     for w in argv:
@@ -366,16 +384,7 @@ def secret_argv(cmd: list[Word], argv: tuple[Word, ...], jd: str,
             named += [kept.pop(), w[0].name]
         else:
             kept.append(w)
-    if not named:
-        return cmd, argv, []
-    python_program = len(cmd) >= 2 and (cmd[1] == "-m" or show(cmd[1]).endswith(".py"))
-    if not python_program:
-        raise HpcserveError(
-            f"{what}: {show(cmd[0])} takes its arguments only on its command line, where "
-            f"{named[0]} {{from_env: {named[1]}}} would be visible to every user of the node "
-            "(ps); set it another way")
-    wrapped = [cmd[0], f"{jd}/{RUNTIME_DIR}/secret_argv.py", *cmd[1:]]
-    return wrapped, tuple(kept), [("HPCSERVE_SECRET_ARGS", " ".join(named))]
+    return tuple(kept), named
 
 
 def write_job(files: dict[str, tuple[str, int]], out_dir: str | Path) -> Path:
@@ -400,7 +409,21 @@ def write_job(files: dict[str, tuple[str, int]], out_dir: str | Path) -> Path:
         with open(fd, "w", encoding="utf-8") as f:
             f.write(text)
             os.fchmod(f.fileno(), mode)
+    _new_api_key(out, files)
     return out
+
+
+def _new_api_key(out: Path, files: dict[str, tuple[str, int]]) -> None:
+    """The deployment's API key where its plan.json names a file for it (a front's; an instance
+    job reads its front's): 32 random bytes from the system's CSPRNG (secrets), made here as the
+    directory is, new and its owner's alone, and never printed."""
+    spec = json.loads(files["plan.json"][0]) if "plan.json" in files else {}
+    if spec.get("attach") or not (spec.get("api_key") or {}).get("file"):
+        return
+    os.mkdir(out / os.path.dirname(API_KEY_FILE), 0o700)
+    fd = os.open(out / API_KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with open(fd, "w", encoding="utf-8") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
 
 
 def _owned(path: Path) -> str:

@@ -150,7 +150,7 @@ def commands(p: Plan) -> list[str]:
         words += [*cmd, *i.argv]
         blocks.append(f"\n{i.name} (component {i.component}, node{'s' if i.nodes > 1 else ''} "
                       f"{_span(i.node_offset, i.nodes)}):")
-        blocks += command_block(argv_lines(cmd, i.argv))
+        blocks += _command(cmd, i.argv, i.name)
         for rank, extra in enumerate(i.rank_argv):
             words += list(extra)
             added = " ".join(show(w) for w in extra) or "(nothing)"
@@ -159,8 +159,18 @@ def commands(p: Plan) -> list[str]:
         r = p.router
         words += [*r.command, *r.argv]
         blocks.append(f"\nrouter: {r.name} (component {r.component}, node {r.node_offset}):")
-        blocks += command_block(argv_lines(list(r.command), r.argv))
+        blocks += _command(list(r.command), r.argv, r.name)
     return _legend(_used_vars(words)) + blocks
+
+
+def _command(cmd: list, argv: tuple, what: str) -> list[str]:
+    """The command as its launch script runs it: a secret argument is off its command line
+    (render.secret_argv), and said under it by its variable's name."""
+    from .render import secret_words
+    kept, named = secret_words(argv, what)
+    secrets = [f"    {flag}: ${{{var}}}, handed to it in the process, not on its command line"
+               for flag, var in zip(named[::2], named[1::2])]
+    return command_block(argv_lines(cmd, kept)) + secrets
 
 
 def _wrapped(prefix: str, items) -> list[str]:

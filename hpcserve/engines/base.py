@@ -272,9 +272,17 @@ class RouterAdapter:
     # Where it serves Prometheus text on its metrics port (plan.json router.prometheus_port);
     # None: it has no Prometheus endpoint, and no scrape target is listed for it.
     metrics_path: str | None = None
+    # The router.args key of its API key, which it asks of every client and hands to the
+    # workers (the deployment's, plan.py _with_api_key); None: it takes none.
+    api_key_flag: str | None = None
 
     def readiness(self, pd: bool) -> RouterReadiness:
         raise NotImplementedError
+
+    def keys_workers(self, pd: bool) -> bool:
+        """Whether each request it sends a worker carries a key the worker can check (its own
+        key, or the client's passed on): only then can the engines behind it ask for one."""
+        return False
 
     def workers_api(self, pd: bool) -> str:
         """How the in-job runtime takes a failed instance out of the running router and puts its
@@ -382,6 +390,10 @@ class EngineAdapter:
     scratch: bool = False
     # The caches the engine's releases read (CacheVar), each read in the release it names.
     caches: tuple = ()
+    # The args key of the API key its HTTP server asks of every request but health and metrics
+    # (the deployment's, plan.py _with_api_key); None: it takes none hpcserve can keep off its
+    # command line (docs/security.md).
+    api_key_flag: str | None = None
 
     # Releases whose prefill and decode instances hand KV caches to each other, each group one
     # set (a rolling upgrade of a PD deployment serves old and new ones side by side). Empty:

@@ -7,6 +7,9 @@ deployment may pick another (benchmark.client). Flags as in each client's own ar
 SGLang's `sglang.bench_serving` (0.5.x: a shim over sglang.benchmark.serving), vLLM's
 `vllm bench serve` (vllm/benchmarks/serve.py) and TensorRT-LLM's
 `tensorrt_llm.serve.scripts.benchmark_serving` (a fork of vLLM's older script).
+
+The deployment's API key reaches SGLang's and vLLM's clients as OPENAI_API_KEY, which each sends
+as a bearer token (sglang/benchmark/serving.py, vllm/benchmarks/lib/endpoint_request_func.py).
 """
 
 from __future__ import annotations

@@ -146,6 +146,12 @@ class SGLangRouter(RouterAdapter):
     metrics_path = "/metrics"
     refused = RouterAdapter.NO_MINI_LB
     package = "sglang_router"
+    # 0.3.2 answers 401 without it to every request but /health (its worker API too), and sends
+    # it to the workers (tests/sim/test_router_workers.py asks the release)
+    api_key_flag = "api-key"
+
+    def keys_workers(self, pd: bool) -> bool:
+        return True  # its own --api-key, in plain and PD mode
 
     def command(self, python: str) -> list[Word]:
         return self.launch_router(python)
@@ -207,6 +213,10 @@ class SGLang(EngineAdapter):
     router = SGLangRouter()
     sim_file = "sglang.py"
     bench_client = "sglang"
+    # 0.5.23 asks it of every request but /health*, /ready* and /metrics*
+    # (sglang/srt/utils/auth.py: decide_request_auth); taken only on the command line, which
+    # secret_argv.py keeps it off
+    api_key_flag = "api-key"
     caches = CACHES
     facts = SGLANG_FACTS
     # Progress: the counter 0.5.23 moves every decode iteration and every prefill batch

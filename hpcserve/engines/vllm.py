@@ -170,6 +170,9 @@ class VLLMRouter(RouterAdapter):
     metrics_path = "/metrics"
     refused = RouterAdapter.NO_MINI_LB
     package = "vllm_router"
+    # 0.1.17 asks it of nobody (its worker API and requests stay open: the bind and the
+    # runtime's reconciling guard them) and sends it to the workers only for /v1/*/render
+    api_key_flag = "api-key"
 
     def command(self, python: str) -> list[Word]:
         return self.launch_router(python)
@@ -178,6 +181,12 @@ class VLLMRouter(RouterAdapter):
         # PD mode counts each pool: {"prefill": {"healthy": N}, "decode": {"healthy": M}}
         return RouterReadiness("/readiness", ("prefill.healthy", "decode.healthy") if pd
                                else ("healthy_workers",))
+
+    def keys_workers(self, pd: bool) -> bool:
+        # 0.1.17 passes the client's Authorization on in plain mode; in PD mode it sends both
+        # halves "Bearer " with no key (src/routers/http/vllm_pd_router.rs), which a keyed
+        # engine would turn away
+        return not pd
 
     def workers_api(self, pd: bool) -> str:
         # Plain mode adds (POST /workers, answered once the worker is healthy) and removes.
@@ -218,6 +227,9 @@ class VLLM(EngineAdapter):
     router = VLLMRouter()
     sim_file = "vllm.py"
     bench_client = "vllm"
+    # 0.32.0 asks it of every request under /v1, /v2, /inference and /cohere
+    # (vllm/entrypoints/serve/middleware/authenticate.py: GUARDED_PREFIX)
+    api_key_flag = "api-key"
     caches = CACHES
     scratch = True  # ZMQ socket files and /tmp/vllm_dist_* stay in /tmp after a clean exit
     facts = VLLM_FACTS

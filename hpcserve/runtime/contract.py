@@ -49,7 +49,7 @@ import os
 import stat
 
 SPEC = "hpcserve-job"
-SPEC_VERSION = 11
+SPEC_VERSION = 12
 
 # The job's phases, in the order a deployment goes through them.
 # degraded: serving with an instance out (being replaced); recovering: a role has fewer serving
@@ -79,6 +79,11 @@ INSTANCE_STATUSES = ("serving", "out", "restarting", "failed", "draining", "remo
 # Linux's x86-64 and aarch64 (signal(7)).
 RENEW_SIGNAL = "URG"
 RENEW_SIGNAL_NUMBER = 23
+# Every deployment's API key, made at submit (plan.json api_key): job.sbatch reads it from this
+# file of the front's job directory (its owner's alone) into this variable, which the engines'
+# and the router's --api-key name ({from_env}) and the runtime's own requests send.
+API_KEY_VAR = "HPCSERVE_API_KEY"
+API_KEY_FILE = "secret/api-key"
 # A phase the job never leaves: state.json's last word on the deployment.
 TERMINAL_PHASES = frozenset({"done", "cancelled", "failed"})
 # Phases in which the deployment's endpoint answers.

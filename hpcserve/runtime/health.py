@@ -63,9 +63,9 @@ def front_router(plan: dict) -> dict | None:
 
 
 def router_auth(plan: dict) -> dict:
-    """The header a router started with --api-key {from_env: NAME} wants: NAME read from the
-    job's environment (sbatch exported it), never from a file."""
-    key_env = (front_router(plan) or {}).get("api_key_env")
+    """The header the deployment's API key (plan.json api_key) goes in, to its router and its
+    engines: read from this job's environment (job.sbatch exported it), never from plan.json."""
+    key_env = (plan.get("api_key") or {}).get("env")
     return {"Authorization": f"Bearer {os.environ.get(key_env, '')}"} if key_env else {}
 
 

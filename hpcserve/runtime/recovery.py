@@ -437,7 +437,8 @@ class Recovery:
                 return None if code == 200 else f"HTTP {code} from {url}"
             body = {"model": job.plan["served_name"], "max_tokens": tokens,
                     "messages": [{"role": "user", "content": "hpcserve smoke test: say hello"}]}
-            code, resp = http_json(url, body, timeout=job.readiness.SMOKE_TIMEOUT)
+            code, resp = http_json(url, body, timeout=job.readiness.SMOKE_TIMEOUT,
+                                   headers=router_auth(job.plan))
         except Exception as e:  # urllib's many errors: each is a failed smoke request
             return f"{url}: {e}"
         got = ((resp or {}).get("usage") or {}).get("completion_tokens") or 0

@@ -37,6 +37,7 @@ Shared knobs (environment):
                                      to 0 at the first start and 1, 2, .. at restarts
 """
 
+import hmac
 import importlib.util
 import json
 import os
@@ -303,6 +304,7 @@ class EngineBase:
         self.init_timeout = env_float("HPCSERVE_SIM_INIT_TIMEOUT", 60.0)
         self.peer_loss_delay = env_float("HPCSERVE_SIM_PEER_LOSS_DELAY", 0.5)
         self.startup_delay = env_float("HPCSERVE_SIM_STARTUP_DELAY", 0.0)
+        self.api_keys = []              # the keys a request may bear (--api-key); none: open
         self.requests = 0               # generation requests so far
         self.request_faults = {}        # "empty" / "kv-lost" -> requests answered before it
         self.slow = None                # slow fault: (monotonic time from, seconds per probe)
@@ -588,6 +590,35 @@ class HandlerBase(BaseHTTPRequestHandler):
     def log_message(self, fmt, *args):
         pass
 
+    def guarded(self, path):
+        """Whether the engine's API key is asked of a request for `path` (an engine's handler
+        says which, as its release does); this server's other ports ask none."""
+        return False
+
+    def parse_request(self):
+        """The release's authentication, before any handler runs: with an API key set, a
+        request for a guarded path without `Authorization: Bearer <key>` is answered 401
+        {"error": "Unauthorized"} (vLLM's AuthenticationMiddleware, SGLang's api key
+        middleware), and the connection closed: its body is never read."""
+        if not BaseHTTPRequestHandler.parse_request(self):
+            return False
+        keys = self.engine.api_keys
+        if not keys or self.command == "OPTIONS" or not self.guarded(self.path.split("?")[0]):
+            return True
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() == "bearer" and any(hmac.compare_digest(token.encode(), k.encode())
+                                              for k in keys):
+            return True
+        self.close_connection = True
+        body = json.dumps({"error": "Unauthorized"}).encode()
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        return False
+
     def log_request(self, code="-", size="-"):
         path = getattr(self, "path", "")  # unset when the request line was unparsable
         if path.split("?")[0] not in self.quiet_paths:
@@ -849,9 +880,11 @@ def self_check(eng, host, port, path):
     """Like the engines' warmup: prove the HTTP port answers from this node before "ready"."""
     host = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}{path}"
+    # bearing the engine's own key, as SGLang's warmup request does
+    auth = {"Authorization": f"Bearer {eng.api_keys[0]}"} if eng.api_keys else {}
     try:  # no proxy: a loopback self-check must not depend on the site's http_proxy
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(url, timeout=30) as r:
+        with opener.open(urllib.request.Request(url, headers=auth), timeout=30) as r:
             r.read()
     except OSError as e:
         eng.exit(1, f"ERROR: warmup request to {url} failed: {e}")

@@ -66,6 +66,7 @@ def parse_args(argv):
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--api-key", default=None)
     # KTransformers: kt-kernel's CPU experts (--kt-amx-* before SGLang 0.5.6)
     p.add_argument("--kt-weight-path", "--kt-amx-weight-path", dest="kt_weight_path")
     p.add_argument("--kt-method", "--kt-amx-method", dest="kt_method", default="AMXINT4")
@@ -97,6 +98,7 @@ class Engine(EngineBase):
     def __init__(self, args):
         super().__init__(args.node_rank)
         self.args = args
+        self.api_keys = [args.api_key] if args.api_key else []
         self.mode = args.disaggregation_mode
         self.rooms = {}                 # bootstrap_room -> (monotonic time, info)
         self.rooms_cv = threading.Condition()
@@ -284,6 +286,11 @@ class Engine(EngineBase):
 class SimHandler(HandlerBase):
     quiet_paths = ("/health", "/health_generate", "/ready", "/metrics", "/v1/loads")
 
+    def guarded(self, path):
+        # sglang/srt/utils/auth.py: decide_request_auth lets /health*, /ready* and /metrics*
+        # through whatever the keys; every other endpoint the simulator has is NORMAL
+        return not path.startswith(("/health", "/ready", "/metrics"))
+
     # -- routing
     def do_GET(self):
         eng, path = self.engine, self.path.split("?")[0]
@@ -445,6 +452,9 @@ class SimHandler(HandlerBase):
 class BootstrapHandler(SimHandler):
     """Prefill's bootstrap server. Real SGLang exchanges KV endpoints here; the simulator hands
     out per-room records so that a decode worker pointed at the wrong place visibly fails."""
+
+    def guarded(self, path):
+        return False  # its own server, without the HTTP server's key middleware
 
     def do_GET(self):
         self.freeze_if_hung()

@@ -78,6 +78,8 @@ def parse_args(argv):
     p.add_argument("--enable-expert-parallel", "-ep", action="store_true")
     p.add_argument("--kv-transfer-config", default=None)
     p.add_argument("--max-model-len", type=int, default=None)
+    # vllm/entrypoints/launchers/cli_args.py: api_key: list[str] (one or more)
+    p.add_argument("--api-key", nargs="+", default=None)
     args, unknown = p.parse_known_args(argv)
     args.unknown = unknown
     if args.model is not None:
@@ -148,6 +150,8 @@ class Engine(EngineBase):
         super().__init__(args.node_rank if args.nnodes > 1 else
                          (args.data_parallel_start_rank or 0) // max(1, args.data_parallel_size_local))
         self.args = args
+        # vllm/entrypoints/serve/middleware/register.py: --api-key, else VLLM_API_KEY
+        self.api_keys = [k for k in (args.api_key or [os.environ.get("VLLM_API_KEY")]) if k]
         self.engine_id = uuid.uuid4().hex
         self.kv = args.kv or {}
         self.role = self.kv.get("kv_role")
@@ -392,6 +396,10 @@ class VLLMHandler(HandlerBase):
     do_POST = HandlerBase.openai_post
     quiet_paths = ("/health", "/metrics")
 
+    def guarded(self, path):
+        # vllm/entrypoints/serve/middleware/authenticate.py: GUARDED_PREFIX
+        return path.startswith(("/v1", "/v2", "/inference", "/cohere"))
+
     def do_GET(self):
         # No freeze here: the API server process answers even while the engine core is hung
         # (/health only asks whether the engine core has died, not whether it makes progress).
@@ -486,6 +494,13 @@ class MooncakeBootstrap(HandlerBase):
         return self.send_json(404, {"detail": "Not Found"})
 
 
+def redacted(args):
+    """The args as vLLM logs them: api_key (and hf_token) as "***"
+    (vllm/entrypoints/serve/utils/api_utils.py: redact_sensitive_args)."""
+    return {k: ("***" if k == "api_key" and v else v) for k, v in vars(args).items()
+            if k != "unknown"}
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     role = {"kv_producer": "prefill", "kv_consumer": "decode"}.get((args.kv or {}).get("kv_role"),
@@ -493,7 +508,7 @@ def main(argv=None):
     eng = Engine(args)
     TAG[0] = f"{role} NR{eng.rank}"
     log(f"hpcserve simulated vLLM {VLLM_VERSION} (no GPU, no model) pid={os.getpid()} "
-        f"non-default args: {json.dumps({k: v for k, v in vars(args).items() if k != 'unknown'})}")
+        f"non-default args: {json.dumps(redacted(args))}")
     if args.unknown:
         log(f"ignoring flags the simulator does not model: {' '.join(args.unknown)}")
     signal.signal(signal.SIGTERM, eng.on_sigterm)
