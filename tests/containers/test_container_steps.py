@@ -112,7 +112,7 @@ def test_pyxis_step(tmp_path: Path, fakes: Fakes) -> None:
                              "x-create=auto,rbind,ro"]]
     assert px["workdir"] == str(job)
     assert px["flags"] == {"mount_home": 0, "writable": 1}
-    assert px["env"] == ["NCCL_DEBUG"]
+    assert px["env"] == ["NCCL_DEBUG", "HPCSERVE_API_KEY"]  # the deployment's key: the host's
     assert srun["command"][:3] == ["bash", f"{job}/launch/container-task.sh", "decode-0"]
     for node, e in assert_engines_ran(fakes, job).items():
         assert e["env"]["NCCL_DEBUG"] == "INFO"  # named in --container-env: the host's value

@@ -45,11 +45,12 @@ def test_pyxis_flags_and_prefix() -> None:
         "--container-workdir=/lustre/work",
         "--no-container-mount-home",
         "--container-writable",
-        "--container-env=NCCL_DEBUG,HF_TOKEN",
+        # the deployment's API key too: the host's value, whatever the image sets
+        "--container-env=NCCL_DEBUG,HF_TOKEN,HPCSERVE_API_KEY",
     ]
     assert prefix == ["bash", f"{JD}/launch/container-task.sh", "decode-0"]
-    assert not any(f.startswith("--container-env") for f in containers.wrap_task(
-        plan("pyxis"), JD, "x")[0])
+    assert [f for f in containers.wrap_task(plan("pyxis"), JD, "x")[0]
+            if f.startswith("--container-env")] == ["--container-env=HPCSERVE_API_KEY"]
 
 
 @pytest.mark.parametrize("runtime", ["enroot", "apptainer"])

@@ -105,6 +105,13 @@ class Job:
         self.id = job_id
         self.env = env
 
+    @property
+    def key(self) -> str:
+        """The deployment's API key, which submit made in its job directory (its front's, for
+        an instance job): what a client of the endpoint bears."""
+        spec = json.loads((self.dir / "plan.json").read_text())["api_key"]
+        return Path(spec["file"]).read_text().strip()
+
     def state(self) -> dict:
         """state.json as the job last wrote it, checked against its declared schema (every
         state a job test reads is one the operator commands may be handed)."""
@@ -246,13 +253,16 @@ def scrape(target: str, labels: dict) -> set[str]:
     return {ln.split("{", 1)[0].split(" ", 1)[0] for ln in samples}
 
 
-def chat(url: str, max_tokens: int, stream: bool = False, timeout: float = 30) -> Any:
+def chat(url: str, max_tokens: int, stream: bool = False, timeout: float = 30,
+         key: str | None = None) -> Any:
+    """One chat request to `url`, bearing the deployment's API key `key` (None: none)."""
     body = {"model": "kimi-k2", "max_tokens": max_tokens, "stream": stream,
             "messages": [{"role": "user", "content": "hello there"}]}
     if stream:
         body["stream_options"] = {"include_usage": True}
     req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
+                                 {"Content-Type": "application/json",
+                                  **({"Authorization": f"Bearer {key}"} if key else {})})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         if not stream:
             return json.load(r)
@@ -304,8 +314,9 @@ class Load:
     s between two of a thread): every request's start, end, and error (None when it returned
     its tokens). one() sends one request: a subclass may send another kind."""
 
-    def __init__(self, url: str, clients: int = 2, tokens: int = 8, pause: float = 0.0):
-        self.url, self.tokens, self.pause = url, tokens, pause
+    def __init__(self, url: str, clients: int = 2, tokens: int = 8, pause: float = 0.0,
+                 key: str | None = None):
+        self.url, self.tokens, self.pause, self.key = url, tokens, pause, key
         self.results: list[tuple[float, float, str | None]] = []
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
@@ -324,7 +335,7 @@ class Load:
 
     def one(self) -> str | None:
         """One request: its error, or None."""
-        got = chat(self.url, self.tokens, timeout=20)["usage"]["completion_tokens"]
+        got = chat(self.url, self.tokens, timeout=20, key=self.key)["usage"]["completion_tokens"]
         return None if got == self.tokens else f"{got} tokens"
 
     def _run(self) -> None:

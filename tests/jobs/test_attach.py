@@ -60,14 +60,17 @@ def cli(front, tmp_path):
         j.squeue_gone(60)
 
 
-def _listed(router_url: str) -> dict[str, dict]:
-    """The router's workers by URL (GET /workers: worker_type, bootstrap_port, ...)."""
-    with urllib.request.urlopen(router_url + "/workers", timeout=5) as r:
+def _listed(router_url: str, key: str) -> dict[str, dict]:
+    """The router's workers by URL (GET /workers: worker_type, bootstrap_port, ...), asked
+    with the deployment's API key, which sglang-router asks of its worker API."""
+    req = urllib.request.Request(router_url + "/workers",
+                                 headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
         return {w["url"]: w for w in json.load(r)["workers"]}
 
 
-def _workers(router_url: str) -> list[str]:
-    return list(_listed(router_url))
+def _workers(router_url: str, key: str) -> list[str]:
+    return list(_listed(router_url, key))
 
 
 def _worker_url(job: Job, inst: str = "decode-0") -> str:
@@ -90,14 +93,15 @@ def test_scale_add_decode_joins_after_the_smoke_request_and_remove_fails_no_requ
         if not (inst.dir / "run" / "decode-0.nodes").exists():
             return None
         mine = _worker_url(inst)
-        if mine not in _workers(url):
+        if mine not in _workers(url, front.key):
             return None
         assert smoke_line in job_log.read_text(), "registered before its smoke request"
         return mine
 
     mine = until("the instance job's decode in the front's router", listed_after_smoke, 60,
                  why=inst.logs)
-    assert _listed(url)[mine]["worker_type"] == "decode", _listed(url)  # its role, told
+    listed = _listed(url, front.key)
+    assert listed[mine]["worker_type"] == "decode", listed  # its role, told
     ist = inst.wait({"serving", "failed"}, 30)
     assert ist["phase"] == "serving" and ist["endpoint"] == url, ist
     assert ist["attach"]["front_job_id"] == front.id, ist
@@ -109,7 +113,7 @@ def test_scale_add_decode_joins_after_the_smoke_request_and_remove_fails_no_requ
     ist = inst.wait_until(lambda s: "decode-0" in s["health"], 10)  # a liveness round
     assert "router" not in ist["health"], ist  # no router of its own to probe
     engine_log = inst.dir / ist["startup"]["instances"]["decode-0"]["log"]
-    with Load(url) as load:
+    with Load(url, key=front.key) as load:
         # requests through the front's router reach the instance job's engine (its own log)
         until("a request served by the instance job's engine",
               lambda: requests_in(engine_log) >= 3, 30, why=inst.logs)
@@ -118,7 +122,7 @@ def test_scale_add_decode_joins_after_the_smoke_request_and_remove_fails_no_requ
                   "--drain-timeout", "30", "--wait")
         assert f"draining decode-0 of job {inst.id}" in out, out
         ist = inst.wait({"done", "failed", "cancelled"}, 40)
-        assert mine not in _workers(url)
+        assert mine not in _workers(url, front.key)
         served_before = load.ok_between(0, float("inf"))
         # the front serves on with its own decode alone
         until("requests after the drain", lambda: load.ok_between(0, float("inf")) >=
@@ -147,13 +151,13 @@ def test_a_cancelled_prefill_instance_job_leaves_the_front_router_before_its_eng
     mine = _worker_url(inst, "prefill-0")
     # a prefill joins as one, with its own bootstrap port (shifted with the job's port block)
     spec = json.loads((inst.dir / "plan.json").read_text())["instances"][0]
-    got = _listed(url)[mine]
+    got = _listed(url, front.key)[mine]
     assert (got["worker_type"], got["bootstrap_port"]) == ("prefill", spec["ports"]["bootstrap"])
     front_spec = json.loads((front.dir / "plan.json").read_text())["instances"][0]
     assert spec["ports"]["bootstrap"] != front_spec["ports"]["bootstrap"], (spec, front_spec)
     cli("cancel", inst.id, "--wait")  # an instance job named stops alone
     assert inst.wait({"cancelled", "failed", "done"}, 30)["phase"] == "cancelled", inst.logs()
-    assert mine not in _workers(url)
+    assert mine not in _workers(url, front.key)
     log = (inst.dir / "logs" / "hpcserve-job.log").read_text()
     assert log.index(f"prefill-0 removed from the router ({mine})") < \
         log.index("SIGTERM to prefill-0"), log

@@ -40,7 +40,7 @@ def test_a_load_step_adds_a_slot_job_and_its_end_drains_it_after_the_cool_down(s
 
     # no load: one instance is min, and nothing is below target with none fewer
     assert decisions() == [], front.state().get("autoscale")
-    with Load(url, clients=6) as load:
+    with Load(url, clients=6, key=front.key) as load:
         added = until("an autoscale add under load", lambda: decisions(), 30,
                       why=front.logs)[0]
         assert (added["action"], added["slot"]) == ("add", "worker-s1"), added

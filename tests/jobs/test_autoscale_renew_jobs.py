@@ -49,7 +49,7 @@ def test_a_slot_job_renews_under_load_and_stays_one_instance_of_capacity(submit)
 
     ids: set[str] = set()
     try:
-        with Load(st["endpoint"], clients=CLIENTS) as load:
+        with Load(st["endpoint"], clients=CLIENTS, key=front.key) as load:
             added = until("an autoscale add under load", decisions, 30, why=front.logs)[0]
             assert (added["action"], added["slot"]) == ("add", "worker-s1"), added
             first_id = until("the slot's job id", lambda: decisions()[0]["job_id"], 15)

@@ -92,7 +92,7 @@ def test_a_deployment_serves_through_a_controller_restart(submit, dev_cluster, t
                                "controller (connect failure) ("), line
         assert r.stdout == ""
         # the deployment serves on, its state untouched by the outage
-        resp = chat(st["endpoint"], 6)
+        resp = chat(st["endpoint"], 6, key=job.key)
         assert resp["usage"]["completion_tokens"] == 6
         during = job.state()
         outage_log = _log_since(job, log_at)
@@ -123,7 +123,7 @@ def test_a_deployment_serves_through_a_controller_restart(submit, dev_cluster, t
     r = _hpcserve(env, "status", job.id)
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert f"serving at {st['endpoint']}" in r.stdout and "RUNNING" in r.stdout, r.stdout
-    assert chat(st["endpoint"], 3)["usage"]["completion_tokens"] == 3
+    assert chat(st["endpoint"], 3, key=job.key)["usage"]["completion_tokens"] == 3
 
     r = _hpcserve(env, "cancel", job.id, "--wait")
     assert r.returncode == 0, (r.stdout, r.stderr)

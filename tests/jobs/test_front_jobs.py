@@ -58,7 +58,7 @@ def test_a_front_of_router_alone_serves_through_its_slot_jobs_and_cancel_stops_t
         slots[role] = slot
     log = (front.dir / "logs" / "hpcserve-job.log").read_text()
     assert "router ready with 0 worker(s)" in log and "smoke request returned" in log, log
-    with Load(url, clients=2) as load:
+    with Load(url, clients=2, key=front.key) as load:
         for role, slot in slots.items():
             engine_log = slot.dir / slot.state()["startup"]["instances"][f"{role}-0"]["log"]
             until(f"requests served by the {role} slot's engine",

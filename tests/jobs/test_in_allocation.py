@@ -116,7 +116,7 @@ def test_serves_in_an_salloc_and_cancel_leaves_it(dev_cluster, env, deploy_file,
         st = job.wait({"serving", "failed"}, 120)
         assert st["phase"] == "serving", job.logs()
         # served through the router by engines on the allocation's nodes, as its steps
-        reply = chat(st["endpoint"], 4)
+        reply = chat(st["endpoint"], 4, key=job.key)
         assert reply["usage"]["completion_tokens"] == 4
         on = {inst: [r[1] for r in job.node_rows(inst)] for inst in ("prefill-0", "decode-0")}
         assert on == {"prefill-0": [held[0]], "decode-0": [held[1]]}, on

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcserve.runtime.contract import API_KEY_FILE
 from jobkit import chat, wait_no_job_processes
 
 pytestmark = pytest.mark.slurm
@@ -41,7 +42,8 @@ def test_the_installed_wheel_runs_the_demo_deployment(installed_wheel, dev_clust
     try:
         st = json.loads(run("status", job, "--json").stdout)[0]
         assert st["phase"] == "serving", out
-        assert chat(st["endpoint"], 5)["usage"]["completion_tokens"] == 5
+        key = (Path(st["job_dir"]) / API_KEY_FILE).read_text().strip()  # made at submit
+        assert chat(st["endpoint"], 5, key=key)["usage"]["completion_tokens"] == 5
     finally:
         done = run("cancel", job, "--wait", check=False)
     assert done.returncode == 0 and done.stdout.strip().endswith("cancelled"), done.stdout

@@ -35,7 +35,7 @@ def test_kt_kernel_in_sglang_serves_with_its_cpu_share(submit, dev_cluster, tmp_
     job = submit(d)
     st = job.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", job.logs()
-    assert chat(st["endpoint"], 3)["usage"]["completion_tokens"] == 3
+    assert chat(st["endpoint"], 3, key=job.key)["usage"]["completion_tokens"] == 3
     text = _log(job, "worker-0")
     # cores 2 - GPUs 1 = 1 thread; the step was given both CPUs of the node
     assert "kt-kernel AMXINT4: 1 CPU threads in 1 pool(s), 2 experts per layer" in text, text

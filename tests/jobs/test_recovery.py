@@ -44,7 +44,7 @@ def test_a_killed_decode_engine_is_replaced_while_the_other_decode_serves(submit
     st = _serving(job)
     victim = job.node_rows("decode-1")[0]
     new_log = job.dir / "logs" / f"decode-1.attempt1.node0.{victim[1]}.log"
-    with Load(st["endpoint"]) as load:
+    with Load(st["endpoint"], key=job.key) as load:
         until("requests served by both decodes", lambda: load.ok_between(0, time.time()) >= 6,
                30)
         t_kill = time.time()
@@ -196,7 +196,7 @@ def test_one_long_answer_streaming_on_default_liveness_is_never_called_hung(subm
     job = submit(dep)
     st = _serving(job)
     t0 = time.time()
-    events = chat(st["endpoint"], 300, stream=True, timeout=120)
+    events = chat(st["endpoint"], 300, stream=True, timeout=120, key=job.key)
     took = time.time() - t0
     assert events[-1]["usage"]["completion_tokens"] == 300, events[-1]
     assert took > 40, f"the answer streamed for {took:.1f} s only"
@@ -285,7 +285,7 @@ def test_an_engine_slow_under_load_with_progress_is_never_replaced(submit, dev_c
     job = submit(dep)
     st = _serving(job)
     log_path = job.dir / "logs" / "hpcserve-job.log"
-    with Load(st["endpoint"], clients=2, tokens=40) as load:
+    with Load(st["endpoint"], clients=2, tokens=40, key=job.key) as load:
         # the slow fault in force, its first probe timed out, then five more rounds of 3 s +
         # 5 s: hung would be named after three
         until("busy round", lambda: "decode-0: busy, not hung" in log_path.read_text(), 60)
@@ -317,6 +317,6 @@ def test_vllm_pd_router_takes_the_dead_decode_out_and_restarts_with_its_replacem
     log = (job.dir / "logs" / "hpcserve-job.log").read_text()
     assert f"decode-0 removed from the router (http://{leader[2]}:8100)" in log, log
     assert "restarting the router with the instances' addresses now" in log, log
-    assert chat(st["endpoint"], 5)["usage"]["completion_tokens"] == 5
+    assert chat(st["endpoint"], 5, key=job.key)["usage"]["completion_tokens"] == 5
     new_log = job.dir / "logs" / f"decode-0.attempt1.node0.{leader[1]}.log"
     assert requests_in(new_log) > 0, new_log.read_text()

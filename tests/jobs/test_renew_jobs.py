@@ -87,9 +87,9 @@ def _bootstrap_listed(url: str, job: Job) -> None:
     """The router lists the prefill instance that `job` runs with `job`'s own bootstrap port,
     the one its decode peers fetch KV caches from (the twins' ports differ)."""
     port = json.loads((job.dir / "plan.json").read_text())["instances"][0]["ports"]["bootstrap"]
-    got = _listed(url).get(_worker_url(job, "prefill-0"))
+    got = _listed(url, job.key).get(_worker_url(job, "prefill-0"))
     assert got and (got["worker_type"], got["bootstrap_port"]) == ("prefill", port), \
-        (job.id, port, _listed(url))
+        (job.id, port, _listed(url, job.key))
 
 
 def _takes_requests(job: Job, inst: str) -> None:
@@ -112,7 +112,7 @@ def test_instance_jobs_renew_twice_under_load_without_a_failed_request(submit, t
             assert first.wait({"serving", "failed", "done"}, 30)["phase"] == "serving", \
                 first.logs()
         _bootstrap_listed(url, firsts["prefill-0"])
-        with Load(url) as load:
+        with Load(url, key=front.key) as load:
             cur = dict(firsts)
             for turn in range(2):    # both renew meanwhile: wait on each in turn
                 for inst, job in cur.items():
@@ -125,7 +125,7 @@ def test_instance_jobs_renew_twice_under_load_without_a_failed_request(submit, t
                         assert nxt.wait({"serving", "failed", "done"}, 30)["phase"] in \
                             ("serving", "done")
                         _bootstrap_listed(url, nxt)
-                        assert _worker_url(job, inst) not in _listed(url)
+                        assert _worker_url(job, inst) not in _listed(url, job.key)
                         _takes_requests(nxt, inst)
             served = load.ok_between(0, float("inf"))
             until("requests after two renewals",

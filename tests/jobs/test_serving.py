@@ -41,10 +41,10 @@ def test_pd_deployment_serves_and_answers(submit, dev_cluster, p_nodes, d_nodes)
         log = (job.dir / "logs" / f"decode-0.node{r[0]}.{r[1]}.log").read_text()
         assert f"node-rank {r[0]} on {r[1]} ({r[2]}), leader {rows[0][2]}" in log
 
-    resp = chat(st["endpoint"], 7)
+    resp = chat(st["endpoint"], 7, key=job.key)
     assert resp["usage"]["completion_tokens"] == 7
     assert resp["choices"][0]["message"]["content"].strip()
-    events = chat(st["endpoint"], 5, stream=True)
+    events = chat(st["endpoint"], 5, stream=True, key=job.key)
     pieces = [e["choices"][0]["delta"].get("content") for e in events if e.get("choices")]
     assert len([p for p in pieces if p]) == 5
     assert [e["usage"]["completion_tokens"] for e in events if e.get("usage")][-1] == 5

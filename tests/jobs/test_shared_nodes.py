@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpcserve.runtime.contract import API_KEY_FILE
 from jobkit import Job, chat, deployment
 
 pytestmark = pytest.mark.slurm
@@ -61,8 +62,12 @@ def test_a_second_deployment_on_the_same_nodes_never_answers_from_the_first(subm
     assert "engines_ready" not in [h["phase"] for h in st3["history"]]
     # the first deployment lost nothing: still serving, through its own router and engines
     assert first.state()["phase"] == "serving"
-    out = chat(first.state()["endpoint"], 3)
+    out = chat(first.state()["endpoint"], 3, key=first.key)
     assert out["usage"]["completion_tokens"] == 3
+
+
+def _key(job_dir: Path) -> str:
+    return (job_dir / API_KEY_FILE).read_text().strip()
 
 
 def _requests(job_dir: Path) -> int:
@@ -107,9 +112,9 @@ def test_two_of_my_deployments_on_one_shared_node_both_serve_each_from_its_own_e
         # a request through each endpoint reaches that job's engine and no other
         da, db = Path(subs[0].job_dir), Path(subs[1].job_dir)
         before = (_requests(da), _requests(db))
-        assert chat(b["endpoint"], 2)["usage"]["completion_tokens"] == 2
+        assert chat(b["endpoint"], 2, key=_key(db))["usage"]["completion_tokens"] == 2
         assert (_requests(da), _requests(db)) == (before[0], before[1] + 1)
-        assert chat(a["endpoint"], 2)["usage"]["completion_tokens"] == 2
+        assert chat(a["endpoint"], 2, key=_key(da))["usage"]["completion_tokens"] == 2
         assert (_requests(da), _requests(db)) == (before[0] + 1, before[1] + 1)
     finally:
         for s in subs:

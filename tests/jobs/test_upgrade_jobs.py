@@ -43,9 +43,11 @@ def front(submit):
     return job
 
 
-def _release(worker_url: str) -> str:
-    """The release an engine says it runs (SGLang's /get_server_info)."""
-    with urllib.request.urlopen(worker_url + "/get_server_info", timeout=5) as r:
+def _release(worker_url: str, key: str) -> str:
+    """The release an engine says it runs (SGLang's /get_server_info, which asks the key)."""
+    req = urllib.request.Request(worker_url + "/get_server_info",
+                                 headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
         return json.load(r)["version"]
 
 
@@ -66,9 +68,9 @@ def _upgrade(front: Job, cli, to: str) -> tuple[list[str], Job]:
 def _runs_only(url: str, surge: Job, release: str) -> None:
     """The router lists the surge job's instance alone, which says it runs `release` and whose
     own log shows it started as that release."""
-    listed = _listed(url)
+    listed = _listed(url, surge.key)
     assert list(listed) == [_worker_url(surge, "worker-0")], listed
-    assert _release(next(iter(listed))) == release
+    assert _release(next(iter(listed)), surge.key) == release
     st = surge.state()
     assert st["phase"] == "serving" and st["instances"]["worker-0"]["status"] == "serving"
     log = (surge.dir / st["startup"]["instances"]["worker-0"]["log"]).read_text()
@@ -80,8 +82,8 @@ def test_a_rolling_upgrade_of_a_lone_instance_under_load_fails_no_request(front,
     then that instance job's replaced by another. With one instance at a time, a drain before
     the surge served fails requests: "no failed request" proves the order."""
     url = front.state()["endpoint"]
-    assert [_release(w) for w in _listed(url)] == [V0]
-    with Load(url) as load:
+    assert [_release(w, front.key) for w in _listed(url, front.key)] == [V0]
+    with Load(url, key=front.key) as load:
         said, first = _upgrade(front, cli, OLD)
         assert said[0].startswith(f"[1/1] worker-0 of job {front.id}: surge job {first.id} at "
                                   f"SGLang {OLD}"), said

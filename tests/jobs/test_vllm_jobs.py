@@ -33,10 +33,10 @@ def _log(job, inst: str, rank: int) -> str:
     return (job.dir / "logs" / f"{inst}.node{rank}.{rows[rank][1]}.log").read_text()
 
 
-def _serves_chat(st: dict) -> None:
-    resp = chat(st["endpoint"], 7)
+def _serves_chat(st: dict, key: str) -> None:
+    resp = chat(st["endpoint"], 7, key=key)
     assert resp["usage"]["completion_tokens"] == 7
-    events = chat(st["endpoint"], 5, stream=True)
+    events = chat(st["endpoint"], 5, stream=True, key=key)
     pieces = [e["choices"][0]["delta"].get("content") for e in events if e.get("choices")]
     assert len([p for p in pieces if p]) == 5
     assert [e["usage"]["completion_tokens"] for e in events if e.get("usage")][-1] == 5
@@ -56,7 +56,7 @@ def test_vllm_layout_serves_through_vllm_router(submit, dev_cluster, layout):
     assert st["phase"] == "serving", job.logs()
     assert [h["phase"] for h in st["history"]] == ORDER
     assert st["endpoint"] == f"http://{dev_cluster.node_addresses()['node1']}:8000"
-    _serves_chat(st)
+    _serves_chat(st, job.key)
     if layout == "tp16-2nodes":
         # rank 1 joined rank 0's torch.distributed store at the leader's address, headless
         rows = job.node_rows("worker-0")

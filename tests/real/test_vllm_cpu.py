@@ -48,20 +48,29 @@ def leftovers(cluster) -> set[str]:
     return out
 
 
-def _post(url: str, body: dict, timeout: float = 120):
+def api_key(job_dir: Path) -> str:
+    """The deployment's API key, which submit made (an instance job's: its front's)."""
+    return Path(json.loads((job_dir / "plan.json").read_text())["api_key"]["file"]) \
+        .read_text().strip()
+
+
+def _post(url: str, body: dict, timeout: float = 120, key: str | None = None):
+    """A chat request, bearing the deployment's API key `key` (None: none)."""
     req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
+                                 {"Content-Type": "application/json",
+                                  **({"Authorization": f"Bearer {key}"} if key else {})})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(req, timeout=timeout) as r:
         return r.read().decode()
 
 
-def _serves_real_tokens(endpoint: str) -> None:
+def _serves_real_tokens(endpoint: str, key: str) -> None:
     ask = {"model": "tiny", "max_tokens": 8,
            "messages": [{"role": "user", "content": "What is the weather in Paris?"}]}
-    resp = json.loads(_post(endpoint, {**ask, "tools": TOOLS, "tool_choice": "auto"}))
+    resp = json.loads(_post(endpoint, {**ask, "tools": TOOLS, "tool_choice": "auto"}, key=key))
     assert resp["usage"]["completion_tokens"] > 0, resp
-    raw = _post(endpoint, {**ask, "stream": True, "stream_options": {"include_usage": True}})
+    raw = _post(endpoint, {**ask, "stream": True, "stream_options": {"include_usage": True}},
+                key=key)
     events = [json.loads(ln[6:]) for ln in raw.splitlines()
               if ln.startswith("data: ") and ln != "data: [DONE]"]
     assert raw.rstrip().endswith("data: [DONE]")
@@ -103,7 +112,7 @@ def test_real_vllm_serves_through_hpcserve_and_cancel_leaves_nothing(
     st = _status(hs, job)
     state = json.loads((Path(st["job_dir"]) / "state.json").read_text())
     assert st["phase"] == "serving" and state["smoke_tokens"] > 0, (out, st)
-    _serves_real_tokens(st["endpoint"])
+    _serves_real_tokens(st["endpoint"], api_key(Path(st["job_dir"])))
     # vLLM's own API server on node rank 0, and a headless vLLM on node rank 1
     rows = _nodes(Path(st["job_dir"]))
     log = [(Path(st["job_dir"]) / "logs" / f"worker-0.node{r}.{rows[r][1]}.log").read_text(
@@ -146,7 +155,7 @@ def test_the_deepseek_v3_shape_with_expert_parallelism(hs, dev_cluster, tiny_mod
     st = _status(hs, job)
     job_dir = Path(st["job_dir"])
     assert st["phase"] == "serving", (out, st)
-    _serves_real_tokens(st["endpoint"])
+    _serves_real_tokens(st["endpoint"], api_key(job_dir))
     # each node's rank held its own half of the experts, and the kernel got local ids there
     rows = _nodes(job_dir)
     for rank, experts in ((0, "0->0, 1->1, 2->2, 3->3"), (1, "0->4, 1->5, 2->6, 3->7")):

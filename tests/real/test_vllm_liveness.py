@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import real_deployment, write_deployment
-from test_vllm_cpu import _job_id, _status, read_state, wait_state
+from test_vllm_cpu import _job_id, _status, api_key, read_state, wait_state
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 from jobkit import cmdline, node_processes, wait_no_job_processes  # noqa: E402
@@ -34,14 +34,15 @@ PLUGINS = Path(__file__).resolve().parent / "vllm_plugins"
 TOKENS = 2000
 
 
-def _stream(url: str, tokens: int, timeout: float) -> tuple[int, float]:
+def _stream(url: str, tokens: int, timeout: float, key: str) -> tuple[int, float]:
     """One streamed chat of `tokens` tokens (EOS ignored: random weights may end early):
     (tokens received, seconds it streamed)."""
     body = {"model": "tiny", "max_tokens": tokens, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": "Think aloud about the cluster"}]}
     req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
+                                 {"Content-Type": "application/json",
+                                  "Authorization": f"Bearer {key}"})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     t0, usage = time.time(), None
     with opener.open(req, timeout=timeout) as r:
@@ -83,7 +84,7 @@ def test_a_long_answer_is_busy_and_a_stopped_engine_core_is_hung_within_30_s(
                 f"job log: {job_log.read_text()[-3000:]}")
 
     # 1. one long answer: well past every threshold, never called hung
-    got, took = _stream(url, TOKENS, timeout=600)
+    got, took = _stream(url, TOKENS, timeout=600, key=api_key(job_dir))
     assert got == TOKENS, why()
     assert took > 40, f"the answer streamed for {took:.1f} s only: the plugin is not in force"
     w0 = read_state(job_dir)["instances"]["worker-0"]

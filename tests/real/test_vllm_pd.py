@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import real_deployment, write_deployment
-from test_vllm_cpu import (_job_id, _serves_real_tokens, _status, find_pid, leftovers,
+from test_vllm_cpu import (_job_id, _serves_real_tokens, _status, api_key, find_pid, leftovers,
                            wait_no_job_processes, wait_state)
 from jobkit import until  # noqa: E402  (tests/jobs, put on the path by test_vllm_cpu)
 
@@ -102,7 +102,9 @@ def test_real_vllm_prefill_decode_moves_the_kv_benchmarks_and_names_a_killed_pre
     assert src1.get("external_kv_transfer", 0) - src0.get("external_kv_transfer", 0) >= \
         prompt - 16, (prompt, src0, src1)  # all but the last, partial block may be recomputed
     assert src1.get("local_compute", 0) - src0.get("local_compute", 0) < 16, (src0, src1)
-    _serves_real_tokens(url)  # chat with tools, streamed chat
+    # vllm-router's PD mode hands the halves no key (keys_workers): only the router has it,
+    # which asks none of a client; the deployment's key goes with the requests all the same
+    _serves_real_tokens(url, api_key(job_dir))  # chat with tools, streamed chat
 
     # 3. the same request in both instances' logs: the router's PD request id names both
     m = re.search(r"___decode_addr_\S+?_([0-9a-f]{32})", resp["id"])

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from conftest import real_deployment, write_deployment
-from test_vllm_cpu import _job_id, _post, _status, leftovers, read_state, wait_state
+from test_vllm_cpu import (_job_id, _post, _status, api_key, leftovers, read_state,
+                           wait_state)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 import jobkit  # noqa: E402
@@ -43,13 +44,14 @@ class Load(jobkit.Load):
 
     JOIN_S = 120  # one() waits up to 60 s for the real engine
 
-    def __init__(self, url: str, clients: int = 2, pause: float = 0.25):
-        super().__init__(url, clients, pause=pause)
+    def __init__(self, url: str, key: str, clients: int = 2, pause: float = 0.25):
+        super().__init__(url, clients, pause=pause, key=key)
 
     def one(self) -> str | None:
         body = {"model": "tiny", "max_tokens": 8,
                 "messages": [{"role": "user", "content": "Say hello to the cluster"}]}
-        got = json.loads(_post(self.url, body, timeout=60))["usage"]["completion_tokens"]
+        got = json.loads(_post(self.url, body, timeout=60, key=self.key))["usage"][
+            "completion_tokens"]
         return None if got > 0 else f"{got} tokens"
 
 
@@ -104,7 +106,7 @@ def test_a_killed_vllm_instance_is_replaced_and_an_added_one_serves_then_drains(
     def worker1_listed() -> bool:
         return any(f"//{w1[2]}:" in u for u in router.listed())
 
-    with Load(url) as load:
+    with Load(url, api_key(job_dir)) as load:
         # steady load served by both first
         until("requests through the router", lambda: load.ok_between(0, time.time()) >= 6,
                120, why=why)
@@ -215,12 +217,12 @@ def _scale_add_then_drain(hs, job: str, job_dir: Path, url: str, front_log: Path
     exported = _get(mine + metrics["path"])
     assert all(re.search(rf"^{re.escape(n)}[{{ ]", exported, re.M) for n in metrics["pending"]), \
         (metrics["pending"], exported[:3000])
-    with Load(url) as load:
+    with Load(url, api_key(job_dir)) as load:
         front0, new0 = _chats(front_log), _chats(new_log)  # new0: its smoke request
         until("chats through the router on the front's worker-0 and the new engine",
               lambda: _chats(front_log) >= front0 + 3 and _chats(new_log) >= new0 + 3, 180,
               why=why)
-        long = _LongChat(mine, LONG_TOKENS)
+        long = _LongChat(mine, LONG_TOKENS, api_key(job_dir))
         out = hs("scale", job, "--role", "worker", "--remove", "1", "--drain-timeout", "120",
                  "--wait").stdout
         t_drained = time.time()
@@ -298,9 +300,9 @@ class _LongChat(threading.Thread):
     """A chat of exactly `tokens` tokens (vLLM's ignore_eos) sent straight to one engine: what
     it got ({"tokens": n} or {"error": ...}), when it began and ended."""
 
-    def __init__(self, engine_url: str, tokens: int):
+    def __init__(self, engine_url: str, tokens: int, key: str):
         super().__init__(daemon=True)
-        self.url, self.tokens = engine_url, tokens
+        self.url, self.tokens, self.key = engine_url, tokens, key
         self.got: dict = {}
         self.started = self.ended = time.time()
         self.start()
@@ -309,7 +311,8 @@ class _LongChat(threading.Thread):
         body = {"model": "tiny", "max_tokens": self.tokens, "ignore_eos": True,
                 "messages": [{"role": "user", "content": "Tell the cluster a long story"}]}
         try:
-            self.got = {"tokens": json.loads(_post(self.url, body, timeout=300))["usage"][
+            self.got = {"tokens": json.loads(_post(self.url, body, timeout=300,
+                                                   key=self.key))["usage"][
                 "completion_tokens"]}
         except Exception as e:  # a stopped engine's reset connection, whatever it is
             self.got = {"error": repr(e)}

@@ -385,3 +385,89 @@ def test_which_routers_api_key_guards_its_worker_api(procs, engine):
         with pytest.raises(WorkerApiError) as e:
             RouterWorkers("direct", url, timeout=2)._call("POST", "/workers", {"url": nobody})
         assert "POST /workers: no answer from the router" in str(e.value), e.value
+
+
+class _Recorder:
+    """A worker that answers every request 200 with a small OpenAI-shaped body and records
+    each request's path and Authorization header: what the router hands on."""
+
+    def __init__(self):
+        import http.server
+        seen = self.seen = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def _any(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                seen.append((self.command, self.path.split("?")[0],
+                             self.headers.get("Authorization")))
+                body = json.dumps({"object": "list", "data": [{"id": "m"}], "choices": [
+                    {"index": 0, "text": "x", "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": "x"}}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                              "total_tokens": 2}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _any
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def generations(self) -> list:
+        return [a for m, p, a in self.seen if m == "POST" and p == "/v1/chat/completions"]
+
+
+@pytest.mark.parametrize("engine,pd", [("sglang", False), ("sglang", True), ("vllm", False),
+                                       ("vllm", True)])
+def test_what_key_each_router_hands_its_workers(procs, engine, pd):
+    """Whether the engines behind a router can ask for the deployment's key
+    (RouterAdapter.keys_workers), from the releases themselves: sglang-router 0.3.2 sends its
+    own --api-key to every worker, in plain and PD mode; vllm-router 0.1.17 passes the
+    client's Authorization on in plain mode, and in PD mode sends both halves "Bearer " with
+    no key, which a keyed engine would turn away (so hpcserve keys no engine behind it)."""
+    workers = [_Recorder() for _ in range(2 if pd else 1)]
+    port = free_port()
+    if engine == "sglang":
+        mode = (["--pd-disaggregation", "--prefill", workers[0].url, str(free_port()),
+                 "--decode", workers[1].url] if pd else ["--worker-urls", workers[0].url])
+        cmd = ROUTER_CMD
+    else:
+        mode = (["--vllm-pd-disaggregation", "--prefill", workers[0].url,
+                 "--decode", workers[1].url] if pd else ["--worker-urls", workers[0].url])
+        cmd = VLLM_ROUTER_CMD
+    r = procs.start(cmd + ["--host", "127.0.0.1", "--port", str(port), "--api-key", "k-router",
+                           "--prometheus-host", "127.0.0.1", "--prometheus-port",
+                           str(free_port()), *mode], f"{engine}-router-hands-on")
+    url = f"http://127.0.0.1:{port}"
+    wait_status(url + "/health", proc=r, timeout=30)
+    body = json.dumps({"model": "m", "max_tokens": 1,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    import urllib.request
+    # sglang-router asks its own key of the client (test_which_routers_api_key_guards_...);
+    # vllm-router asks none, so the client's may be any
+    client = "k-router" if engine == "sglang" else "k-client"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + 30
+    while True:  # until the router counts its workers healthy and sends the request on
+        req = urllib.request.Request(url + "/v1/chat/completions", body, {
+            "Content-Type": "application/json", "Authorization": f"Bearer {client}"})
+        try:
+            with opener.open(req, timeout=10) as resp:
+                assert resp.status == 200
+            break
+        except OSError:
+            assert time.monotonic() < deadline, [w.seen for w in workers]
+            time.sleep(0.5)
+    got = [a for w in workers for a in w.generations()]
+    assert got, [w.seen for w in workers]
+    want = {("sglang", False): "Bearer k-router", ("sglang", True): "Bearer k-router",
+            ("vllm", False): "Bearer k-client", ("vllm", True): "Bearer "}[engine, pd]
+    assert set(got) == {want}, [w.seen for w in workers]
+    assert engines.get(engine).router_for(pd).keys_workers(pd) == (want != "Bearer ")

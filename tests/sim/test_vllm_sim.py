@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from simlib import content_chunks, free_port, get_status, http, sse_events, wait_status
 
 CHAT = {"model": "kimi-k2", "max_tokens": 5, "messages": [{"role": "user", "content": "hi there"}]}
@@ -202,3 +204,52 @@ def test_sigterm_ends_the_head_and_its_headless_node(procs):
     wait_status(f"http://127.0.0.1:{port}/health", proc=head)
     head.popen.terminate()
     assert head.wait(10) == 0 and node1.wait(10) == 0
+
+
+def _status(url: str, key: str | None = None, body: dict | None = None) -> int:
+    import json
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(url, None if body is None else json.dumps(body).encode(),
+                                 {"Content-Type": "application/json",
+                                  **({"Authorization": f"Bearer {key}"} if key else {})})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_keyed_stand_in_asks_the_key_where_its_release_does(procs, engine):
+    """With --api-key the stand-ins answer 401 where the releases do and serve where they
+    do not: vLLM 0.32.0 guards /v1, /v2, /inference and /cohere (authenticate.py
+    GUARDED_PREFIX), SGLang 0.5.23 all but /health*, /ready* and /metrics* (auth.py
+    decide_request_auth); vLLM takes VLLM_API_KEY when --api-key is not given. Neither logs
+    the key where its release does not: vLLM redacts it in its args line."""
+    port = free_port()
+    if engine == "vllm":
+        p = procs.vllm("/models/tiny", "--served-model-name", "tiny", "--host", "127.0.0.1",
+                       "--port", port, name="keyed", VLLM_API_KEY="k-env-42")
+        key, open_paths, guarded = "k-env-42", ["/health", "/metrics", "/version", "/load"], \
+            ["/v1/models"]
+    else:
+        p = procs.engine("--model-path", "/m", "--served-model-name", "tiny", "--host",
+                         "127.0.0.1", "--port", port, "--api-key", "k-arg-42", "--enable-metrics",
+                         name="keyed")
+        key, open_paths, guarded = "k-arg-42", ["/health", "/metrics"], \
+            ["/model_info", "/get_server_info", "/v1/models"]
+    url = f"http://127.0.0.1:{port}"
+    wait_status(url + "/health", proc=p, timeout=30)
+    for path in open_paths:
+        assert _status(url + path) == 200, path
+    for path in guarded:
+        assert _status(url + path) == 401, path
+        assert _status(url + path, "k-wrong") == 401, path
+        assert _status(url + path, key) == 200, path
+    chat = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    assert _status(url + "/v1/chat/completions", None, chat) == 401
+    assert _status(url + "/v1/chat/completions", key, chat) == 200
+    if engine == "vllm":
+        assert key not in p.log() and '"api_key": null' in p.log()

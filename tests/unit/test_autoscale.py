@@ -87,9 +87,12 @@ def test_slots_are_rendered_under_scale_with_ports_clear_of_the_front_and_each_o
     s1 = json.loads(files["scale/decode-s1/plan.json"][0])
     jsonschema.validate(s1, SCHEMA)
     assert (s1["job_dir"], s1["router"]) == ("/jobs/demo/scale/decode-s1", None)
-    assert s1["attach"] == {"router_url": None, "workers_api": "queued", "api_key_env": None,
-                            "front_job_id": None, "front_job_dir": "/jobs/demo",
-                            "deployment": "demo-kimi-k2"}
+    assert s1["attach"] == {"router_url": None, "workers_api": "queued",
+                            "api_key_env": "HPCSERVE_API_KEY", "front_job_id": None,
+                            "front_job_dir": "/jobs/demo", "deployment": "demo-kimi-k2"}
+    # a slot's engines take the deployment's key, from the front's file: it has none of its own
+    assert s1["api_key"] == {"env": "HPCSERVE_API_KEY", "file": "/jobs/demo/secret/api-key"}
+    assert "key=/jobs/demo/secret/api-key\n" in files["scale/decode-s1/job.sbatch"][0]
     assert s1["autoscale"] is None  # a slot scales nothing itself
     sbatch = files["scale/decode-s1/job.sbatch"][0]
     assert "--output=/jobs/demo/scale/decode-s1/logs/batch-%j.out" in sbatch

@@ -203,12 +203,11 @@ VARIANT: dict[tuple, tuple[Any, list, dict]] = {
     # engine.python wins over the site's python for the (real) engine, router.python over the
     # site's router python
     ("site", "paths", "engine_python"): ({"sglang": "/canary/site/engine/python"},
-                                         [(F_P0, "  /canary/site/engine/python -m ")],
+                                         [(F_P0, "  /canary/site/engine/python ")],
                                          {("engine", "python"): None,
                                           ("engine", "simulate"): False}),
     ("site", "paths", "router_python"): ("/canary/site/router/python",
-                                         [(F_R, "  /canary/site/router/python "
-                                                "\"${JOB_DIR}\"/hpcserve_runtime/router_main.py ")],
+                                         [(F_R, "  /canary/site/router/python ")],
                                          {("router", "python"): None}),
     # request faults count requests, not seconds
     ("roles", "prefill", "sim_fault", "after_requests"): (

@@ -67,7 +67,8 @@ def _start(job: Path, node: str, tag: str = "") -> subprocess.CompletedProcess:
     stand-in, which exits at once."""
     env = {**os.environ, "SLURMD_NODENAME": node, "SLURM_JOB_ID": "7",
            "HPCSERVE_ATTEMPT_TAG": tag, "PATH": f"{FAKE_PYTHON}:{os.environ['PATH']}",
-           "HPCSERVE_FAKE_ENGINE": "exit:0", "HPCSERVE_FAKE_PYTHON": sys.executable}
+           "HPCSERVE_FAKE_ENGINE": "exit:0", "HPCSERVE_FAKE_PYTHON": sys.executable,
+           "HPCSERVE_API_KEY": "k-test"}  # job.sbatch exports it to the job's steps
     return subprocess.run(["bash", str(job / "launch" / "worker-0.sh")], env=env,
                           capture_output=True, text=True, timeout=60)
 

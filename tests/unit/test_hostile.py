@@ -208,8 +208,9 @@ class Run:
             f"{i.role.upper()}_{i.index}_IP={shlex.quote(nodes[i.name][0][2])}\n"
             for i in self.plan.instances) + "ROUTER_IP=10.9.9.9\nSERVING_URL=http://10.9.9.9:8000\n",
             encoding="utf-8")
+        # HPCSERVE_API_KEY: what job.sbatch exports to the job's steps from secret/api-key
         env = stub_env(self.bin, self.log, self.home, NODELIST="n1,n2", SLURM_JOB_ID="77",
-                       SLURM_STEP_ID="3")
+                       SLURM_STEP_ID="3", HPCSERVE_API_KEY="k-hostile-test")
         runs = [("job.sbatch", [], {}, True)]
         imp = json.loads(self.files["plan.json"][0])["container"].get("import")
         if imp:  # pyxis, apptainer: what the runtime runs once before any step (the apptainer

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "demo.yaml"
 ENDPOINT = "http://10.0.0.1:8000"
 NOW = 1_000_000.0
-ATTACH = {"router_url": ENDPOINT, "workers_api": "queued", "api_key_env": None,
+ATTACH = {"router_url": ENDPOINT, "workers_api": "queued", "api_key_env": "HPCSERVE_API_KEY",
           "front_job_id": "42", "front_job_dir": "/jobs/demo", "deployment": "demo-kimi-k2"}
 
 
@@ -239,7 +239,7 @@ def test_add_submits_an_instance_job_under_the_front_and_records_it(front):
     assert cluster.called("sbatch") == [["sbatch", "--parsable", str(job / "job.sbatch")]]
     spec = json.loads((job / "plan.json").read_text())
     assert spec["attach"] == {"router_url": ENDPOINT, "workers_api": "queued",
-                              "api_key_env": None, "front_job_id": "42",
+                              "api_key_env": "HPCSERVE_API_KEY", "front_job_id": "42",
                               "front_job_dir": str(jd), "deployment": "demo-kimi-k2"}
     assert not ops.spec_ports(spec) & ops.spec_ports(json.loads((jd / "plan.json").read_text()))
     (sub,) = deployments.instance_jobs(e)

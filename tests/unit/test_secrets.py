@@ -110,11 +110,83 @@ def test_a_secret_argument_of_a_program_that_is_not_pythons_is_refused():
     from hpcserve.render import secret_argv
     from hpcserve.words import Var
     argv = ("--port", "8000", "--api-key", (Var("K", secret=True),))
-    cmd, kept, env = secret_argv(["python3", "-m", "m"], argv, "/j", "x")
-    assert cmd == ["python3", "/j/hpcserve_runtime/secret_argv.py", "-m", "m"]
+    cmd, kept, env = secret_argv(["python3", "-m", "m"], argv, "x")
+    assert cmd == ["python3", (Var("JOB_DIR"), "/hpcserve_runtime/secret_argv.py"), "-m", "m"]
     assert kept == ("--port", "8000") and env == [("HPCSERVE_SECRET_ARGS", "--api-key K")]
-    assert secret_argv(["python3", "-m", "m"], argv[:2], "/j", "x") == (
+    assert secret_argv(["python3", "-m", "m"], argv[:2], "x") == (
         ["python3", "-m", "m"], argv[:2], [])
     with pytest.raises(HpcserveError, match="trtllm-serve takes its arguments only on its "
                                             "command line, where --api-key {from_env: K}"):
-        secret_argv(["trtllm-serve", "disaggregated"], argv, "/j", "x")
+        secret_argv(["trtllm-serve", "disaggregated"], argv, "x")
+
+
+GENERATED = {k: v for k, v in DEP.items() if k != "router"}  # the router names no key
+GENERATED["roles"] = {"prefill": {"nodes": 1}, "decode": {"nodes": 1}}
+
+
+def test_every_deployment_gets_a_key_of_its_own_that_only_its_owner_reads(tmp_path):
+    """Without a key named in the file, the render makes one: new, 0600 in a 0700 directory,
+    a different one per job directory; the router and every engine name its variable, and no
+    other file of the job directory holds it. plan.json names the file, never the value."""
+    job = _render(tmp_path, GENERATED)
+    key_file = job / "secret" / "api-key"
+    key = key_file.read_text()
+    assert key.endswith("\n") and len(key.strip()) >= 43, "32 random bytes, urlsafe base64"
+    assert (oct(key_file.stat().st_mode & 0o777), oct((job / "secret").stat().st_mode & 0o777)) \
+        == ("0o600", "0o700")
+    spec = json.loads((job / "plan.json").read_text())
+    assert spec["api_key"] == {"env": "HPCSERVE_API_KEY", "file": str(key_file)}
+    assert spec["router"]["api_key_env"] == "HPCSERVE_API_KEY"
+    for script in ("prefill-0.sh", "decode-0.sh", "router.sh"):
+        assert "export HPCSERVE_SECRET_ARGS='--api-key HPCSERVE_API_KEY'" in \
+            (job / "launch" / script).read_text(), script
+    for p in job.rglob("*"):
+        if p.is_file() and p != key_file:
+            assert key.strip() not in p.read_text(errors="replace"), p
+    (tmp_path / "b").mkdir()
+    again = _render(tmp_path / "b", GENERATED)
+    assert (again / "secret" / "api-key").read_text() != key
+
+
+def test_a_key_named_for_the_router_keys_the_engines_too_and_no_file_is_made(tmp_path):
+    """sglang-router hands its own key to the workers: the engines must ask that one."""
+    job = _render(tmp_path, {**GENERATED, "router": DEP["router"]})
+    assert not (job / "secret").exists()
+    spec = json.loads((job / "plan.json").read_text())
+    assert spec["api_key"] == {"env": "SGL_KEY", "file": None}
+    assert "export HPCSERVE_SECRET_ARGS='--api-key SGL_KEY'" in \
+        (job / "launch" / "decode-0.sh").read_text()
+
+
+@pytest.mark.parametrize("plant", ["readable", "link", "missing"])
+def test_job_sbatch_refuses_a_key_file_that_is_not_its_owners_alone(tmp_path, plant):
+    """A key file others can read (or a link, or none) is refused before anything starts, in
+    one line naming it; nothing of the job is started."""
+    job = _render(tmp_path, GENERATED)
+    key_file = job / "secret" / "api-key"
+    if plant == "readable":
+        key_file.chmod(0o644)
+    elif plant == "link":
+        other = tmp_path / "elsewhere"
+        other.write_text("k\n")
+        other.chmod(0o600)
+        key_file.unlink()
+        key_file.symlink_to(other)
+    else:
+        key_file.unlink()
+    r = subprocess.run(["bash", str(job / "job.sbatch")], capture_output=True, text=True,
+                       timeout=30, env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    assert r.returncode == 2, r
+    assert r.stderr.strip() == (f"hpcserve: the deployment's API key {key_file} is missing, or "
+                                "not this user's alone; refusing to serve without it"), r.stderr
+    assert not (job / "state.json").exists()
+
+
+def test_trtllm_and_the_legacy_ktransformers_server_take_no_key(tmp_path):
+    """trtllm-serve takes its arguments only on its command line, where a key would be in
+    `ps`: no key is made for it (docs/security.md says what that leaves open)."""
+    dep = {**GENERATED, "engine": {"name": "trtllm", "simulate": True}}
+    job = _render(tmp_path, dep)
+    assert json.loads((job / "plan.json").read_text())["api_key"] is None
+    assert not (job / "secret").exists()
+    assert "HPCSERVE_API_KEY" not in (job / "job.sbatch").read_text()

@@ -16,6 +16,7 @@ import pytest
 from hpcserve import plan_json
 from hpcserve.runtime import contract
 from hpcserve.runtime.contract import SPEC_VERSION
+from hpcserve.render import write_job
 from unitkit import EXAMPLES, ROOT, install_stubs, read_stub_log, render
 
 
@@ -98,9 +99,7 @@ def test_a_batch_host_python_too_old_for_the_runtime_fails_at_once_saying_so(tmp
     old.chmod(0o755)
     jd = tmp_path / "job"
     files = render(ROOT / "examples" / "demo.yaml", str(jd), (f"site.paths.python={old}",))
-    for rel, (text, mode) in files.items():
-        (jd / rel).parent.mkdir(parents=True, exist_ok=True)
-        (jd / rel).write_text(text)
+    write_job(files, jd)  # its API key too, which job.sbatch reads before the python check
     r = subprocess.run(["bash", str(jd / "job.sbatch")], capture_output=True, text=True,
                        timeout=30, env={"PATH": "/usr/bin:/bin"})
     assert r.returncode == 1

@@ -259,7 +259,11 @@ def read_stub_log(log: Path, own_port: bool = False) -> list[dict]:
                 if k != "_":  # bash's last-command variable
                     env[k] = v
             i += 1
-        calls.append({"prog": os.path.basename(path), "path": path, "cwd": cwd, "argv": argv,
+        # a Python program that takes a secret runs under hpcserve_runtime/secret_argv.py
+        # (render.secret_argv), which hands it the rest of argv: that is the program's
+        secret_argv = bool(argv) and argv[0].endswith("/hpcserve_runtime/secret_argv.py")
+        calls.append({"prog": os.path.basename(path), "path": path, "cwd": cwd,
+                      "argv": argv[1:] if secret_argv else argv, "secret_argv": secret_argv,
                       "env": env})
     return [c for c in calls if own_port or not is_own_port(c)]
 

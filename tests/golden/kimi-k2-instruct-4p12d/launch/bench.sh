@@ -18,6 +18,7 @@ export MC_TE_METRIC=true
 export SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=10000000
 export SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000
 export SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000
+export OPENAI_API_KEY="${HPCSERVE_API_KEY}"
 
 # point LABEL LIMIT CLIENT...: one run of the client, ended after LIMIT s; a failed point ends
 # the sweep (the gate fails it whatever comes after)

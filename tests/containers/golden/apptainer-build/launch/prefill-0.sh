@@ -32,6 +32,7 @@ export HPCSERVE_SIM_PREFILL_S_PER_TOKEN=0.0
 export HPCSERVE_SIM_DECODE_S_PER_TOKEN=0.01
 export HPCSERVE_SIM_INIT_TIMEOUT=60
 export HPCSERVE_SIM_VERSION=0.5.23
+export HPCSERVE_SECRET_ARGS='--api-key HPCSERVE_API_KEY'
 
 if [ "$NODE_RANK" = 0 ]; then
   # Where the instance serves, another deployment sharing the node could hold its ports and
@@ -54,7 +55,7 @@ if [ "$TASK_PGID" = "$$" ]; then
 fi
 
 exec \
-  python3 /shared/hpcserve-jobs/demo-golden/hpcserve_sim.py \
+  python3 "${JOB_DIR}"/hpcserve_runtime/secret_argv.py /shared/hpcserve-jobs/demo-golden/hpcserve_sim.py \
   --model-path /models/Kimi-K2-Instruct \
   --served-model-name kimi-k2 \
   --host "${NODE_IP}" \

@@ -21,7 +21,7 @@ fi
 # The host environment passes into the container (no --cleanenv): the launch script needs
 # SLURMD_NODENAME, and it exports the engine's own variables inside anyway. For a name the image
 # also defines the image's value wins; APPTAINERENV_<NAME> forces the host value instead.
-for v in NCCL_DEBUG; do
+for v in NCCL_DEBUG HPCSERVE_API_KEY; do
   if [ -n "${!v+x}" ]; then export "APPTAINERENV_$v=${!v}"; fi
 done
 # --pwd: the spelling every Apptainer release accepts (1.5 documents it as --cwd)

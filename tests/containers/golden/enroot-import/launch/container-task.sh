@@ -57,6 +57,9 @@ env_args=()
 for v in $(compgen -e); do
   case $v in SLURM_* | SLURMD_* | CUDA_VISIBLE_DEVICES) env_args+=(--env "$v") ;; esac
 done
+for v in HPCSERVE_API_KEY; do
+  if [ -n "${!v+x}" ]; then env_args+=(--env "$v"); fi
+done
 
 # Each phase runs as its own process group so that a signal reaches all of it; if the engine has
 # not exited 1 s after a TERM, its group is killed so the container can still be

@@ -61,7 +61,7 @@ env_args=()
 for v in $(compgen -e); do
   case $v in SLURM_* | SLURMD_* | CUDA_VISIBLE_DEVICES) env_args+=(--env "$v") ;; esac
 done
-for v in NCCL_DEBUG; do
+for v in NCCL_DEBUG HPCSERVE_API_KEY; do
   if [ -n "${!v+x}" ]; then env_args+=(--env "$v"); fi
 done
 

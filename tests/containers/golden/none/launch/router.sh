@@ -8,6 +8,7 @@ source "$JOB_DIR/run/endpoints.env"
 exec >"$JOB_DIR/logs/router.log" 2>&1
 
 export PYTHONUNBUFFERED=1
+export HPCSERVE_SECRET_ARGS='--api-key HPCSERVE_API_KEY'
 
 # Another deployment's router on this node could answer for this one: hpcserve_ownport.py
 # records whose process listens on the router's ports (this script's PID is the router's after
@@ -19,7 +20,7 @@ mkdir -p -- "$JOB_DIR/run/ports"
 # router_main.py runs the router package's own launch_router main() without importing its
 # debugging MiniLB, which hpcserve never starts (~0.5 s sooner).
 exec \
-  python3 "${JOB_DIR}"/hpcserve_runtime/router_main.py sglang_router \
+  python3 "${JOB_DIR}"/hpcserve_runtime/secret_argv.py "${JOB_DIR}"/hpcserve_runtime/router_main.py sglang_router \
   --pd-disaggregation \
   --prefill http://"${PREFILL_0_IP}":30000 8998 \
   --decode http://"${DECODE_0_IP}":30000 \

@@ -16,5 +16,5 @@ exec srun \
   --container-workdir=/shared/hpcserve-jobs/demo-golden \
   --no-container-mount-home \
   --container-writable \
-  --container-env=NCCL_DEBUG \
+  --container-env=NCCL_DEBUG,HPCSERVE_API_KEY \
   bash /shared/hpcserve-jobs/demo-golden/launch/container-task.sh router bash /shared/hpcserve-jobs/demo-golden/launch/router.sh
