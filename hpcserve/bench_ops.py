@@ -22,6 +22,7 @@ from .render import bench_launch_script
 from .runtime.contract import SHAPE_VARS, step_prefix
 from .slurm.runner import read_json
 from .records import record
+from .words import Var
 
 
 RUNS_DIR = "bench-runs"   # in the job directory: one folder per `hpcserve bench` run
@@ -71,10 +72,14 @@ def prepare(entry, runner, ask: Sweep, stamp: str) -> Prepared:
                      engines.get(plan["engine"]["name"]).bench_client)
     rel = f"{RUNS_DIR}/{stamp}"
     points, s = _run_spec(client, ask, own, plan, rel)
+    key = plan.get("api_key") or {}
+    env: list = [("PYTHONUNBUFFERED", "1")]
+    if key and not key["file"]:  # a variable of the user's own: from this environment
+        env.append(("OPENAI_API_KEY", (Var(key["env"]),)))
     text = bench_launch_script(client, ask.python or own.get("python") or "python3", s, points,
-                         job_dir=jd, target=url, env=[("PYTHONUNBUFFERED", "1")],
-                         started_by="Started by `hpcserve bench` against a deployment that "
-                                    "serves", serving_url=url)
+                               job_dir=jd, target=url, env=env, key_file=key.get("file"),
+                               started_by="Started by `hpcserve bench` against a deployment "
+                                          "that serves", serving_url=url)
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "launch.sh").write_text(text, encoding="utf-8")
         Path(tmp, "spec.json").write_text(json.dumps(s, indent=1), encoding="utf-8")

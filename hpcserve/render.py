@@ -302,15 +302,17 @@ def _bench_files(plan: Plan, jd: str, step) -> dict[str, tuple[str, int]]:
 
 def bench_launch_script(client: BenchClient, python: str, spec_: dict, points: list, *,
                         job_dir: str, target: str, env: list[tuple[str, Word]], started_by: str,
-                        serving_url: str | None = None) -> str:
+                        serving_url: str | None = None, key_file: str | None = None) -> str:
     """The bash script that runs every point of a benchmark in turn (launch_bench.sh.j2): a
-    deployment's own launch/bench.sh, and each `hpcserve bench` run's (bench_ops.py)."""
+    deployment's own launch/bench.sh, and each `hpcserve bench` run's (bench_ops.py), which
+    reads the deployment's API key from `key_file` (a step from outside the job has not the
+    job's environment)."""
     cmd: list[Word] = list(client.command(python))
     return jinja().get_template("launch_bench.sh.j2").render(
         title=client.title, target=target, job_dir=job_dir, bench_dir=spec_["dir"],
         started_by=started_by, serving_url=serving_url, input_tokens=spec_["input_tokens"],
         output_tokens=spec_["output_tokens"], env=[(k, quote(v)) for k, v in env],
-        timeout=spec_["point_timeout_s"],
+        timeout=spec_["point_timeout_s"], key_file=key_file,
         points=[(p.label, argv_lines(cmd, argv)) for p, argv in points])
 
 

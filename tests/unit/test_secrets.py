@@ -190,3 +190,34 @@ def test_trtllm_and_the_legacy_ktransformers_server_take_no_key(tmp_path):
     assert json.loads((job / "plan.json").read_text())["api_key"] is None
     assert not (job / "secret").exists()
     assert "HPCSERVE_API_KEY" not in (job / "job.sbatch").read_text()
+
+
+def test_a_benchmark_run_from_outside_the_job_reads_the_key_from_its_file(tmp_path):
+    """`hpcserve bench` starts its step from the caller's environment, which has not the job's
+    HPCSERVE_API_KEY: its launch script reads the key from the deployment's file and hands it
+    to the client as OPENAI_API_KEY, the bearer token both clients send; one it cannot read
+    stops the run before any point, saying which file."""
+    from hpcserve.engines.bench_clients import CLIENTS, BenchPoint
+    from hpcserve.render import bench_launch_script
+    key_file = tmp_path / "api-key"
+    key_file.write_text("k-bench-42\n")
+    key_file.chmod(0o600)
+    client = tmp_path / "client"  # the client's python: says what key it was given
+    client.write_text('#!/bin/sh\necho "client key: $OPENAI_API_KEY"\n')
+    client.chmod(0o755)
+    spec = {"dir": "bench", "input_tokens": 8, "output_tokens": 4, "point_timeout_s": 30}
+    text = bench_launch_script(CLIENTS["vllm"], str(client), spec,
+                               [(BenchPoint(1, None, 2), ["bench", "serve"])],
+                               job_dir=str(tmp_path), target="http://x:1", env=[],
+                               started_by="test", serving_url="http://x:1",
+                               key_file=str(key_file))
+    script = tmp_path / "launch.sh"
+    script.write_text(text)
+    subprocess.run(["bash", str(script)], check=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+    log = (tmp_path / "bench" / "bench.log").read_text()
+    assert "client key: k-bench-42" in log and "k-bench-42" not in text
+    key_file.unlink()
+    r = subprocess.run(["bash", str(script)], timeout=30, env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2
+    assert f"the deployment's API key {key_file} cannot be read" in \
+        (tmp_path / "bench" / "bench.log").read_text()
