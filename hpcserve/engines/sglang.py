@@ -146,8 +146,9 @@ class SGLangRouter(RouterAdapter):
     metrics_path = "/metrics"
     refused = RouterAdapter.NO_MINI_LB
     package = "sglang_router"
-    # 0.3.2 answers 401 without it to every request but /health (its worker API too), and sends
-    # it to the workers (tests/sim/test_router_workers.py asks the release)
+    # 0.3.2 answers 401 without it to its worker API and every generation request (its health
+    # and readiness paths stay open), and sends it to the workers (tests/sim/
+    # test_router_workers.py asks the release)
     api_key_flag = "api-key"
 
     def keys_workers(self, pd: bool) -> bool:
