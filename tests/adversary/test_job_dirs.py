@@ -33,8 +33,10 @@ def test_another_user_reads_lists_and_writes_nothing_in_a_job_directory(shared):
     assert render(job).returncode == 0
     files = list(job.rglob("*"))
     assert len(files) > 20 and job / "plan.json" in files
+    assert job / "secret" / "api-key" in files  # the deployment's key, made with it
     for argv in (["ls", str(job)], ["touch", f"{job}/planted"],
-                 ["cat", f"{job}/plan.json"], ["cat", f"{job}/hpcserve_runtime/job.py"]):
+                 ["cat", f"{job}/plan.json"], ["cat", f"{job}/hpcserve_runtime/job.py"],
+                 ["cat", f"{job}/secret/api-key"]):
         r = as_other(*argv, check=False)
         assert r.returncode != 0 and "Permission denied" in r.stderr, (argv, r)
     # nothing in it is open to them by its own mode either (were the directory opened)
