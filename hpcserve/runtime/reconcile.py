@@ -23,7 +23,7 @@ import os
 from concurrent.futures import Future
 from urllib.parse import urlsplit
 
-from .contract import SCALE_DIR
+from .contract import SCALE_DIR, TERMINAL_PHASES
 from .state import now, read_state
 from .workers import WorkerApiError
 
@@ -83,11 +83,14 @@ class Reconcile:
         self.unknown = unknown
 
     def _instance_jobs(self) -> set[str]:
-        """Every instance URL the instance jobs under scale/ name (any phase: one joining says
-        its URLs before it registers, one leaving takes itself out)."""
+        """Every instance URL the instance jobs under scale/ name while they run (one joining
+        says its URLs before it registers, one leaving takes itself out before it ends). One
+        that ended names none: a worker another user puts at its address later is unknown."""
         out = set()
         for d in glob.glob(os.path.join(self.job.dir, SCALE_DIR, "*", "")):
-            out |= {base(u) for u in (read_state(d).get("health_urls") or {}).values()}
+            st = read_state(d)
+            if st.get("phase") not in TERMINAL_PHASES:
+                out |= {base(u) for u in (st.get("health_urls") or {}).values()}
         return out
 
     def _remove(self, url: str) -> None:
