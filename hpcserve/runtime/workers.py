@@ -4,9 +4,9 @@ router serves through the others (plan.json's router.workers_api names how).
 Kinds, named by how the router answers (tests/sim/test_router_workers.py runs the real ones);
 the runtime names no engine, the plan's router adapter picks the kind:
 - "queued": sglang-router 0.3.2, plain and PD mode. GET /workers lists {id, url, is_healthy};
-  DELETE /workers/{id} and POST /workers {url, worker_type, bootstrap_port} answer 202 and queue
-  a job (src/core/job_queue.rs), so both are done only once GET /workers says so; a failed job
-  is told by GET /workers/{id} (job_status.status "failed", with the router's words).
+  DELETE /workers/{id} and POST /workers {url, worker_type, bootstrap_port, api_key} answer 202
+  and queue a job (src/core/job_queue.rs), so both are done only once GET /workers says so; a
+  failed job is told by GET /workers/{id} (job_status.status "failed", with the router's words).
 - "direct": vllm-router 0.1.17, plain mode. POST /workers {url} answers once the worker is healthy
   (200), or 400 after the router's --worker-startup-timeout-secs; DELETE /workers/{quoted url}
   answers 200 at once, for a URL it does not list too (src/routers/http/router.rs).
@@ -59,6 +59,12 @@ class RouterWorkers:
         self.url = router_url.rstrip("/")
         self.timeout = timeout
         self.headers = headers or {}  # a router started with --api-key wants it here too
+        # The deployment's key is the router's and its engines' alike. sglang-router 0.3.2
+        # asks a worker added through its API with the key that request names (api_key), not
+        # with its own --api-key: without one it asks the worker's /server_info and
+        # /model_info with no key (tests/sim/test_router_workers.py).
+        auth = self.headers.get("Authorization", "")
+        self.worker_key = auth[len("Bearer "):] if auth.startswith("Bearer ") else None
 
     @property
     def live(self) -> bool:
@@ -124,6 +130,8 @@ class RouterWorkers:
         body = {"url": worker_url, "worker_type": WORKER_TYPES[role]}
         if bootstrap_port is not None:
             body["bootstrap_port"] = bootstrap_port
+        if self.worker_key:
+            body["api_key"] = self.worker_key
         return self._call("POST", "/workers", body)
 
     # ---- helpers --------------------------------------------------------------------------

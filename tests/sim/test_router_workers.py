@@ -471,3 +471,25 @@ def test_what_key_each_router_hands_its_workers(procs, engine, pd):
             ("vllm", False): "Bearer k-client", ("vllm", True): "Bearer "}[engine, pd]
     assert set(got) == {want}, [w.seen for w in workers]
     assert engines.get(engine).router_for(pd).keys_workers(pd) == (want != "Bearer ")
+
+
+def test_a_worker_added_through_sglang_routers_api_is_asked_with_the_deployments_key(procs):
+    """sglang-router 0.3.2 asks a worker added by POST /workers with the key that request
+    names, not with its own --api-key: without it, its /server_info and /model_info go keyless
+    (which a keyed engine answers 401). The runtime's add names the deployment's key."""
+    port = free_port()
+    r = procs.start(ROUTER_CMD + ["--host", "127.0.0.1", "--port", str(port), "--api-key", "k-dep",
+                                  "--prometheus-host", "127.0.0.1", "--prometheus-port",
+                                  str(free_port()), "--worker-urls"], "sglang-router-add-keyed")
+    url = f"http://127.0.0.1:{port}"
+    wait_status(url + "/health", proc=r, timeout=30)
+    bare, keyed = _Recorder(), _Recorder()
+    RouterWorkers("queued", url, headers={"Authorization": "Bearer k-dep"}).add(
+        keyed.url, "worker", wait=30)
+    # the same add without the key in its body: what the router then sends that worker
+    api = RouterWorkers("queued", url, headers={"Authorization": "Bearer k-dep"})
+    api.worker_key = None
+    api.add(bare.url, "worker", wait=30)
+    for rec, want in ((keyed, "Bearer k-dep"), (bare, None)):
+        asked = {(p, a) for m, p, a in rec.seen if p in ("/server_info", "/model_info")}
+        assert asked == {("/server_info", want), ("/model_info", want)}, rec.seen
