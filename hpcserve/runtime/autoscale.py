@@ -34,19 +34,20 @@ from urllib.parse import urlsplit
 from .contract import SCALED_IN, SERVING_PHASES, TERMINAL_PHASES
 from .drain import write_request
 from .failures import Stop
-from .health import samples, scrape
+from .health import router_auth, samples, scrape
 from .state import now, read_json, read_state
 
 DECISIONS_KEPT = 20   # the newest decisions state.json keeps per role
 ALIVE_S = 30.0        # s between two asks whether a slot's running job still is, per slot
 
 
-def signal_value(url: str, kind: str, names: list, timeout: float) -> float | None:
+def signal_value(url: str, kind: str, names: list, timeout: float,
+                 auth: dict | None = None) -> float | None:
     """The instance's signal from its Prometheus text at `url` (its gauges URL: one label set
-    per scheduler): the sum of the named gauges over every label set (requests), or for
-    kv_usage their largest (a share of each scheduler's pool: the fullest decides); None where
-    it does not answer."""
-    text = scrape(url, timeout)
+    per scheduler), asked with the deployment's key `auth`: the sum of the named gauges over
+    every label set (requests), or for kv_usage their largest (a share of each scheduler's
+    pool: the fullest decides); None where it does not answer."""
+    text = scrape(url, timeout, auth)
     if text is None:  # a bad reply: not read this round
         return None
     got = samples(text, names)
@@ -286,8 +287,8 @@ class Autoscaler:
         for name, role in self.roles.items():
             statuses = {s.name: (s.job_id, *self._slot_status(s)) for s in role.slots}
             sig = role.spec["signal"]
-            values = [signal_value(url, sig["kind"], sig["metrics"], timeout)
-                      for _, url in targets[name]]
+            values = [signal_value(url, sig["kind"], sig["metrics"], timeout,
+                                   router_auth(self.job.plan)) for _, url in targets[name]]
             out[name] = (values, statuses)
         return out
 

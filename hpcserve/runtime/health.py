@@ -227,10 +227,13 @@ class Readiness:
             raise _smoke_failed(f"smoke request failed: {e}") from None
 
 
-def scrape(url: str, timeout: float) -> str | None:
-    """The Prometheus text at `url`, None when it does not answer (or answers badly)."""
+def scrape(url: str, timeout: float, headers: dict | None = None) -> str | None:
+    """The Prometheus text at `url`, None when it does not answer (or answers badly). With the
+    deployment's key in `headers` (router_auth): SGLang asks it of its gauges (/v1/loads),
+    not of /metrics."""
     try:
-        with _DIRECT.open(urllib.request.Request(url), timeout=timeout) as r:
+        with _DIRECT.open(urllib.request.Request(url, headers=headers or {}),
+                          timeout=timeout) as r:
             return r.read(4 << 20).decode(errors="replace")
     except (OSError, ValueError, urllib.error.URLError, http.client.HTTPException):
         return None
@@ -255,7 +258,7 @@ def metrics_totals(m: dict, timeout: float) -> tuple[float | None, float] | None
     label set per scheduler there); None when either does not answer."""
     text = scrape(m["url"], timeout)
     gauges = text if text is None or not m.get("gauges_url") else scrape(m["gauges_url"],
-                                                                          timeout)
+                                                                          timeout, m.get("auth"))
     if gauges is None:
         return None
     progress = samples(text, m["progress"])
@@ -337,7 +340,7 @@ class Liveness:
         if not m:
             return None
         base = f"http://{self.job.instances.heads[spec['name']]}:{spec['port']}"
-        return {**m, "url": base + m["path"],
+        return {**m, "url": base + m["path"], "auth": router_auth(self.job.plan),
                 "gauges_url": m.get("gauges_path") and base + m["gauges_path"]}
 
     def watch(self, router_url: str | None, tick) -> None:

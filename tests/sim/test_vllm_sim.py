@@ -239,7 +239,7 @@ def test_a_keyed_stand_in_asks_the_key_where_its_release_does(procs, engine):
                          "127.0.0.1", "--port", port, "--api-key", "k-arg-42", "--enable-metrics",
                          name="keyed")
         key, open_paths, guarded = "k-arg-42", ["/health", "/metrics"], \
-            ["/model_info", "/get_server_info", "/v1/models"]
+            ["/model_info", "/get_server_info", "/v1/models", "/v1/loads?format=prometheus"]
     url = f"http://127.0.0.1:{port}"
     wait_status(url + "/health", proc=p, timeout=30)
     for path in open_paths:
@@ -253,3 +253,9 @@ def test_a_keyed_stand_in_asks_the_key_where_its_release_does(procs, engine):
     assert _status(url + "/v1/chat/completions", key, chat) == 200
     if engine == "vllm":
         assert key not in p.log() and '"api_key": null' in p.log()
+    else:  # the runtime reads SGLang's gauges (/v1/loads) with the deployment's key
+        from hpcserve.runtime.health import metrics_totals
+        m = {"url": url + "/metrics", "gauges_url": url + "/v1/loads?format=prometheus",
+             "progress": ["sglang:realtime_tokens_total"], "pending": ["sglang_num_running_reqs"]}
+        assert metrics_totals(m, 5.0) is None  # turned away: no reading
+        assert metrics_totals({**m, "auth": {"Authorization": f"Bearer {key}"}}, 5.0) is not None
