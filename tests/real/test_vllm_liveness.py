@@ -94,7 +94,8 @@ def test_a_long_answer_is_busy_and_a_stopped_engine_core_is_hung_within_30_s(
     # 2. its engine core stopped while it holds a request: hung within 30 s, then replaced
     node = (job_dir / "run" / "worker-0.nodes").read_text().split()[1]
     core = _engine_core(dev_cluster, node)
-    held = threading.Thread(target=lambda: _swallow(_stream, url, 400, 120), daemon=True)
+    held = threading.Thread(target=lambda: _swallow(_stream, url, 400, 120, api_key(job_dir)),
+                            daemon=True)
     held.start()
     time.sleep(2)  # the request is in the engine core: it holds it from now on
     t_stop = time.time()
