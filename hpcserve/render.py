@@ -418,14 +418,15 @@ def write_job(files: dict[str, tuple[str, int]], out_dir: str | Path) -> Path:
 def _new_api_key(out: Path, files: dict[str, tuple[str, int]]) -> None:
     """The deployment's API key where its plan.json names a file for it (a front's; an instance
     job reads its front's): 32 random bytes from the system's CSPRNG (secrets), made here as the
-    directory is, new and its owner's alone, and never printed."""
+    directory is, new and its owner's alone, and never printed. In hex: a urlsafe key may start
+    with "-", which the engines' argument parsers take for an option (run 21)."""
     spec = json.loads(files["plan.json"][0]) if "plan.json" in files else {}
     if spec.get("attach") or not (spec.get("api_key") or {}).get("file"):
         return
     os.mkdir(out / os.path.dirname(API_KEY_FILE), 0o700)
     fd = os.open(out / API_KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with open(fd, "w", encoding="utf-8") as f:
-        f.write(secrets.token_urlsafe(32) + "\n")
+        f.write(secrets.token_hex(32) + "\n")
 
 
 def _owned(path: Path) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -131,7 +132,7 @@ def test_every_deployment_gets_a_key_of_its_own_that_only_its_owner_reads(tmp_pa
     job = _render(tmp_path, GENERATED)
     key_file = job / "secret" / "api-key"
     key = key_file.read_text()
-    assert key.endswith("\n") and len(key.strip()) >= 43, "32 random bytes, urlsafe base64"
+    assert re.fullmatch(r"[0-9a-f]{64}\n", key), "32 random bytes in hex (never a leading -)"
     assert (oct(key_file.stat().st_mode & 0o777), oct((job / "secret").stat().st_mode & 0o777)) \
         == ("0o600", "0o700")
     spec = json.loads((job / "plan.json").read_text())
