@@ -20,8 +20,9 @@ VAR = "HPCSERVE_SECRET_ARGS"
 
 
 def secret_args(spec: str, env) -> list:
-    """[flag, value, ...] for 'FLAG NAME FLAG NAME...'; SystemExit naming an unset variable
-    (never a value)."""
+    """['FLAG=value', ...] for 'FLAG NAME FLAG NAME...'; SystemExit naming an unset variable
+    (never a value). One word per flag: a value of its own would be taken for an option by
+    argparse if it began with '-' (a key the user chose may)."""
     words = spec.split()
     if len(words) % 2:
         raise SystemExit(f"hpcserve: {VAR} must name FLAG VARIABLE pairs, not {spec!r}")
@@ -31,7 +32,7 @@ def secret_args(spec: str, env) -> list:
         if value is None:
             raise SystemExit(f"hpcserve: {name} is not set in this task's environment: "
                              f"{flag} takes its value from it")
-        out += [flag, value]
+        out.append(f"{flag}={value}")
     return out
 
 

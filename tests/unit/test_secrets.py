@@ -24,7 +24,7 @@ DEP = {
               "decode": {"nodes": 1}},
     "router": {"args": {"api-key": {"from_env": "SGL_KEY"}}},
 }
-SECRET = "sk-this-must-never-be-in-a-file"
+SECRET = "-sk-this-must-never-be-in-a-file"  # a leading '-' is no option
 
 
 def _render(tmp_path: Path, dep: dict) -> Path:
@@ -73,9 +73,9 @@ def test_secrets_are_named_in_files_and_reach_the_program_but_not_its_command_li
            "ARGV_OUT": str(tmp_path / "argv"), "SGL_KEY": SECRET, "MY_HF_TOKEN": "hf-x"}
     subprocess.run(["bash", str(job / "launch" / "prefill-0.sh")], env=env, check=True)
     got = json.loads((tmp_path / "argv").read_text())
-    assert got["argv"][got["argv"].index("--api-key") + 1] == SECRET
+    assert f"--api-key={SECRET}" in got["argv"]
     assert got["argv"][0].endswith("hpcserve_sim.py") and got["left"] is None
-    assert SECRET not in " ".join(got["cmdline"]) and "--api-key" not in got["cmdline"]
+    assert SECRET not in " ".join(got["cmdline"]) and "--api-key" not in " ".join(got["cmdline"])
     assert any(w.endswith("hpcserve_runtime/secret_argv.py") for w in got["cmdline"])
     # a variable the task lacks is named, never a value, and nothing runs
     env.pop("SGL_KEY")
@@ -85,6 +85,24 @@ def test_secrets_are_named_in_files_and_reach_the_program_but_not_its_command_li
     assert r.returncode != 0
     assert any("SGL_KEY is not set in this task's environment: --api-key takes its value "
                "from it" in p.read_text() for p in log), r
+
+
+def test_a_secret_that_begins_with_a_dash_reaches_an_argparse_program_as_the_value(tmp_path):
+    """The value rides in its flag's word (--api-key=VALUE): as a word of its own, argparse
+    takes a value that begins with '-' for an option and the program refuses its arguments (a
+    key the user chose may begin so; vLLM's --api-key takes one or more values, hence nargs)."""
+    prog = tmp_path / "prog.py"
+    prog.write_text("import argparse, json, sys\n"
+                    "p = argparse.ArgumentParser()\n"
+                    "p.add_argument('model')\n"
+                    "p.add_argument('--api-key', nargs='+')\n"
+                    "print(json.dumps(vars(p.parse_args())))\n")
+    runner = Path(__file__).parents[2] / "hpcserve" / "runtime" / "secret_argv.py"
+    r = subprocess.run([sys.executable, str(runner), str(prog), "m"], capture_output=True,
+                       text=True, env={**os.environ, "K": SECRET,
+                                       "HPCSERVE_SECRET_ARGS": "--api-key K"})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"model": "m", "api_key": [SECRET]}
 
 
 @pytest.mark.parametrize("where", [("env", "HF_TOKEN"), ("router.args", "api-key"),
