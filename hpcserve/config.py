@@ -97,12 +97,38 @@ class NodeFacts:
         "host memory per node in GB (checked against what CPU-side experts need)", ge=1))
 
 
+# A container image reference; one pinned by digest names it as enroot and Apptainer read it,
+# @sha256: and 64 lower-case hex digits (the helpers check the import against it).
+IMAGE_REF = r"(?!.*@sha256:(?![0-9a-f]{64}$)).+"
+IMAGE_REF_HELP = ("an image path or reference; pinned by digest, it ends in @sha256: and 64 "
+                  "lower-case hex digits")
+
+
+@record
+class ImageCache:
+    """A site-wide cache of imported images: every user reads it, its owner alone writes it."""
+
+    dir: str = field(metadata=doc(
+        "the directory, on a file system every node mounts, that the owner's jobs import "
+        "registry images into (0755, made by the owner's first job where missing)",
+        pattern=STAGE_PATH, pattern_help=STAGE_PATH_HELP))
+    owner: str = field(metadata=doc(
+        "the user who alone imports into it; anyone else's job uses an image there only if it "
+        "and its directory are this user's and writable by nobody else, and refuses to start "
+        "where it is missing", pattern=r"[a-z_][a-z0-9_.-]{0,31}",
+        pattern_help="a Unix user name such as hpcsvc"))
+
+
 @record
 class Container:
     runtime: Literal["pyxis", "enroot", "apptainer", "none"] = field(
         default="none", metadata=doc("how engines are started on the nodes"))
     image: str | None = field(default=None, metadata=doc(
-        "default image: enroot/pyxis URI (nvcr.io#org/img:tag), .sqsh or .sif path"))
+        "default image: enroot/pyxis URI (nvcr.io#org/img:tag, pinned: ...@sha256:<digest>), "
+        ".sqsh or .sif path", pattern=IMAGE_REF, pattern_help=IMAGE_REF_HELP))
+    image_cache: ImageCache | None = field(default=None, metadata=doc(
+        "a site-wide cache of registry images that one user (owner) imports and everyone "
+        "reads; unset: each user imports into their own part of <jobs_dir>/.hpcserve-images"))
     mounts: list[str] = field(default_factory=list, metadata=doc(
         "SRC:DST[:ro] bind mounts; the job directory and the model path are added automatically",
         pattern=r"/[^,:\s]*:/[^,:\s]*(:(ro|rw))?",
@@ -393,7 +419,8 @@ class Engine:
         "release hpcserve knows (newest) or against a known release named here; a warning says "
         "so before anything else is printed", pattern=f"(newest|{VERSION})",
         pattern_help="newest or " + VERSION_HELP))
-    image: str | None = field(default=None, metadata=doc("overrides site.container.image"))
+    image: str | None = field(default=None, metadata=doc(
+        "overrides site.container.image", pattern=IMAGE_REF, pattern_help=IMAGE_REF_HELP))
     simulate: bool = field(default=False, metadata=doc(
         "run hpcserve's stand-in engine with the same plan and argv (no GPU needed)"))
     python: str | None = field(default=None, metadata=doc(

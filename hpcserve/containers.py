@@ -60,6 +60,9 @@ IMPORT_HELPER = "hpcserve_enroot_import.sh"
 IMPORT_SOURCE = package_data.path("container_recipes", "enroot-import.sh")
 BUILD_HELPER = "hpcserve_apptainer_build.sh"
 BUILD_SOURCE = package_data.path("container_recipes", "apptainer-build.sh")
+# the cache procedure both helpers source from their own directory, under this one name
+CACHE_LIB = "hpcserve_image_cache.sh"
+CACHE_LIB_SOURCE = package_data.path("container_recipes", CACHE_LIB)
 # The registry sources `apptainer build` makes a SIF from, which a job builds once (others, as
 # shub:// or https://, are left to `apptainer exec`).
 APPTAINER_BUILDS = ("docker://", "oras://", "library://")
@@ -150,12 +153,22 @@ def enroot_image(plan: "Plan", job_dir: str) -> tuple[str | None, str]:
 
 def _cached(plan: "Plan", job_dir: str, uri: str, suffix: str) -> str:
     """The image cache's file for `uri`: beside the job directories, in the user's own part of
-    it (<jobs_dir>/.hpcserve-images/<user>/). An image is code the deployment runs as its user:
-    the helpers (enroot-import.sh, apptainer-build.sh) make that directory 0700 and refuse one
-    another user owns or may write, so nobody else's file is ever taken for the image."""
+    it (<jobs_dir>/.hpcserve-images/<user>/), or the site's (site.container.image_cache), which
+    its owner alone writes. An image is code the deployment runs as its user: the helpers
+    (enroot-import.sh, apptainer-build.sh, through hpcserve_image_cache.sh) refuse a directory or
+    image another user owns or may write, so nobody else's file is ever taken for the image."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "+", uri.split("://", 1)[-1]).strip("+")
+    site = plan.container.image_cache
+    if site:
+        return f"{site.dir.rstrip('/')}/{stem}{suffix}"
     cache = os.path.join(os.path.dirname(job_dir.rstrip("/")) or "/", IMAGE_CACHE)
     return f"{user_root(cache, plan.user)}/{stem}{suffix}"
+
+
+def cache_owner(plan: "Plan") -> str | None:
+    """The user who alone writes the site's image cache (the helpers' --owner), if it has one."""
+    site = plan.container.image_cache
+    return site.owner if site else None
 
 
 def apptainer_image(plan: "Plan", job_dir: str) -> tuple[str | None, str]:
@@ -182,10 +195,12 @@ def image_import(plan: "Plan", job_dir: str) -> dict | None:
     runtime = plan.container.runtime
     if runtime == "pyxis":
         uri, sqsh = enroot_image(plan, job_dir)
-        return uri and {"uri": uri, "sqsh": sqsh, "helper": f"{job_dir}/{IMPORT_HELPER}"}
+        return uri and {"uri": uri, "sqsh": sqsh, "helper": f"{job_dir}/{IMPORT_HELPER}",
+                        "owner": cache_owner(plan)}
     if runtime == "apptainer":
         uri, sif = apptainer_image(plan, job_dir)
-        return uri and {"uri": uri, "sif": sif, "helper": f"{job_dir}/{BUILD_HELPER}"}
+        return uri and {"uri": uri, "sif": sif, "helper": f"{job_dir}/{BUILD_HELPER}",
+                        "owner": cache_owner(plan)}
     return None
 
 
@@ -247,7 +262,7 @@ def container_files(plan: "Plan", job_dir: str) -> dict[str, tuple[str, int]]:
     ctx: dict = {"runtime": c.runtime, "job_dir": job_dir, "workdir": c.workdir or job_dir,
                  "env_names": names, "ib": bool(plan.ib_devices),
                  "image": sqsh if c.runtime == "pyxis" else plan.image,
-                 "import_uri": None, "sqsh": None, "import_helper": None,
+                 "import_uri": None, "sqsh": None, "import_helper": None, "cache_owner": None,
                  "stop_timeout": stop_timeout(plan), "cache_dir": plan.cache_dir}
     files: dict[str, tuple[str, int]] = {}
     if c.runtime in ("enroot", "pyxis") and uri:
@@ -255,11 +270,13 @@ def container_files(plan: "Plan", job_dir: str) -> dict[str, tuple[str, int]]:
     built, sif = apptainer_image(plan, job_dir)
     if c.runtime == "apptainer" and built:
         files[BUILD_HELPER] = (BUILD_SOURCE.read_text(encoding="utf-8"), 0o700)
+    if IMPORT_HELPER in files or BUILD_HELPER in files:
+        files[CACHE_LIB] = (CACHE_LIB_SOURCE.read_text(encoding="utf-8"), 0o700)
     if c.runtime == "enroot":
         ctx.update(import_uri=uri, sqsh=sqsh, mounts=[m.enroot() for m in ms],
                    made=f"{job_dir}/{CONTAINERS_MADE}")
         if uri:
-            ctx["import_helper"] = f"{job_dir}/{IMPORT_HELPER}"
+            ctx.update(import_helper=f"{job_dir}/{IMPORT_HELPER}", cache_owner=cache_owner(plan))
     elif c.runtime == "apptainer":
         ctx.update(image=sif, built_from=built, mounts=[m.apptainer() for m in ms])
     else:

@@ -223,8 +223,9 @@ SCHEMA = {
         "container": _obj({"runtime": {"enum": ["pyxis", "enroot", "apptainer", "none"]},
                            "image": _OPT_STR,
                            "import": {"anyOf": [{"type": "null"}, _obj({
-                               "uri": _STR, "sqsh": _STR, "helper": _STR}), _obj({
-                               "uri": _STR, "sif": _STR, "helper": _STR})]}}),
+                               "uri": _STR, "sqsh": _STR, "helper": _STR, "owner": _OPT_STR}),
+                               _obj({"uri": _STR, "sif": _STR, "helper": _STR,
+                                     "owner": _OPT_STR})]}}),
         "scratch": {"type": "boolean"},
         "network": _obj({"interface": _STR, "ib_devices": {}}),
         "preflight": _obj({

@@ -39,7 +39,10 @@ front's router from router_ready on, which a slot joins before the front serves:
 liveness (the path probed while serving, whether its 200 proves generation, and hung_after: the
 seconds without a sign of progress before failed probes name it hung) and metrics.gauges_path
 (where the pending, queued and kv-usage gauges are read, one sample per scheduler, when not at
-metrics.path; null: there).
+metrics.path; null: there). Spec 12 adds api_key ({"env": the variable job.sbatch exports the
+deployment's key in, "file": the key file it reads, absolute, or null where the user's own
+variable holds it}). Spec 13 adds container.import.owner (the user who alone writes the site's
+image cache the image is in, which the helper is told with --owner; null: the user's own cache).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ import os
 import stat
 
 SPEC = "hpcserve-job"
-SPEC_VERSION = 12
+SPEC_VERSION = 13
 
 # The job's phases, in the order a deployment goes through them.
 # degraded: serving with an instance out (being replaced); recovering: a role has fewer serving

@@ -273,7 +273,8 @@ class Discovery:
         self.import_started = now()
         with open(os.path.join(self.job.dir, "logs", "import-image.log"), "ab") as log:
             self.image_import = subprocess.Popen(
-                ["bash", imp["helper"], imp["uri"], _target(imp)], stdout=log, stderr=log,
+                ["bash", imp["helper"], *(["--owner", imp["owner"]] if imp.get("owner") else []),
+                 imp["uri"], _target(imp)], stdout=log, stderr=log,
                 stdin=subprocess.DEVNULL, start_new_session=True)
         return self.image_import
 

@@ -30,7 +30,7 @@ def whole(fakes: Fakes, path: Path) -> bool:
 
 
 def leftovers(d: Path) -> list[str]:
-    return sorted(p.name for p in d.iterdir() if ".tmp-" in p.name)
+    return sorted(p.name for p in d.iterdir() if p.name.startswith(".tmp-"))
 
 
 def test_builds_checks_and_moves_into_place_then_reuses(tmp_path: Path, fakes: Fakes) -> None:
@@ -38,7 +38,8 @@ def test_builds_checks_and_moves_into_place_then_reuses(tmp_path: Path, fakes: F
     r = fakes.run(["bash", str(HELPER), URI, str(target)])
     assert r.returncode == 0, r.stderr
     [b] = builds(fakes)
-    assert b["uri"] == URI and b["target"].startswith(str(target)[:-4] + ".tmp-")
+    out = Path(b["target"])  # a new directory beside TARGET, renamed into place
+    assert b["uri"] == URI and out.name == target.name and out.parent.parent == target.parent
     assert whole(fakes, target) and leftovers(target.parent) == []
     before = target.stat().st_mtime_ns
     r = fakes.run(["bash", str(HELPER), URI, str(target)])
@@ -56,7 +57,7 @@ def test_a_partial_or_corrupt_sif_is_not_used_but_built_again(tmp_path: Path, fa
     assert not whole(fakes, target)  # apptainer would not run it
     r = fakes.run(["bash", str(HELPER), URI, str(target)])
     assert r.returncode == 0, r.stderr
-    assert "not a whole SIF file; building it again" in r.stderr
+    assert "is not a whole image; making it again" in r.stderr
     assert len(builds(fakes)) == 2 and whole(fakes, target)
 
 
@@ -70,7 +71,7 @@ def test_a_failed_build_leaves_nothing(tmp_path: Path, fakes: Fakes, mode: str) 
     assert r.returncode != 0
     assert not target.exists() and leftovers(tmp_path) == []
     if mode == "truncate":
-        assert "the built file is not a whole SIF file" in r.stderr
+        assert "is not whole" in r.stderr
 
 
 @pytest.mark.parametrize("args, message", [
@@ -160,9 +161,29 @@ def test_each_job_builds_once_a_later_job_reuses_and_two_at_once_build_once(tmp_
         j.discovery.wait_image_import(p)
     assert not seen_partial and len(builds(fakes)) == 2 and whole(fakes, sif)
     logs = [(jobs / n / "logs" / "import-image.log").read_text() for n in ("a", "b")]
-    assert sum("was built by another process" in t for t in logs) == 1, logs
+    assert sum("was made by another process" in t for t in logs) == 1, logs
     assert leftovers(sif.parent) == []
     for j in (first, later, *two):
         j.log.close()
     assert json.loads((jobs / "a" / "plan.json").read_text())["preflight"]["image"] == {
         "note": f"{URI} is built into {sif} by the batch host, before any step"}
+
+
+def test_the_site_caches_owner_builds_into_it_for_every_user(tmp_path, on_path):
+    """site.container.image_cache: the job of its owner builds the image there once, readable by
+    every user (0755 directory, 0644 file); the runtime tells the helper the owner."""
+    import getpass
+    site = tmp_path / "site-images"
+    d = tmp_path / "jobs" / "own"
+    p = plan_for([*SETS, "name=own", f"site.container.image_cache.dir={site}",
+                  f"site.container.image_cache.owner={getpass.getuser()}"])
+    render.write_job(render.render_files(p, str(d)), d)
+    job = jobmod.Job(str(d))
+    imp = job.plan["container"]["import"]
+    assert imp["owner"] == getpass.getuser()
+    assert imp["sif"] == f"{site}/lmsysorg+sglang+v0.5.23.sif"
+    job.discovery.wait_image_import(job.discovery.start_image_import())
+    job.log.close()
+    sif = Path(imp["sif"])
+    assert len(builds(on_path)) == 1 and whole(on_path, sif)
+    assert site.stat().st_mode & 0o777 == 0o755 and sif.stat().st_mode & 0o777 == 0o644

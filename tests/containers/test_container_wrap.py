@@ -136,7 +136,7 @@ def test_pyxis_starts_from_the_job_imported_squashfs_or_the_sites_own() -> None:
     assert spec["container"]["import"] == {
         "uri": "docker://lmsysorg/sglang:v0.5.23",
         "sqsh": "/shared/jobs/.hpcserve-images/alice/lmsysorg+sglang+v0.5.23.sqsh",
-        "helper": f"{JD}/{containers.IMPORT_HELPER}"}
+        "helper": f"{JD}/{containers.IMPORT_HELPER}", "owner": None}
     assert containers.IMPORT_HELPER in containers.container_files(plan("pyxis"), JD)
     # a site's prebuilt squashfs: used as it is, nothing imported
     own = plan("pyxis", "site.container.image=/lustre/images/sglang.sqsh")
@@ -191,3 +191,19 @@ def test_config_values_reach_the_shell_quoted(runtime: str) -> None:
     else:
         assert f"  {shlex.quote(image)} \\\n" in task
         assert f"--bind {shlex.quote(f'{job_dir}:{job_dir}')}" in task
+
+
+def test_a_site_image_cache_names_its_file_and_owner_to_every_import() -> None:
+    """site.container.image_cache: the image's file is in the site's directory, not the user's
+    part of the jobs folder, and both the batch host's import (pyxis) and the tasks' (enroot)
+    tell the helper whose cache it is."""
+    sets = ["site.container.image_cache.dir=/site/images", "site.container.image_cache.owner=svc"]
+    spec = json.loads(containers_spec(plan("pyxis", *sets)))
+    assert spec["container"]["import"] == {
+        "uri": "docker://lmsysorg/sglang:v0.5.23",
+        "sqsh": "/site/images/lmsysorg+sglang+v0.5.23.sqsh",
+        "helper": f"{JD}/{containers.IMPORT_HELPER}", "owner": "svc"}
+    files = containers.container_files(plan("enroot", *sets), JD)
+    assert (f"run bash {JD}/{containers.IMPORT_HELPER} --owner svc \"$uri\" \"$image\""
+            in files[containers.TASK_SCRIPT][0])
+    assert containers.CACHE_LIB in files

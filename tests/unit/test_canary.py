@@ -58,6 +58,13 @@ CANARY: dict[tuple, tuple[Any, list[tuple[str | None, str]]]] = {
     # paths mounted into the container must be absolute
     ("model", "path"): ("/canary/model/path", [(F_P0, "--model-path /canary/model/path ")]),
     ("site", "container", "workdir"): ("/canary/workdir", [(None, "/canary/workdir")]),
+    # pattern-checked (a digest pin must be whole), so not an automatic canary
+    ("engine", "image"): ("canary-engine-image",
+                          [(F_PLAN, '"uri": "docker://canary-engine-image"')]),
+    ("site", "container", "image_cache", "dir"): (
+        "/canary/image/cache", [(F_PLAN, '"sqsh": "/canary/image/cache/canary-engine-image.sqsh"')]),
+    ("site", "container", "image_cache", "owner"): ("canaryowner",
+                                                    [(F_PLAN, '"owner": "canaryowner"')]),
     ("time_limit",): ("12:34:56", [(F_JOB, "#SBATCH --time=12:34:56\n")]),
     ("site", "network", "interface"): ("canaryif0", [(F_P0, "GLOO_SOCKET_IFNAME=canaryif0\n"),
                                                      ("launch/discover.sh", "--iface canaryif0")]),

@@ -113,6 +113,16 @@ def _site_error(value: dict) -> ConfigError:
     ({"network": {"env": {"1BAD": 1}}}, "network.env.1BAD", "does not match"),
     ({"name": "bad name"}, "name", "'bad name' does not match the pattern"),
     ({"node": {"gpus": True}}, "node.gpus", "expected an integer, got a boolean"),
+    # an image pinned by digest: the whole sha256 digest, as enroot 4 and Apptainer read it
+    ({"container": {"image": "nvcr.io#nvidia/pytorch@sha256:abc"}}, "container.image",
+     "pinned by digest, it ends in @sha256: and 64 lower-case hex digits"),
+    ({"container": {"image": "x@sha256:" + "AB" * 32}}, "container.image", "lower-case hex"),
+    ({"container": {"image_cache": {"dir": "/site/images"}}}, "container.image_cache",
+     "missing required key 'owner'"),
+    ({"container": {"image_cache": {"dir": "images", "owner": "svc"}}},
+     "container.image_cache.dir", "an absolute path"),
+    ({"container": {"image_cache": {"dir": "/i", "owner": "svc;id"}}},
+     "container.image_cache.owner", "a Unix user name"),
 ])
 def test_schema_messages(value, field, message):
     e = _site_error(value)
@@ -266,3 +276,16 @@ def test_escape_writes_every_unprintable_character_out_and_leaves_printable_text
     assert len(matched) > 2000 and not any(ch.isprintable() for ch in matched)
     assert errors.escape("a\nb\u202ec\x00") == "a\\nb\\u202ec\\x00"
     assert errors.escape("plain text, ü, 中") == "plain text, ü, 中"
+
+
+def test_image_cache_refusals_and_a_whole_pin_accepted():
+    """A pinned image whose digest is whole loads; the site cache's two names are required and
+    checked (the hostile-string test leaves them to this one)."""
+    _, pos = load_text("name: s\n", "site.yaml")
+    pin = "nvcr.io#nvidia/pytorch:25.01-py3@sha256:" + "0f" * 32
+    site = Validator(pos).build(config.Site, {"container": {
+        "image": pin, "image_cache": {"dir": "/site/images", "owner": "hpcsvc"}}}, ())
+    assert site.container.image == pin and site.container.image_cache.owner == "hpcsvc"
+    for bad in ({"dir": "/i", "owner": "$(id)"}, {"dir": "/i b", "owner": "svc"}):
+        with pytest.raises(ConfigError):
+            Validator(pos).build(config.Site, {"container": {"image_cache": bad}}, ())
