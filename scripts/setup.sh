@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(slurmctld slurmd slurm-client openmpi-bin libopenmpi-dev iproute2 openssh-server procps squashfs-tools chromium
-              python3 python3-venv)
+              python3 python3-venv munge)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

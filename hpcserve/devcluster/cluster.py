@@ -1,5 +1,6 @@
 """A real Slurm cluster on this machine: one slurmctld, one slurmd per node, each node in its own
-network namespace with its own address on a private bridge.
+network namespace with its own address on a private bridge, and a munged of its own with a new
+key, which authenticates every request as a site's MUNGE does.
 
 Why namespaces: with every slurmd on one IP, engines on two "nodes" would collide on ports and bugs
 that real clusters expose (a wrong leader address, binding 127.0.0.1) would stay hidden.
@@ -53,6 +54,7 @@ REQUIRED_BINARIES: dict[str, str] = {
     "scontrol": "slurm-client",
     "nsenter": "util-linux",
     "ip": "iproute2",
+    "munged": "munge",
 }
 # A root shell started without a login profile may lack the sbin directories where the daemons live.
 _EXTRA_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -379,7 +381,7 @@ class DevCluster:
 
     def _prepare_dirs(self, layout: dict[str, Any]) -> None:
         # Fresh runtime dirs every time: stale slurmctld state would resurrect old jobs.
-        for sub in ("spool", "tmp", "run", "log"):
+        for sub in ("spool", "tmp", "run", "log", "munge"):
             shutil.rmtree(self.state_dir / sub, ignore_errors=True)
         (self.state_dir / "spool" / "ctld").mkdir(parents=True)
         (self.state_dir / "run").mkdir()
@@ -430,12 +432,14 @@ SlurmctldPort={ports['slurmctld']}
 SlurmdPort={ports['slurmd']}
 SlurmUser=root
 SlurmdUser=root
-# auth/none + cred/none: no munged to run or key to share, fine for a cluster that never leaves this host.
-AuthType=auth/none
-CredType=cred/none
+# MUNGE, as sites run Slurm: every request names the uid the kernel gave its client's munge call,
+# so a user (the adversarial tests' second one) cannot claim another's. The cluster runs its own
+# munged with a key of its own (munged.conf: socket=), never the machine's.
+AuthType=auth/munge
+CredType=cred/munge
 # A requeued batch job may start again only cred_expire + 1 s later (slurmctld's requeue path
 # sets its begin time so; default 120 s): 10 s lets requeue tests see the next try promptly.
-AuthInfo=cred_expire=10
+AuthInfo=cred_expire=10,socket={self._munge_socket()}
 StateSaveLocation={sd}/spool/ctld
 # %n: several slurmd share this host, so each needs its own spool, pid file, log and TmpFS.
 SlurmdSpoolDir={sd}/spool/%n
@@ -512,10 +516,31 @@ PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP Ov
         self._save_state(state)
         # Daemon mode (no -D): the daemons detach and are reaped by init, so they outlive this
         # process cleanly and leave no zombies behind in a long-lived caller such as pytest.
+        self._start_munged(state, bins)
         self._launch("slurmctld", [bins["slurmctld"], "-f", str(self.conf_path)],
                      run_dir / "slurmctld.pid", state)
         for node in layout["nodes"]:
             self._start_slurmd(node, state, bins)
+
+    def _munge_socket(self) -> str:
+        return str(self.state_dir / "munge" / "munge.socket")
+
+    def _start_munged(self, state: dict[str, Any], bins: Mapping[str, str]) -> None:
+        """The cluster's own munged: a new random key (0400) in a 0700 directory, its socket in
+        a directory every user may reach (the nodes share this host's file system, so one
+        daemon serves them all). As root it needs --force (munged(8))."""
+        d = self.state_dir / "munge"
+        (d / "private").mkdir(parents=True, mode=0o700)
+        d.chmod(0o755)
+        key = d / "private" / "munge.key"
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(1024))
+        self._launch("munged", [bins["munged"], "--force", f"--socket={self._munge_socket()}",
+                                f"--key-file={key}", f"--log-file={self.log_dir}/munged.log",
+                                f"--pid-file={d}/munged.pid",
+                                f"--seed-file={d / 'private' / 'munged.seed'}"],
+                     d / "munged.pid", state)
 
     def _start_slurmd(self, node: str, state: dict[str, Any], bins: Mapping[str, str],
                       binds: Mapping[str, str] | None = None) -> None:
@@ -714,7 +739,7 @@ PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP Ov
 
     def _health(self, state: dict[str, Any], bins: Mapping[str, str]) -> dict[str, Any]:
         dead = [role for role, p in state.get("pids", {}).items() if not _alive(p["pid"], p["start"])]
-        expected = {"slurmctld", *(f"slurmd:{n}" for n in state["layout"]["nodes"])}
+        expected = {"munged", "slurmctld", *(f"slurmd:{n}" for n in state["layout"]["nodes"])}
         missing = sorted(expected - set(state.get("pids", {})))
         nodes = None
         if "slurmctld" not in dead and not missing:
@@ -821,7 +846,7 @@ PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP Ov
             # Keep state.json so a later `down` can finish the job.
             raise DevClusterError("dev cluster teardown incomplete:\n  - " + "\n  - ".join(errors))
         # Logs stay for post-mortems; everything else is runtime state.
-        for sub in ("spool", "tmp", "run"):
+        for sub in ("spool", "tmp", "run", "munge"):
             shutil.rmtree(self.state_dir / sub, ignore_errors=True)
         for f in (self.conf_path, self.state_path):
             with contextlib.suppress(FileNotFoundError):

@@ -216,7 +216,13 @@ def test_up_then_down_leaves_nothing_behind(devcluster_slot, devcluster_subnet):
         assert f"export SLURM_CONF={sd}/slurm.conf" in up.stdout
         assert ours <= _links() and our_ns <= _netns()
         daemons = cluster.recorded_pids()
-        assert set(daemons) == {"slurmctld", "slurmd:node1", "slurmd:node2"}
+        assert set(daemons) == {"munged", "slurmctld", "slurmd:node1", "slurmd:node2"}
+        # requests are authenticated as a site's are, by the cluster's own munged and key
+        conf = subprocess.run(["scontrol", "show", "config"], env=cluster.client_env(),
+                              capture_output=True, text=True, timeout=30).stdout
+        assert re.search(r"^AuthType\s+= auth/munge$", conf, re.M), conf
+        assert re.search(rf"^AuthInfo\s+= .*socket={re.escape(sd)}/munge/munge.socket", conf,
+                         re.M), conf
         daemon_starts = {pid: _start_time(pid) for pid in daemons.values()}
         assert None not in daemon_starts.values()
 
