@@ -177,12 +177,13 @@ class Paths:
         "the python that has the routers (default: the engine's)"))
     stage_dir: str | None = field(default=None, metadata=doc(
         "a node-local directory (the same path on every node, e.g. on local NVMe) where "
-        "model.stage copies the model's files before the engines start; it holds one "
-        "subdirectory per model, kept between jobs as a cache",
+        "model.stage copies the model's files before the engines start: each user's in "
+        "<stage_dir>/<user> (0700), one subdirectory per model, kept between jobs as a cache",
         pattern=STAGE_PATH, pattern_help=STAGE_PATH_HELP))
     stage_max_gb: float | None = field(default=None, metadata=doc(
-        "the size bound of stage_dir in GB (1e9 bytes): the least recently used models not in "
-        "use are removed to keep to it; required with stage_dir", ge=0.001))
+        "the size bound of each user's part of stage_dir in GB (1e9 bytes): the least "
+        "recently used models not in use are removed to keep to it; required with stage_dir",
+        ge=0.001))
     cache_dir: str | None = field(default=None, metadata=doc(
         "where the engines' compile and JIT caches (Triton, torch.compile, DeepGEMM, FlashInfer) "
         "outlive the job: <cache_dir>/<user>/ (0700, refused if another user owns it), one "

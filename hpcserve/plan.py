@@ -17,7 +17,7 @@ from typing import Any
 
 from . import bench_sweep, engines, fit
 from .autoscale import with_slots
-from .compile_caches import plan_caches
+from .compile_caches import plan_caches, user_root
 from .config import Resolved, merged_settings
 from .engines.base import EngineAdapter, Layout, Net, RoleContext, gpus_from
 from .engines.bench_clients import CLIENTS, BenchPoint
@@ -853,7 +853,13 @@ def engine_model_path(cfg: Resolved) -> str:
     if not site.paths.stage_dir:
         raise _err(cfg, ("model", "stage"), "the site declares no node-local directory to stage "
                                             "into (site.paths.stage_dir)")
-    return posixpath.join(site.paths.stage_dir, staged_name(dep.model.path))
+    return posixpath.join(stage_root(cfg), staged_name(dep.model.path))
+
+
+def stage_root(cfg: Resolved) -> str:
+    """<stage_dir>/<user>: the user's own part of the site's stage directory, where their
+    staged models are (a copy is code the engines may import: nobody else's is ever used)."""
+    return user_root(cfg.site.paths.stage_dir, user_of(cfg))
 
 
 def _stage(cfg: Resolved) -> dict | None:
@@ -861,7 +867,7 @@ def _stage(cfg: Resolved) -> dict | None:
     if not cfg.deployment.model.stage:
         return None
     paths = cfg.site.paths
-    return {"source": cfg.deployment.model.path, "dir": paths.stage_dir,
+    return {"source": cfg.deployment.model.path, "dir": stage_root(cfg),
             "name": staged_name(cfg.deployment.model.path), "path": engine_model_path(cfg),
             "max_bytes": int(paths.stage_max_gb * 1e9), "only": False}
 

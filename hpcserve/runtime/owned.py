@@ -60,3 +60,21 @@ def foreign(path: str) -> str | None:
             owner = f"uid {st.st_uid}"
         return f"owner {owner}, mode {st.st_mode & 0o7777:o}"
     return None
+
+
+def own_part(path: str) -> None:
+    """`path`, a user's own part of a directory every user shares (<dir>/<user>), made 0700
+    where missing, its parent 1777 where missing (as /tmp: anyone adds a directory, nobody
+    removes another's). OSError where it cannot be made; ValueError naming what is there
+    where it is not this user's alone (a link, another owner, writable by others)."""
+    parent = os.path.dirname(path.rstrip("/"))
+    if not os.path.isdir(parent):
+        os.makedirs(os.path.dirname(parent) or "/", exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(parent)
+            os.chmod(parent, 0o1777)   # mkdir's mode is masked by the umask
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    why = foreign(path)
+    if why or not os.path.isdir(path):
+        raise ValueError(why or "not a directory")

@@ -133,6 +133,20 @@ class Cache:
         self.dir = stage_dir
         self.max_bytes = max_bytes
 
+    def own_dir(self) -> None:
+        """The cache's directory: this user's part of the site's stage_dir (<stage_dir>/<user>),
+        made where missing; StageError where it cannot be, or is not this user's alone."""
+        try:
+            owned.own_part(self.dir)
+        except OSError as e:
+            raise StageError(None, f"cannot make {self.dir}, your part of the stage directory: "
+                                   f"{e.strerror or e} (the site's stage_dir must let every "
+                                   "user add a directory, as /tmp does)") from None
+        except ValueError as e:
+            raise StageError(None, f"{self.dir} is not this user's ({e}): a stage cache "
+                                   "another user could have made or can change is never used"
+                             ) from None
+
     def path(self, name: str, suffix: str = "") -> str:
         return os.path.join(self.dir, name + suffix)
 
@@ -140,7 +154,7 @@ class Cache:
     def try_lock(self, name: str):
         """The model's lock, held by the returned file object, or None while another holds it.
         A lock file that is a link or another user's is refused (StageError), not followed."""
-        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        self.own_dir()
         path = self.path(name, ".lock")
         check_own(path)
         try:

@@ -1,7 +1,9 @@
-"""Another user (hpcserve-b, a real second Unix user) in a node's stage cache that everyone can
-write (a site-wide stage_dir, sticky as /tmp is): what they plant at this model's names (a
-complete-looking copy with its marker, the lock as a link or a file of theirs) is refused in a
-line naming it and its owner, never trusted and never followed; what they keep under other
+"""Another user (hpcserve-b, a real second Unix user) in a node's stage directory, which every
+user shares (a site-wide stage_dir, sticky as /tmp is). Each user's models are in their own
+part of it (<stage_dir>/<user>, 0700): a part they made first at this user's name, or a link
+there, is refused in a line naming it and its owner, and nothing is made or followed in it.
+Within a directory others could write all the same, what they plant at this model's names (a
+complete-looking copy with its marker) is refused, never trusted, and what they keep under other
 names is neither counted against the cache's bound nor removed."""
 
 from __future__ import annotations
@@ -38,20 +40,31 @@ def test_a_copy_another_user_planted_at_this_models_name_is_refused_not_trusted(
     assert (shared / NAME / "modeling_x.py").exists()
 
 
-def test_a_lock_another_user_planted_is_refused_and_never_followed(shared):
-    victim = shared / "victim"
-    victim.write_text("keep\n")
-    victim.chmod(0o600)
-    as_other("sh", "-c", f"ln -s {victim} {shared}/{NAME}.lock && "
-                         f"touch {shared}/other-0123456789.lock")
-    cache = sc.Cache(str(shared), 1 << 30)
-    with pytest.raises(sc.StageError, match=f"{shared / NAME}.lock is not this user's "
-                                            r"\(a link\)"):
-        cache.try_lock(NAME)
-    with pytest.raises(sc.StageError, match=f"other-0123456789.lock is not this user's "
-                                            f"\\(owner {OTHER}, mode 644\\)"):
-        cache.lock("other-0123456789", deadline=0)
-    assert victim.read_text() == "keep\n" and victim.stat().st_mode & 0o777 == 0o600
+@pytest.mark.parametrize("plant", ["directory", "link"])
+def test_a_part_another_user_made_at_this_users_name_is_refused_and_never_followed(shared,
+                                                                                   plant):
+    import getpass
+    mine = shared / getpass.getuser()
+    theirs = shared / "theirs"
+    if plant == "directory":
+        as_other("sh", "-c", f"umask 022; mkdir {mine}")
+    else:
+        as_other("sh", "-c", f"umask 077; mkdir {theirs} && ln -s {theirs} {mine}")
+    cache = sc.Cache(str(mine), 1 << 30)
+    why = f"owner {OTHER}, mode 755" if plant == "directory" else "a link"
+    with pytest.raises(sc.StageError, match=f"{mine} is not this user's \\({why}\\)"):
+        cache.lock(NAME, deadline=0)
+    assert not list(Path(mine).iterdir() if plant == "directory" else theirs.iterdir())
+
+
+def test_this_users_part_is_made_theirs_alone_in_a_directory_every_user_shares(shared):
+    import getpass
+    mine = shared / getpass.getuser()
+    cache = sc.Cache(str(mine), 1 << 30)
+    lock = cache.lock(NAME, deadline=0)
+    lock.close()
+    assert mine.stat().st_mode & 0o777 == 0o700 and mine.stat().st_uid == os.getuid()
+    assert as_other("ls", str(mine), check=False).returncode != 0
 
 
 def test_another_users_models_are_neither_counted_nor_evicted(shared):

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from adversarykit import OTHER, as_other
+from adversarykit import OTHER, as_other, shared  # noqa: F401  (shared: a fixture)
 from hpcserve import config, plan, records
 from hpcserve.render import render_files, write_job
 from hpcserve.runtime.workers import RouterWorkers
@@ -128,34 +128,78 @@ def _attack(ns: str, targets: list[tuple[str, int]]) -> dict[str, list[list[str]
     return json.loads(p.stdout)
 
 
-def test_another_user_reaches_nothing_of_a_deployment_that_runs_as_its_own_user(
-        dev_cluster, site_python, tmp_path):
+def _submit_as_owner(dev_cluster, dep: dict, python: Path, tmp_path: Path) -> Job:
+    """`dep` rendered and submitted as OWNER would: a job directory of theirs under a jobs
+    folder of theirs, sbatch with their user and an environment with nothing of root's."""
     env = dev_cluster.client_env()
     owner = pwd.getpwnam(OWNER)
     jobs = Path(dev_cluster.state_dir).parent / f"jobs-of-{OWNER}"
     jobs.mkdir(mode=0o755, exist_ok=True)
     os.chown(jobs, owner.pw_uid, owner.pw_gid)
-    dep = deployment(1, 1, name="t-as-a-user")
-    dep["site"] = {"base": "local", "paths": {"python": f"{site_python}/bin/python3"}}
+    site = dep.get("site") if isinstance(dep.get("site"), dict) else {"base": "local"}
+    dep = {**dep, "site": {**site, "paths": {**site.get("paths", {}),
+                                             "python": f"{python}/bin/python3"}}}
     (tmp_path / "d.yaml").write_text(yaml.safe_dump(dep))
     p = plan.build(records.replace(config.load(tmp_path / "d.yaml"), user=OWNER))
-    job_dir = jobs / f"t-as-a-user-{time.time_ns()}"
+    job_dir = jobs / f"{dep['name']}-{time.time_ns()}"
     write_job(render_files(p, str(job_dir)), job_dir)
     _chown_tree(job_dir, OWNER)
-    # the environment hpcserve-a's shell would hand sbatch: nothing of root's
     job_env = {**env, "HOME": owner.pw_dir, "USER": OWNER, "LOGNAME": OWNER,
-               "PATH": f"{site_python}/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}
+               "PATH": f"{python}/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}
     r = subprocess.run(["sbatch", "--parsable", f"--uid={OWNER}", f"--gid={OWNER}",
                         str(job_dir / "job.sbatch")], env=job_env, capture_output=True,
                        text=True, timeout=30, cwd=job_dir)
     assert r.returncode == 0, r
-    job = Job(dev_cluster, job_dir, r.stdout.strip().split(";")[0], env)
-    try:
-        _attack_while_serving(dev_cluster, job, owner.pw_uid)
-    finally:
-        subprocess.run(["scancel", job.id], env=env, capture_output=True, timeout=30)
+    return Job(dev_cluster, job_dir, r.stdout.strip().split(";")[0], env)
+
+
+@pytest.fixture
+def as_owner(dev_cluster, site_python, tmp_path):
+    """Submit a deployment as OWNER; each job cancelled, awaited and removed at the end."""
+    jobs: list[Job] = []
+
+    def submit(dep: dict) -> Job:
+        jobs.append(_submit_as_owner(dev_cluster, dep, site_python, tmp_path))
+        return jobs[-1]
+    yield submit
+    for job in jobs:
+        subprocess.run(["scancel", job.id], env=job.env, capture_output=True, timeout=30)
         job.squeue_gone(60)
-        shutil.rmtree(job_dir, ignore_errors=True)
+        shutil.rmtree(job.dir, ignore_errors=True)
+
+
+def test_another_user_reaches_nothing_of_a_deployment_that_runs_as_its_own_user(
+        dev_cluster, as_owner):
+    job = as_owner(deployment(1, 1, name="t-as-a-user"))
+    _attack_while_serving(dev_cluster, job, pwd.getpwnam(OWNER).pw_uid)
+
+
+def test_a_stage_directory_another_user_made_first_stops_the_deployment_naming_it(
+        shared, as_owner):
+    """OTHER made OWNER's part of the site's stage directory before OWNER's first staging (a
+    name anyone can predict: <stage_dir>/<user>): the deployment stops before any engine, its
+    failure naming the directory and its owner, and nothing is written in it."""
+    stage_dir = shared / "stage"
+    stage_dir.mkdir(mode=0o1777)
+    stage_dir.chmod(0o1777)
+    model = shared / "model"
+    model.mkdir(mode=0o755)
+    for name, size in (("config.json", 2), ("model-00001-of-00001.safetensors", 4096)):
+        (model / name).write_bytes(b"{}" if size == 2 else os.urandom(size))
+        (model / name).chmod(0o644)
+    theirs = stage_dir / OWNER
+    as_other("sh", "-c", f"umask 022; mkdir {theirs}")
+    dep = deployment(name="t-as-a-stage", model={"path": str(model), "stage": True},
+                     site={"base": "local", "paths": {"stage_dir": str(stage_dir),
+                                                      "stage_max_gb": 1}})
+    dep["roles"] = {"worker": {"nodes": 1}}
+    job = as_owner(dep)
+    st = job.wait({"serving", "failed", "cancelled"}, 120)
+    assert st["phase"] == "failed", job.logs()
+    assert (f"{theirs} is not this user's (owner {OTHER}, mode 755)"
+            in st["failure"]["detail"]), st["failure"]
+    assert not [p for p in (job.dir / "logs").iterdir() if p.name.startswith("worker-")]
+    assert list(theirs.iterdir()) == []
 
 
 def _attack_while_serving(dev_cluster, job: Job, uid: int) -> None:

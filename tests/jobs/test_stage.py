@@ -11,6 +11,7 @@ shared path was read by node1 alone; node1's count of the bytes it read says it 
 from __future__ import annotations
 
 import fcntl
+import getpass
 import hashlib
 import json
 import os
@@ -93,8 +94,10 @@ def test_staging_reads_the_shared_path_once_checks_every_copy_and_skips_warm_nod
     manifest = json.loads((model / ".hpcserve-manifest.json").read_text())
     assert {f[0]: f[2] for f in manifest["files"]} == {
         rel: hashlib.sha256(d).hexdigest() for rel, d in FILES.items()}
+    # in the user's own part of each node's stage directory
+    assert staged.parent == stage_dir / getpass.getuser(), staged
     for n, d in local.items():
-        _copy_matches(d / staged.name)
+        _copy_matches(d / staged.relative_to(stage_dir))
     # the engines were given the staged path; the job log times the step
     assert f"--model-path {staged} " in (job.dir / "launch" / "worker-0.sh").read_text()
     log = (job.dir / "logs" / "hpcserve-job.log").read_text()
@@ -114,8 +117,8 @@ def test_staging_reads_the_shared_path_once_checks_every_copy_and_skips_warm_nod
     data = bytearray(FILES[shard])
     data[100] ^= 0xFF
     (model / shard).write_bytes(bytes(data))
-    shutil.rmtree(stage_dir / staged.name)
-    (stage_dir / (staged.name + ".done")).unlink()
+    shutil.rmtree(staged)
+    (staged.parent / (staged.name + ".done")).unlink()
     job = submit(dep)
     st = job.wait({"failed", "serving"}, timeout=90)
     f = st["failure"]
@@ -124,7 +127,7 @@ def test_staging_reads_the_shared_path_once_checks_every_copy_and_skips_warm_nod
     assert {n: r["outcome"] for n, r in st["stage"]["nodes"].items()} == {
         "node1": "failed", "node2": "warm", "node3": "warm", "node4": "warm"}
     assert not [p for p in (job.dir / "logs").iterdir() if p.name.startswith("worker-")]
-    assert not (stage_dir / staged.name).exists()
+    assert not staged.exists()
     (model / shard).write_bytes(FILES[shard])
 
     # Two `hpcserve stage` jobs staging to node1 at once: while this test holds node1's lock,
@@ -143,7 +146,7 @@ def test_staging_reads_the_shared_path_once_checks_every_copy_and_skips_warm_nod
 
 
 def _two_jobs_at_once(procs, hs, env, jobs_dir, model, stage_dir, staged, tmp_path):
-    with open(stage_dir / (staged.name + ".lock"), "a") as held:
+    with open(staged.parent / (staged.name + ".lock"), "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         for name in ("t-stage-a", "t-stage-b"):
             d = _dep(name, model, stage_dir, {"worker": {"nodes": 1}}, jobs_dir=str(jobs_dir),
@@ -166,4 +169,4 @@ def _two_jobs_at_once(procs, hs, env, jobs_dir, model, stage_dir, staged, tmp_pa
     assert head.split()[:2] == ["node", "outcome"] and row.split()[0] == "node1", outs
     got = sorted([json.loads(outs["t-stage-a"][0])["nodes"]["node1"]["outcome"], row.split()[1]])
     assert got == ["copied", "waited"], outs
-    _copy_matches(stage_dir / staged.name)
+    _copy_matches(staged)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcserve import config, plan
+from hpcserve import config, plan, records
 from hpcserve.errors import ConfigError
 from hpcserve.runtime import stage_cache as sc
 from unitkit import write_yaml
@@ -32,9 +32,11 @@ def dep(tmp_path, site: str = SITE, stage: str = "true"):
 
 
 def test_the_engines_get_the_staged_path_and_plan_json_says_where_from(tmp_path):
-    p = plan.build(config.load(dep(tmp_path)))
+    p = plan.build(records.replace(config.load(dep(tmp_path)), user="alice"))
     assert p.stage["source"] == "/m/tiny" and p.stage["max_bytes"] == 10 * 10 ** 9
-    assert p.stage["path"].startswith("/local/stage/tiny-") and p.model_path == "/m/tiny"
+    # in the user's own part of the site's stage directory
+    assert p.stage["dir"] == "/local/stage/alice"
+    assert p.stage["path"].startswith("/local/stage/alice/tiny-") and p.model_path == "/m/tiny"
     argv = p.instances[0].argv
     assert p.stage["path"] in argv and "/m/tiny" not in argv
     off = plan.build(config.load(dep(tmp_path, stage="false")))
