@@ -7,11 +7,13 @@ site's scratch, stage or file_sd directory is.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -37,3 +39,30 @@ def shared():
     os.chmod(d, 0o1777)
     yield d
     shutil.rmtree(d)
+
+
+@contextlib.contextmanager
+def others_job(env: dict) -> Iterator[tuple[str, Path]]:
+    """(job id, its directory): a job of OTHER's on the cluster `env` reaches (submitted for them
+    with sbatch --uid, as root may), running `sleep`, with a job directory of the shape hpcserve
+    renders (logs/batch-<id>.out, deployment.yaml); cancelled and removed at the end."""
+    theirs = Path(tempfile.mkdtemp(prefix="hpcserve-theirs-", dir="/tmp"))
+    (theirs / "logs").mkdir()
+    (theirs / "deployment.yaml").write_text("name: theirs\n")
+    script = theirs / "job.sbatch"
+    script.write_text("#!/bin/sh\nexec sleep 600\n")
+    script.chmod(0o755)
+    shutil.chown(theirs, OTHER, OTHER)
+    shutil.chown(theirs / "logs", OTHER, OTHER)
+    r = subprocess.run(["sbatch", "--parsable", f"--uid={OTHER}", f"--gid={OTHER}",
+                        "--job-name=theirs", f"--output={theirs}/logs/batch-%j.out",
+                        f"--chdir={theirs}", str(script)],
+                       env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r
+    jid = r.stdout.strip().split(";")[0]
+    try:
+        yield jid, theirs
+    finally:
+        subprocess.run(["scancel", jid], env=env, capture_output=True, timeout=30)
+        subprocess.run(["scontrol", "wait_job", jid], env=env, capture_output=True, timeout=60)
+        shutil.rmtree(theirs)

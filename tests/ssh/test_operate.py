@@ -15,6 +15,9 @@ import yaml
 
 from sshkit import start_sshd
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adversary"))
+from adversarykit import OTHER, others_job  # noqa: E402
+
 pytestmark = pytest.mark.slurm
 
 HPCSERVE = str(Path(sys.executable).parent / "hpcserve")
@@ -168,3 +171,21 @@ def test_unknown_host_key_is_refused_and_nothing_reaches_the_cluster(login_sshd,
                            capture_output=True, text=True).stdout
     # nothing submitted (earlier jobs may age out of squeue meanwhile: only new ids count)
     assert set(after.split()) - set(before.split()) == set()
+
+
+def test_another_users_job_is_refused_from_the_login_node_and_over_ssh(hs, dev_cluster):
+    """A job of hpcserve-b's: `status`, `logs` and `cancel` refuse it, naming its owner and the
+    user they act as (over SSH, the account at the login node: Slurm's UserId against `id -un`
+    there), exit 2, and the job runs on."""
+    env = dev_cluster.client_env()
+    with others_job(env) as (jid, theirs):
+        # this machine's user, and the one the test sshd logs in as
+        me = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+        for argv in (["status", jid], ["logs", jid], ["cancel", jid]):
+            p = hs(*argv, check=False, timeout=60)
+            assert (p.returncode, p.stderr.splitlines()[-1]) == (
+                2, f"hpcserve: error: job {jid} belongs to {OTHER}, not {me}: hpcserve acts "
+                   "on your own jobs only"), (hs.mode, argv, p)
+        q = subprocess.run(["squeue", "-h", "-j", jid, "-o", "%T"], env=env,
+                           capture_output=True, text=True, timeout=30)
+        assert q.stdout.strip() in ("RUNNING", "PENDING"), q
