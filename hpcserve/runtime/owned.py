@@ -65,11 +65,13 @@ def foreign(path: str) -> str | None:
 def own_part(path: str) -> None:
     """`path`, a user's own part of a directory every user shares (<dir>/<user>), made 0700
     where missing, its parent 1777 where missing (as /tmp: anyone adds a directory, nobody
-    removes another's). OSError where it cannot be made; ValueError naming what is there
-    where it is not this user's alone (a link, another owner, writable by others)."""
+    removes another's; the directory above it must exist). OSError where it cannot be made;
+    ValueError naming what is there where it is not this user's alone (a link, another owner,
+    writable by others)."""
     parent = os.path.dirname(path.rstrip("/"))
     if not os.path.isdir(parent):
-        os.makedirs(os.path.dirname(parent) or "/", exist_ok=True)
+        # only the shared directory itself: a path above it made here would be this user's
+        # alone (the job's umask is 077), and nobody else could reach their part through it
         with contextlib.suppress(FileExistsError):
             os.mkdir(parent)
             os.chmod(parent, 0o1777)   # mkdir's mode is masked by the umask
