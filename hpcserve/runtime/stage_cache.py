@@ -1,19 +1,21 @@
-"""The node-local stage cache (site.paths.stage_dir): one directory per staged model, its manifest,
-its lock, its completion marker and its users; the least recently used model goes when the cache
-would outgrow its bound. Stdlib only: it runs on every node in the stage step.
+"""The node-local stage cache: the user's own part of the site's stage directory
+(<site.paths.stage_dir>/<user>, 0700), one directory per staged model, its manifest, its lock,
+its completion marker and its users; the least recently used model goes when the cache would
+outgrow its bound. Stdlib only: it runs on every node in the stage step.
 
-Layout of stage_dir, for a model staged under NAME:
+Layout of the cache, for a model staged under NAME:
   NAME/              the complete copy the engines read (NAME/.hpcserve-manifest.json beside it)
   NAME.done          the completion marker (JSON); its mtime is the model's last use (LRU)
   NAME.lock          fcntl lock: one job at a time stages (or evicts) NAME on this node
   NAME.users/JOBID   a job using NAME, holding the time its allocation ends at the latest
-  NAME.partial-JOBID the copy in progress; renamed to NAME once every file matched the manifest
+  NAME.partial-*     the copy in progress (mkdtemp); renamed to NAME once every file matched the
+                     manifest
 
-Every entry is used only if it is this user's own, no link, and nobody else can write it: in a
-stage_dir other users can write (a site-wide one), an entry of theirs at one of this model's
-names is refused in a line naming it and its owner, never trusted (a planted copy is code the
-engines may run: trust_remote_code) and never removed; theirs under other names are neither
-counted nor evicted. A lock held by another job waits LOCK_WAIT_S at most.
+The cache's directory is used only if it is this user's alone (one another user made first at
+that name, or a link there, is refused), and so is every entry: an entry of another user's at
+one of this model's names is refused in a line naming it and its owner, never trusted (a planted
+copy is code the engines may run: trust_remote_code) and never removed; theirs under other names
+are neither counted nor evicted. A lock held by another job waits LOCK_WAIT_S at most.
 """
 
 from __future__ import annotations
@@ -121,9 +123,7 @@ def check_own(path: str) -> None:
     why = foreign(path)
     if why:
         raise StageError(None, f"{path} is not this user's ({why}): a stage cache entry "
-                               "another user could have made or can change is never used; "
-                               "give each user a stage directory of their own "
-                               "(site.paths.stage_dir)")
+                               "another user could have made or can change is never used")
 
 
 # ------------------------------------------------------------------------------- the cache
