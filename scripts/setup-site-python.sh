@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # Creates, idempotently, the Python a site installs for every user of its nodes: the system's
-# python3 with the routers hpcserve pins, in a directory everyone may read and run
-# (/opt/hpcserve/site-python-<router release>; override: HPCSERVE_SITE_PYTHON). The
-# adversarial tests' deployments run as an unprivileged user (hpcserve-a), who cannot run the
-# project venv's python where that lies in root's home (pyenv's, say), as it does on CI.
+# python3 with the routers hpcserve pins, and the system's mpi4py and PyYAML (Debian's
+# python3-mpi4py, built for its OpenMPI, and python3-yaml: scripts/setup.sh installs them), in
+# a directory everyone may read and run (/opt/hpcserve/site-python-<router releases>;
+# override: HPCSERVE_SITE_PYTHON). The test tiers' deployments run as an unprivileged user
+# (hpcserve-a), who cannot run the project venv's python where that lies in root's home
+# (pyenv's, say), as it does on CI.
 #
 #   scripts/setup-site-python.sh      # prints the venv's path
 #
 # A stamp (hash of this script and the python's version) makes a re-run a no-op; concurrent
-# callers wait on a lock in the directory. Download: sglang-router's wheel and its five
-# dependencies, about 20 s.
+# callers wait on a lock in the directory. Download: the two routers' wheels, click, jinja2 and
+# submitit with their few dependencies, about 30 s.
 set -euo pipefail
 SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
 cd "$(dirname "$SELF")/.."
 
-SGLANG_ROUTER=0.3.2   # pyproject.toml's test extra pins the same release
-VENV=${HPCSERVE_SITE_PYTHON:-/opt/hpcserve/site-python-sglang-router-$SGLANG_ROUTER}
+SGLANG_ROUTER=0.3.2   # pyproject.toml's test extra pins the same releases
+VLLM_ROUTER=0.1.17
+VENV=${HPCSERVE_SITE_PYTHON:-/opt/hpcserve/site-python-sglang-router-$SGLANG_ROUTER-vllm-router-$VLLM_ROUTER}
 PY=/usr/bin/python3   # the system's: every user may run it (scripts/setup.sh installs it)
 umask 022
 
@@ -30,11 +33,13 @@ exec 9>"$VENV/.hpcserve-site-python.lock"
 flock 9
 current && done_
 t0=$(date +%s)
-[ -x "$VENV/bin/python3" ] || "$PY" -m venv "$VENV"
+[ -x "$VENV/bin/python3" ] || "$PY" -m venv --system-site-packages "$VENV"
 # Some pip configs point at local mirrors that print a warning per missing project: keep it quiet.
 "$VENV/bin/python3" -m pip -q --disable-pip-version-check install --no-compile \
-  "sglang-router==$SGLANG_ROUTER" 2> >(grep -v -e '^WARNING: Location ' >&2)
-"$VENV/bin/python3" -c 'import sglang_router.launch_router'
+  "sglang-router==$SGLANG_ROUTER" "vllm-router==$VLLM_ROUTER" \
+  "click>=8.1" "jinja2>=3.1" "submitit>=1.5" 2> >(grep -v -e '^WARNING: Location ' >&2)
+"$VENV/bin/python3" -c 'import sglang_router.launch_router, vllm_router.launch_router, mpi4py, yaml
+import click, jinja2, submitit'
 chmod -R a+rX "$VENV"
 echo "$want" > "$stamp"
 echo "hpcserve setup-site-python: $VENV built in $(( $(date +%s) - t0 )) s" >&2

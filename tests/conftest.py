@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import ipaddress
+import os
 import signal
 import subprocess
 import threading
@@ -30,10 +31,8 @@ _active_clusters: list[Any] = []
 
 
 @pytest.fixture(scope="session")
-def installed_wheel(tmp_path_factory) -> Any:
-    """The install users do: a wheel built from the checkout, installed with pip (and the
-    `dev` extra, the local cluster's routers) into a fresh venv outside the checkout. The
-    venv's bin/ directory."""
+def built_wheel(tmp_path_factory) -> Any:
+    """The wheel `pip wheel` builds from the checkout, as a release would ship it."""
     import shutil
     import sys
     from pathlib import Path
@@ -53,12 +52,73 @@ def installed_wheel(tmp_path_factory) -> Any:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
                     str(base / "dist"), str(src)], check=True, capture_output=True, timeout=300)
     (wheel,) = (base / "dist").glob("hpcserve-*.whl")
-    venv = base / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", f"{wheel}[dev]"],
+    return wheel
+
+
+@pytest.fixture(scope="session")
+def installed_wheel(built_wheel, devcluster_slot) -> Any:
+    """The install users do: the wheel installed with pip (and the `dev` extra, the local
+    cluster's routers) into a fresh venv of the system's python3, outside the checkout, where
+    the test jobs' unprivileged user may run it too. The venv's bin/ directory."""
+    import shutil
+    from pathlib import Path
+    venv = Path(f"/tmp/hpcserve-pytest-{devcluster_slot}/installed-wheel")
+    shutil.rmtree(venv, ignore_errors=True)
+    venv.parent.mkdir(mode=0o755, exist_ok=True)
+    subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, timeout=120)
+    r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", f"{built_wheel}[dev]"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return venv / "bin"
+
+
+@pytest.fixture(scope="session")
+def owners_hpcserve(built_wheel, site_python, devcluster_slot) -> Any:
+    """argv of `hpcserve` as the test jobs' user runs it (tests/jobs/jobkit.py's OWNER, with
+    their own HOME): the wheel's package over the site's python, which has its dependencies,
+    in a directory they may read. The tests' operator commands on that user's jobs run so,
+    as its owner: hpcserve refuses another user's job, root's too."""
+    import pwd
+    import shutil
+    from pathlib import Path
+    owner = "hpcserve-a"
+    target = Path(f"/tmp/hpcserve-pytest-{devcluster_slot}/owners-hpcserve")
+    shutil.rmtree(target, ignore_errors=True)
+    r = subprocess.run([str(site_python / "bin" / "python3"), "-m", "pip", "install", "-q",
+                        "--no-deps", "--no-compile", "--disable-pip-version-check", "--target",
+                        str(target), str(built_wheel)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for d, dirs, files in os.walk(target):
+        for n in [d, *(os.path.join(d, f) for f in dirs + files)]:
+            os.chmod(n, os.stat(n).st_mode | 0o444 | (0o111 if os.path.isdir(n) else 0))
+    os.chmod(target.parent, os.stat(target.parent).st_mode | 0o055)
+    return ["runuser", "-u", owner, "--", "env", f"HOME={pwd.getpwnam(owner).pw_dir}",
+            f"PYTHONPATH={target}",
+            str(site_python / "bin" / "python3"), "-m", "hpcserve"]
+
+
+@pytest.fixture(scope="session")
+def site_python() -> Any:
+    """The python a site gives every user of its nodes (scripts/setup-site-python.sh: the
+    system's, with the routers, mpi4py and PyYAML), which the test jobs run with: they run as
+    an unprivileged user, who cannot run the project venv's python where that lies in root's
+    home (pyenv's, as on CI). The venv's directory."""
+    import pwd
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "scripts" / "setup-site-python.sh"
+    r = subprocess.run([str(script)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    venv = Path(r.stdout.strip().splitlines()[-1])
+    owner = "hpcserve-a"   # tests/jobs/jobkit.py's OWNER
+    assert subprocess.run(["id", "-u", owner], capture_output=True).returncode == 0, (
+        f"no user {owner}: run scripts/setup.sh as root, which makes the test jobs' user")
+    r = subprocess.run(["runuser", "-u", owner, "--", str(venv / "bin" / "python3"), "-c",
+                        "import sglang_router, vllm_router, mpi4py, yaml"], cwd="/",
+                       capture_output=True, text=True, env={"HOME": pwd.getpwnam(owner).pw_dir,
+                                                            "PATH": "/usr/sbin:/usr/bin:/bin"})
+    assert r.returncode == 0, (f"{owner} cannot run {venv}", r.stderr)
+    return venv
 
 
 @pytest.fixture(scope="session")

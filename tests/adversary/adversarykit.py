@@ -1,7 +1,8 @@
-"""The adversarial tests' other user and the shared places they meet the deployment's user in.
+"""The adversarial tests' two users and the shared places they meet in.
 
-OTHER is a real second Unix user (`scripts/setup.sh`, run as root, makes it); `as_other` runs a
-command as that user, `shared` is a directory everyone may create in, sticky, as /tmp or a
+OWNER and OTHER are real unprivileged Unix users (`scripts/setup.sh`, run as root, makes them):
+deployments under test run as OWNER, as every test job does (`as_owner`: jobkit.submitter),
+OTHER plays another user of the same cluster (`as_other` runs a command as them). `shared` is a directory everyone may create in, sticky, as /tmp or a
 site's scratch, stage or file_sd directory is.
 """
 
@@ -9,13 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+from jobkit import OWNER, submitter  # noqa: E402,F401 (OWNER: the tests')
 
 OTHER = "hpcserve-b"
 
@@ -66,3 +72,23 @@ def others_job(env: dict) -> Iterator[tuple[str, Path]]:
         subprocess.run(["scancel", jid], env=env, capture_output=True, timeout=30)
         subprocess.run(["scontrol", "wait_job", jid], env=env, capture_output=True, timeout=60)
         shutil.rmtree(theirs)
+
+
+def listening(ns: str, uid: int) -> list[tuple[str, int]]:
+    """(address, port) of each TCP socket listening in network namespace `ns` that `uid` owns."""
+    out = subprocess.run(["ip", "netns", "exec", ns, "ss", "-ltnHe"], capture_output=True,
+                         text=True, check=True).stdout
+    found = []
+    for line in out.splitlines():
+        m = re.search(r"\s(\S+):(\d+)\s+\S+\s.*\buid:(\d+)\b", line)
+        if m and int(m.group(3)) == uid:
+            found.append((m.group(1).strip("[]"), int(m.group(2))))
+    return sorted(set(found))
+
+
+@pytest.fixture
+def as_owner(dev_cluster, site_python, tmp_path):
+    """Submit a deployment as OWNER (jobkit.submitter); each job cancelled, awaited and removed
+    at the end."""
+    with submitter(dev_cluster, tmp_path, site_python) as submit:
+        yield submit

@@ -10,29 +10,18 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import re
-import shutil
 import subprocess
-import sys
-import time
 import urllib.parse
-from pathlib import Path
 
 import pytest
-import yaml
 
-from adversarykit import OTHER, as_other, shared  # noqa: F401  (shared: a fixture)
-from hpcserve import config, plan, records
-from hpcserve.render import render_files, write_job
+from adversarykit import (OTHER, OWNER, as_other, as_owner, listening,  # noqa: F401 (fixtures)
+                          shared)
 from hpcserve.runtime.workers import RouterWorkers
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
-from jobkit import Job, chat, deployment  # noqa: E402
+from jobkit import Job, chat, deployment
 
 pytestmark = pytest.mark.slurm
 
-OWNER = "hpcserve-a"
-REPO = Path(__file__).resolve().parents[2]
 
 # Run by OTHER in a node's network namespace against HOST:PORT: bytes no protocol of the
 # deployment's speaks, a request line longer than any server reads, a body longer than it says,
@@ -84,40 +73,6 @@ print(json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module")
-def site_python() -> Path:
-    """The python a site gives every user of its nodes, with the routers (the project venv's
-    may lie where hpcserve-a cannot run it: root's home)."""
-    r = subprocess.run([str(REPO / "scripts" / "setup-site-python.sh")], capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0, r.stderr
-    venv = Path(r.stdout.strip().splitlines()[-1])
-    assert subprocess.run(["runuser", "-u", OWNER, "--", str(venv / "bin" / "python3"), "-c",
-                           "import sglang_router"], cwd="/").returncode == 0, (
-        f"{OWNER} cannot run {venv}: scripts/setup.sh (as root) makes the user")
-    return venv
-
-
-def _chown_tree(top: Path, user: str) -> None:
-    """What `hpcserve submit` run by `user` would have left: the job directory theirs."""
-    pw = pwd.getpwnam(user)
-    for d, dirs, files in os.walk(top):
-        for name in [d, *(os.path.join(d, n) for n in dirs + files)]:
-            os.lchown(name, pw.pw_uid, pw.pw_gid)
-
-
-def _listening(ns: str, uid: int) -> list[tuple[str, int]]:
-    """(address, port) of each TCP socket listening in network namespace `ns` that `uid` owns."""
-    out = subprocess.run(["ip", "netns", "exec", ns, "ss", "-ltnHe"], capture_output=True,
-                         text=True, check=True).stdout
-    found = []
-    for line in out.splitlines():
-        m = re.search(r"\s(\S+):(\d+)\s+\S+\s.*\buid:(\d+)\b", line)
-        if m and int(m.group(3)) == uid:
-            found.append((m.group(1).strip("[]"), int(m.group(2))))
-    return sorted(set(found))
-
-
 def _attack(ns: str, targets: list[tuple[str, int]]) -> dict[str, list[list[str]]]:
     """ATTACK on every (address, port) of one node at once, as OTHER in the node's namespace."""
     argv = [f"{'127.0.0.1' if h in ('*', '0.0.0.0') else h}:{p}" for h, p in targets]
@@ -126,46 +81,6 @@ def _attack(ns: str, targets: list[tuple[str, int]]) -> dict[str, list[list[str]
                        capture_output=True, text=True, timeout=120, cwd="/")
     assert p.returncode == 0, p
     return json.loads(p.stdout)
-
-
-def _submit_as_owner(dev_cluster, dep: dict, python: Path, tmp_path: Path) -> Job:
-    """`dep` rendered and submitted as OWNER would: a job directory of theirs under a jobs
-    folder of theirs, sbatch with their user and an environment with nothing of root's."""
-    env = dev_cluster.client_env()
-    owner = pwd.getpwnam(OWNER)
-    jobs = Path(dev_cluster.state_dir).parent / f"jobs-of-{OWNER}"
-    jobs.mkdir(mode=0o755, exist_ok=True)
-    os.chown(jobs, owner.pw_uid, owner.pw_gid)
-    site = dep.get("site") if isinstance(dep.get("site"), dict) else {"base": "local"}
-    dep = {**dep, "site": {**site, "paths": {**site.get("paths", {}),
-                                             "python": f"{python}/bin/python3"}}}
-    (tmp_path / "d.yaml").write_text(yaml.safe_dump(dep))
-    p = plan.build(records.replace(config.load(tmp_path / "d.yaml"), user=OWNER))
-    job_dir = jobs / f"{dep['name']}-{time.time_ns()}"
-    write_job(render_files(p, str(job_dir)), job_dir)
-    _chown_tree(job_dir, OWNER)
-    job_env = {**env, "HOME": owner.pw_dir, "USER": OWNER, "LOGNAME": OWNER,
-               "PATH": f"{python}/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}
-    r = subprocess.run(["sbatch", "--parsable", f"--uid={OWNER}", f"--gid={OWNER}",
-                        str(job_dir / "job.sbatch")], env=job_env, capture_output=True,
-                       text=True, timeout=30, cwd=job_dir)
-    assert r.returncode == 0, r
-    return Job(dev_cluster, job_dir, r.stdout.strip().split(";")[0], env)
-
-
-@pytest.fixture
-def as_owner(dev_cluster, site_python, tmp_path):
-    """Submit a deployment as OWNER; each job cancelled, awaited and removed at the end."""
-    jobs: list[Job] = []
-
-    def submit(dep: dict) -> Job:
-        jobs.append(_submit_as_owner(dev_cluster, dep, site_python, tmp_path))
-        return jobs[-1]
-    yield submit
-    for job in jobs:
-        subprocess.run(["scancel", job.id], env=job.env, capture_output=True, timeout=30)
-        job.squeue_gone(60)
-        shutil.rmtree(job.dir, ignore_errors=True)
 
 
 def test_another_user_reaches_nothing_of_a_deployment_that_runs_as_its_own_user(
@@ -235,7 +150,7 @@ def _attack_while_serving(dev_cluster, job: Job, uid: int) -> None:
 
     # every port the deployment listens on, on every node: hostile frames, then requests
     # without the key (or with a guessed one) for what it guards
-    ports = {ns: _listening(ns, uid) for ns in dev_cluster.netns_names().values()}
+    ports = {ns: listening(ns, uid) for ns in dev_cluster.netns_names().values()}
     url = urllib.parse.urlsplit(router)
     assert any((url.hostname, url.port) in lst for lst in ports.values()), (router, ports)
     assert sum(len(lst) for lst in ports.values()) >= 3, ports  # router, prefill, decode, ...

@@ -1,23 +1,35 @@
 """Helpers for real jobs on the local Slurm cluster: submit rendered job directories with plain
-sbatch, read state.json, list and find the job's processes per node (by PID, per namespace)."""
+sbatch as an unprivileged user, read state.json, list and find the job's processes per node (by
+PID, per namespace)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pwd
 import re
 import shlex
+import shutil
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import jsonschema
+import yaml
 
+from hpcserve import config, plan, records
+from hpcserve.render import render_files, write_job
 from hpcserve.runtime.contract import STATE_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[2]
+# The unprivileged user the test jobs run as, as a cluster's users do: never root, whose jobs
+# would hide every permission the runtime assumes (scripts/setup.sh, as root, makes it).
+OWNER = "hpcserve-a"
 TERMINAL = {"cancelled", "failed", "done"}
 _STATE = jsonschema.Draft202012Validator(STATE_SCHEMA)
 # A role whose failed instance is not replaced: its failure ends the deployment, named (the
@@ -84,6 +96,103 @@ class _NoHpcserve:
 
 sys.meta_path.insert(0, _NoHpcserve())
 """
+
+
+def chown_tree(top: Path, user: str = OWNER) -> None:
+    """What `hpcserve submit` run by `user` would have left: the job directory theirs."""
+    pw = pwd.getpwnam(user)
+    for d, dirs, files in os.walk(top):
+        for name in [d, *(os.path.join(d, n) for n in dirs + files)]:
+            os.lchown(name, pw.pw_uid, pw.pw_gid)
+
+
+def owners_jobs(cluster: Any, user: str = OWNER) -> Path:
+    """The folder of `user`'s job directories beside the cluster's state, theirs."""
+    jobs = Path(cluster.state_dir).parent / f"jobs-of-{user}"
+    jobs.mkdir(mode=0o755, exist_ok=True)
+    shutil.chown(jobs, user, user)
+    return jobs
+
+
+def hand_over(tmp_path: Path, user: str = OWNER) -> None:
+    """A test's tmp_path made `user`'s, and the folders above it passable (o+x, not readable):
+    what the test prepared there for a job of theirs (a stand-in, a config, a model) is theirs,
+    as a user's own files would be."""
+    chown_tree(tmp_path, user)
+    for d in tmp_path.parents:
+        if d in (Path("/tmp"), Path("/")):
+            break
+        os.chmod(d, os.stat(d).st_mode | 0o011)
+
+
+def owners_env(cluster: Any, tmp_path: Path, site_python: Path) -> dict:
+    """The environment of the jobs' user's shell on the login node: the cluster's Slurm, the
+    site's python3 first on PATH (the routers hpcserve checks for at submit), and an index of
+    hpcserve's deployments for this test alone."""
+    e = cluster.client_env()
+    return {**e, "PATH": f"{site_python}/bin{os.pathsep}{e['PATH']}",
+            "HPCSERVE_STATE_DIR": str(tmp_path / "state")}
+
+
+def _on_nodes_python(dep: dict, python: Path) -> dict:
+    """The deployment with site.paths.python pointed at `python`, unless the test set its own."""
+    site = dep.get("site", "local")
+    if isinstance(site, str):
+        site = {"base": site}
+    if "python" in site.get("paths", {}):
+        return dep
+    return {**dep, "site": {**site, "paths": {**site.get("paths", {}), "python": str(python)}}}
+
+
+@contextlib.contextmanager
+def submitter(cluster: Any, tmp_path: Path, site_python: Path) -> Iterator[Callable[..., "Job"]]:
+    """submit(dep, edit=None, extra_env=None) -> Job: the deployment dict rendered as OWNER's
+    `hpcserve submit` would (the plan for their user, the job directory theirs, `edit` applied
+    to the rendered files first) and handed to sbatch for them (--uid, as root may), with their
+    environment and the site's python (no hpcserve in it, as on a site's nodes). Each job is
+    cancelled at the end, Slurm waited on, its processes gone and its directory removed."""
+    env = cluster.client_env()
+    # the tests' own hpcserve commands run from the project venv
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env["PATH"]
+    owner = pwd.getpwnam(OWNER)
+    nodes_python = python_without_hpcserve(Path(cluster.state_dir).parent,
+                                           str(site_python / "bin" / "python3"))
+    jobs: list[Job] = []
+
+    def submit(dep: dict, edit: Callable[[Path], None] | None = None,
+               extra_env: dict[str, str] | None = None) -> Job:
+        dep = _on_nodes_python(dep, nodes_python)
+        f = tmp_path / f"{dep['name']}.yaml"
+        f.write_text(yaml.safe_dump(dep))
+        p = plan.build(records.replace(config.load(f), user=OWNER))
+        job_dir = owners_jobs(cluster) / f"{dep['name']}-{len(jobs)}-{time.time_ns()}"
+        write_job(render_files(p, str(job_dir)), job_dir)
+        if edit:
+            edit(job_dir)
+        chown_tree(job_dir)
+        hand_over(tmp_path)
+        # the environment of this moment, theirs: sbatch exports it to the job (secrets given
+        # by name among it)
+        job_env = {**cluster.client_env(), "HOME": owner.pw_dir, "USER": OWNER,
+                   "LOGNAME": OWNER, "PATH": f"{site_python}/bin{os.pathsep}{os.environ['PATH']}",
+                   **(extra_env or {})}
+        r = subprocess.run(["sbatch", "--parsable", f"--uid={OWNER}", f"--gid={OWNER}",
+                            str(job_dir / "job.sbatch")], env=job_env, capture_output=True,
+                           text=True, timeout=30, cwd=job_dir)
+        assert r.returncode == 0, r
+        jobs.append(Job(cluster, job_dir, r.stdout.strip().split(";")[0], env))
+        return jobs[-1]
+
+    try:
+        yield submit
+    finally:
+        for j in jobs:  # whatever a test left: cancel it and wait until Slurm has it gone
+            subprocess.run(["scancel", j.id], env=env, capture_output=True, timeout=30)
+        for j in jobs:
+            j.squeue_gone(60)
+        wait_no_job_processes(cluster, 30)
+        for j in jobs:
+            shutil.rmtree(j.dir, ignore_errors=True)
 
 
 def until(what: str, ok, timeout: float, poll: float = 0.05, why=lambda: ""):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -20,7 +19,6 @@ from jobkit import Job, Load, deployment, requests_in, until
 
 pytestmark = pytest.mark.slurm
 
-HPCSERVE = str(Path(sys.executable).parent / "hpcserve")
 FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1, "hung_after": 1}
 ENGINE = {"name": "sglang", "version": "0.5.23", "simulate": True,
           "sim_decode_s_per_token": 0.02}  # 8 tokens: 0.16 s in flight, so a drain waits
@@ -37,15 +35,15 @@ def front(submit):
 
 
 @pytest.fixture
-def cli(front, tmp_path):
-    """`hpcserve ARGS...` as a user runs it (the cluster's Slurm, an index of this test's own);
-    the instance jobs it submitted are cancelled at the end."""
+def cli(front, tmp_path, owners_hpcserve):
+    """`hpcserve ARGS...` as the front's user runs it (the cluster's Slurm, an index of this
+    test's own); the instance jobs it submitted are cancelled at the end."""
     env = {**front.env, "HPCSERVE_STATE_DIR": str(tmp_path / "state")}
     made: list[Job] = []
 
     def run(*args: str) -> str:
-        r = subprocess.run([HPCSERVE, *args], env=env, capture_output=True, text=True,
-                           timeout=120)
+        r = subprocess.run([*owners_hpcserve, *args], env=env, capture_output=True, text=True,
+                           timeout=120, cwd=tmp_path)
         assert r.returncode == 0, (args, r.stdout, r.stderr)
         m = re.search(r"submitted job (\d+).*\njob directory: (\S+)", r.stdout)
         if m:

@@ -8,21 +8,19 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from hpcserve import deployments
-from jobkit import chat, deployment, wait_no_job_processes
+from jobkit import chat, deployment, hand_over, wait_no_job_processes
 
 pytestmark = pytest.mark.slurm
 
 # Fast probes, so that a runtime that took the outage for a failure would show it within the
 # outage; Slurm's word on the nodes (sinfo) is asked every 2 s.
 LIVENESS = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 2, "hung_after": 1}
-HPCSERVE = str(Path(sys.executable).parent / "hpcserve")
 
 
 def _shim(shim: Path, tool: str, log: Path, in_job: bool) -> None:
@@ -60,9 +58,11 @@ def _failed_since(log: Path, offset: int) -> bool:
     return any(ln.split(" ", 3)[2] != "0" for ln in text.splitlines())
 
 
-def _hpcserve(env: dict, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([HPCSERVE, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+def _hpcserve(cli: list[str], env: dict, *args: str,
+              timeout: float = 180) -> subprocess.CompletedProcess:
+    """`hpcserve ARGS` as the job's user runs it (`cli`: owners_hpcserve)."""
+    return subprocess.run([*cli, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd="/")
 
 
 def _log_since(job, offset: int) -> str:
@@ -71,20 +71,22 @@ def _log_since(job, offset: int) -> str:
 
 @pytest.mark.usefixtures("sinfo_calls")
 def test_a_deployment_serves_through_a_controller_restart(submit, dev_cluster, tmp_path,
-                                                          monkeypatch, sinfo_calls):
+                                                          monkeypatch, sinfo_calls,
+                                                          owners_hpcserve):
     job = submit(deployment(1, 1, name="t-ctld", liveness=LIVENESS))
     st = job.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", job.logs()
     # in hpcserve's index, as `hpcserve submit` leaves it: status asks squeue first
     monkeypatch.setenv("HPCSERVE_STATE_DIR", str(tmp_path / "state"))
     deployments.record(deployments.Entry(job.id, "t-ctld", str(job.dir), None, time.time()))
+    hand_over(tmp_path)   # the index, as the job's user's own `hpcserve submit` leaves it
     env = {**job.env, "HPCSERVE_STATE_DIR": str(tmp_path / "state")}
     log_at = len((job.dir / "logs" / "hpcserve-job.log").read_text(errors="replace"))
 
     t0 = time.time()
     old = dev_cluster.stop_controller()
     try:
-        r = _hpcserve(env, "status", job.id)
+        r = _hpcserve(owners_hpcserve, env, "status", job.id)
         assert r.returncode == 2, (r.stdout, r.stderr)
         (line,) = r.stderr.splitlines()
         assert line.startswith("hpcserve: error: Slurm controller unreachable: squeue --me -h "
@@ -101,8 +103,8 @@ def test_a_deployment_serves_through_a_controller_restart(submit, dev_cluster, t
         # MessageTimeout), so that its answer comes from hpcserve's own next try
         squeues = tmp_path / "squeue-calls"
         at = len(squeues.read_text()) if squeues.exists() else 0
-        riding = subprocess.Popen([HPCSERVE, "status", job.id], env=env, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        riding = subprocess.Popen([*owners_hpcserve, "status", job.id], env=env, text=True,
+                                  cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         end = time.time() + 60
         while not _failed_since(squeues, at) and riding.poll() is None and time.time() < end:
             time.sleep(0.1)
@@ -120,12 +122,12 @@ def test_a_deployment_serves_through_a_controller_restart(submit, dev_cluster, t
     assert during["phase"] == "serving" and not during.get("failure"), (during, outage_log)
     assert [h["phase"] for h in during["history"]] == [h["phase"] for h in st["history"]]
 
-    r = _hpcserve(env, "status", job.id)
+    r = _hpcserve(owners_hpcserve, env, "status", job.id)
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert f"serving at {st['endpoint']}" in r.stdout and "RUNNING" in r.stdout, r.stdout
     assert chat(st["endpoint"], 3, key=job.key)["usage"]["completion_tokens"] == 3
 
-    r = _hpcserve(env, "cancel", job.id, "--wait")
+    r = _hpcserve(owners_hpcserve, env, "cancel", job.id, "--wait")
     assert r.returncode == 0, (r.stdout, r.stderr)
     st = job.wait({"cancelled", "failed", "done"}, 30)
     assert st["phase"] == "cancelled" and st["reason"] == "cancelled", st

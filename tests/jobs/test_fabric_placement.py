@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -121,7 +121,7 @@ def test_switches_holds_a_role_off_two_switches_until_one_switch_has_room(
 
 
 def test_an_instance_over_two_nvlink_fabrics_is_refused_by_the_preflight_naming_the_node(
-        submit, dev_cluster, tmp_path):
+        submit, dev_cluster, tmp_path, site_python):
     """worker-0 on node1-2 and worker-1 on node3-4; node4's GPUs report another ClusterUUID."""
     conf = tmp_path / "nvidia-smi.json"
     conf.write_text(json.dumps({"gpus": 4, "nodes": {
@@ -129,11 +129,15 @@ def test_an_instance_over_two_nvlink_fabrics_is_refused_by_the_preflight_naming_
         "node3": {"cluster_uuid": UUID_A}, "node4": {"cluster_uuid": UUID_B}}}))
     bindir = tmp_path / "bin"  # nvidia-smi alone: tests/fakes/bin also has a stand-in srun
     bindir.mkdir()
-    (bindir / "nvidia-smi").write_text(f'#!/bin/sh\nexec {sys.executable} {STAND_IN} "$@"\n')
+    # a copy of the stand-in, on the site's python: the job's user may reach neither the
+    # checkout nor the venv's python
+    shutil.copy(STAND_IN, bindir / "nvidia_smi.py")
+    (bindir / "nvidia-smi").write_text(f'#!/bin/sh\nexec {site_python}/bin/python3 '
+                                       f'{bindir}/nvidia_smi.py "$@"\n')
     (bindir / "nvidia-smi").chmod(0o755)
     dep = workers("t-fabric-mixed", {"worker": {"nodes": 2, "instances": 2}},
                   site=fabric_site("none", check=True))
-    path = f"{bindir}:{Path(sys.executable).parent}:{os.environ['PATH']}"
+    path = f"{bindir}:{site_python}/bin:{os.environ['PATH']}"
     job = submit(dep, extra_env={"PATH": path, "HPCSERVE_FAKE_NVIDIA_SMI": str(conf)})
     st = job.wait({"failed", "serving", "cancelled"}, 60)
     f = st["failure"]

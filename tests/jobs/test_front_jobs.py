@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +16,6 @@ from jobkit import Job, Load, deployment, requests_in, until
 
 pytestmark = pytest.mark.slurm
 
-HPCSERVE = str(Path(sys.executable).parent / "hpcserve")
 FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1, "hung_after": 1}
 ENGINE = {"name": "sglang", "version": "0.5.23", "simulate": True,
           "sim_decode_s_per_token": 0.01}
@@ -32,7 +29,7 @@ def _at(st: dict, phase: str) -> float:
 
 
 def test_a_front_of_router_alone_serves_through_its_slot_jobs_and_cancel_stops_them(
-        submit, tmp_path):
+        submit, tmp_path, owners_hpcserve):
     dep = deployment(name="t-front-only", liveness=FAST, engine=ENGINE)
     dep["roles"] = {r: {"instances": 0, "nodes": 1, "autoscale": SCALE}
                     for r in ("prefill", "decode")}
@@ -66,14 +63,14 @@ def test_a_front_of_router_alone_serves_through_its_slot_jobs_and_cancel_stops_t
     assert load.results and not load.failures(), load.failures()[:3]
     env = {**front.env, "HPCSERVE_STATE_DIR": str(tmp_path / "state")}
     # `hpcserve logs` of the front: the deployment's, its slot jobs' engine logs included
-    r = subprocess.run([HPCSERVE, "logs", front.id, "--role", "decode"], env=env,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run([*owners_hpcserve, "logs", front.id, "--role", "decode"], env=env,
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
     engine_log = slots["decode"].dir / slots["decode"].state()["startup"]["instances"][
         "decode-0"]["log"]
     assert r.returncode == 0 and f"==> {engine_log} <==" in r.stdout, (r.stdout[-2000:], r.stderr)
     # `hpcserve cancel` of the front: the router first, then every slot job it submitted
-    r = subprocess.run([HPCSERVE, "cancel", front.id, "--wait"], env=env, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run([*owners_hpcserve, "cancel", front.id, "--wait"], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert front.wait({"cancelled", "failed", "done"}, 30)["phase"] == "cancelled", front.logs()
     for role, slot in slots.items():

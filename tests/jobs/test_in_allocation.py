@@ -7,37 +7,39 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from jobkit import Job, chat, deployment, python_without_hpcserve, until
+from jobkit import (OWNER, Job, chat, deployment, hand_over, owners_env,
+                    python_without_hpcserve, until)
 
 pytestmark = pytest.mark.slurm
 
-HPCSERVE = str(Path(sys.executable).parent / "hpcserve")
+
+@pytest.fixture
+def env(dev_cluster, tmp_path, site_python) -> dict:
+    """The login shell's environment (jobkit.owners_env)."""
+    return owners_env(dev_cluster, tmp_path, site_python)
 
 
 @pytest.fixture
-def env(dev_cluster, tmp_path) -> dict:
-    """The login shell's environment: the cluster's Slurm, the venv's python3 (the router's
-    imports), hpcserve's index of this test alone."""
-    e = dev_cluster.client_env()
-    return {**e, "PATH": str(Path(sys.executable).parent) + ":" + e["PATH"],
-            "HPCSERVE_STATE_DIR": str(tmp_path / "state")}
+def hs(owners_hpcserve) -> list[str]:
+    """`hpcserve` as the jobs' user runs it in their own shell (salloc's, already theirs)."""
+    return owners_hpcserve[owners_hpcserve.index("--") + 1:]
 
 
 @pytest.fixture
-def deploy_file(dev_cluster, tmp_path) -> Path:
+def deploy_file(dev_cluster, tmp_path, site_python) -> Path:
     """The simulated 1P1D deployment (2 nodes), its runtime on a python3 without hpcserve."""
     root = Path(dev_cluster.state_dir).parent
     dep = deployment(name="t-inalloc")
     dep["site"] = {"base": "local", "paths": {
-        "python": str(python_without_hpcserve(root, sys.executable))}}
+        "python": str(python_without_hpcserve(root, str(site_python / "bin" / "python3")))}}
     f = tmp_path / "t-inalloc.yaml"
     f.write_text(yaml.safe_dump(dep))
+    hand_over(tmp_path)
     return f
 
 
@@ -48,12 +50,13 @@ def _nodes(env: dict) -> list[str]:
 
 
 def _salloc(env: dict, nodes: list[str], inner: str, tmp: Path) -> subprocess.Popen:
-    """salloc holding `nodes`, running `inner` in its shell (with every SLURM_* variable salloc
-    sets), which writes the allocation's id to tmp/jobid first."""
+    """salloc, run by the jobs' user, holding `nodes`, running `inner` in its shell (with every
+    SLURM_* variable salloc sets), which writes the allocation's id to tmp/jobid first."""
     script = f"echo $SLURM_JOB_ID > {shlex.quote(str(tmp / 'jobid'))}; {inner}"
-    return subprocess.Popen(["salloc", "-N", str(len(nodes)), "-w", ",".join(nodes),
-                             "-t", "10", "-J", "held", "bash", "-c", script], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(["runuser", "-u", OWNER, "--", "salloc", "-N", str(len(nodes)),
+                             "-w", ",".join(nodes), "-t", "10", "-J", "held", "bash", "-c",
+                             script], env=env, cwd=tmp, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def _steps(env: dict, job_id: str) -> dict[str, str]:
@@ -80,10 +83,11 @@ def _end_salloc(salloc: subprocess.Popen, shell: Path, env: dict, alloc: str | N
         salloc.wait(30)
 
 
-def _submit_then_hold(deploy_file: Path, job_dir: Path, done: Path, tmp: Path, *opts) -> str:
+def _submit_then_hold(hs: list[str], deploy_file: Path, job_dir: Path, done: Path, tmp: Path,
+                      *opts) -> str:
     """The salloc shell's command: `hpcserve submit --in-allocation`, its output and exit code
     into `done`, then the shell stays (its PID in tmp/shell: _end_salloc ends it)."""
-    argv = [HPCSERVE, "submit", "--in-allocation", *opts, str(deploy_file), "--out",
+    argv = [*hs, "submit", "--in-allocation", *opts, str(deploy_file), "--out",
             str(job_dir)]
     return (f"{shlex.join(argv)} > {shlex.quote(str(done))} 2>&1; "
             f"echo rc=$? >> {shlex.quote(str(done))}; "
@@ -100,11 +104,13 @@ def _alive(drv: dict) -> bool:
     return fields[19] == drv["start"] and fields[0] not in ("Z", "X")
 
 
-def test_serves_in_an_salloc_and_cancel_leaves_it(dev_cluster, env, deploy_file, tmp_path):
+def test_serves_in_an_salloc_and_cancel_leaves_it(dev_cluster, env, deploy_file, tmp_path, hs,
+                                                   owners_hpcserve):
     held = _nodes(env)[-2:]  # not the first nodes: a het job of its own would start there
     job_dir = tmp_path / "jobs" / "t-inalloc"
     done = tmp_path / "submitted"
-    salloc = _salloc(env, held, _submit_then_hold(deploy_file, job_dir, done, tmp_path), tmp_path)
+    salloc = _salloc(env, held, _submit_then_hold(hs, deploy_file, job_dir, done, tmp_path),
+                     tmp_path)
     alloc = None
     try:
         text = until("hpcserve submit's end in the salloc shell",
@@ -128,13 +134,13 @@ def test_serves_in_an_salloc_and_cancel_leaves_it(dev_cluster, env, deploy_file,
         drv = json.loads((job_dir / "run" / "driver.json").read_text())
         assert drv["allocation"] == alloc
 
-        status = subprocess.run([HPCSERVE, "status", alloc], env=env, capture_output=True,
-                                text=True)
+        status = subprocess.run([*owners_hpcserve, "status", alloc], env=env, cwd="/",
+                                capture_output=True, text=True)
         assert status.returncode == 0 and "alloc RUNNING" in status.stdout and \
             f"serving at {st['endpoint']}" in status.stdout, status.stdout + status.stderr
 
-        r = subprocess.run([HPCSERVE, "cancel", alloc, "--wait"], env=env, capture_output=True,
-                           text=True, timeout=120)
+        r = subprocess.run([*owners_hpcserve, "cancel", alloc, "--wait"], env=env, cwd="/",
+                           capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and "the allocation goes on" in r.stdout, r.stdout + r.stderr
         assert job.state()["phase"] == "cancelled"
         until("the deployment's steps gone from the allocation",
@@ -143,21 +149,24 @@ def test_serves_in_an_salloc_and_cancel_leaves_it(dev_cluster, env, deploy_file,
         assert not _alive(drv), "the driver outlived its cancel"
         # the allocation is the user's: still running, and a new step runs in it
         assert _job_state(env, alloc) == "RUNNING"
-        step = subprocess.run(["srun", f"--jobid={alloc}", "--overlap", "-N1", "-w", held[1],
-                               "printenv", "SLURMD_NODENAME"], env=env, capture_output=True,
+        step = subprocess.run(["runuser", "-u", OWNER, "--", "srun", f"--jobid={alloc}",
+                               "--overlap", "-N1", "-w", held[1], "printenv",
+                               "SLURMD_NODENAME"], env=env, cwd="/", capture_output=True,
                               text=True, timeout=60)
         assert step.returncode == 0 and step.stdout.strip() == held[1], step.stderr
     finally:
         _end_salloc(salloc, tmp_path / "shell", env, alloc)
 
 
-def test_foreground_ends_with_the_deployment(dev_cluster, env, deploy_file, tmp_path):
+def test_foreground_ends_with_the_deployment(dev_cluster, env, deploy_file, tmp_path, hs,
+                                             owners_hpcserve):
     """A batch script's last line: `submit --in-allocation --foreground` runs until the
     deployment ends and exits with its end (0: cancelled); the allocation goes on."""
     held = _nodes(env)[-2:]
     job_dir = tmp_path / "jobs" / "t-fg"
     done = tmp_path / "submitted"
-    inner = _submit_then_hold(deploy_file, job_dir, done, tmp_path, "--foreground", "--wait")
+    inner = _submit_then_hold(hs, deploy_file, job_dir, done, tmp_path, "--foreground",
+                              "--wait")
     salloc = _salloc(env, held, inner, tmp_path)
     alloc = None
     try:
@@ -165,8 +174,8 @@ def test_foreground_ends_with_the_deployment(dev_cluster, env, deploy_file, tmp_
               "serving at" in done.read_text(), 120, 0.1, why=lambda: done.read_text())
         alloc = (tmp_path / "jobid").read_text().strip()
         assert "rc=" not in done.read_text()  # still in the foreground while it serves
-        r = subprocess.run([HPCSERVE, "cancel", alloc], env=env, capture_output=True, text=True,
-                           timeout=60)
+        r = subprocess.run([*owners_hpcserve, "cancel", alloc], env=env, cwd="/",
+                           capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
         text = until("submit --foreground's end", lambda: "rc=" in done.read_text() and
                      done.read_text(), 120, 0.1, why=lambda: done.read_text())
@@ -177,11 +186,11 @@ def test_foreground_ends_with_the_deployment(dev_cluster, env, deploy_file, tmp_
         _end_salloc(salloc, tmp_path / "shell", env, alloc)
 
 
-def test_too_small_an_allocation_is_refused(dev_cluster, env, deploy_file, tmp_path):
+def test_too_small_an_allocation_is_refused(dev_cluster, env, deploy_file, tmp_path, hs):
     held = _nodes(env)[-1:]
     job_dir = tmp_path / "jobs" / "t-small"
-    inner = (f"{shlex.quote(HPCSERVE)} submit --in-allocation {shlex.quote(str(deploy_file))} "
-             f"--out {shlex.quote(str(job_dir))}")
+    inner = shlex.join([*hs, "submit", "--in-allocation", str(deploy_file), "--out",
+                        str(job_dir)])
     salloc = _salloc(env, held, inner, tmp_path)
     out, err = salloc.communicate(timeout=120)
     alloc = (tmp_path / "jobid").read_text().strip()
@@ -193,9 +202,9 @@ def test_too_small_an_allocation_is_refused(dev_cluster, env, deploy_file, tmp_p
     assert not (tmp_path / "state" / "deployments.jsonl").exists()
 
 
-def test_preflight_in_an_salloc_checks_its_nodes(dev_cluster, env, deploy_file, tmp_path):
+def test_preflight_in_an_salloc_checks_its_nodes(dev_cluster, env, deploy_file, tmp_path, hs):
     held = _nodes(env)[-2:]
-    inner = f"{shlex.quote(HPCSERVE)} preflight --in-allocation {shlex.quote(str(deploy_file))}"
+    inner = shlex.join([*hs, "preflight", "--in-allocation", str(deploy_file)])
     salloc = _salloc(env, held, inner, tmp_path)
     out, err = salloc.communicate(timeout=120)
     assert salloc.returncode == 0, out + err

@@ -6,8 +6,10 @@ nodes. (test_recovery.py: the same failures replaced while the others serve.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -64,21 +66,25 @@ def test_a_crashed_node_ends_the_deployment_as_node_lost(submit, dev_cluster):
     wait_no_job_processes(dev_cluster, 30)
 
 
-def test_status_probe_reports_each_instance_not_only_the_router(submit, dev_cluster):
-    from hpcserve import deployments, ops
-    from hpcserve.slurm.runner import LocalRunner
+def test_status_probe_reports_each_instance_not_only_the_router(submit, dev_cluster, tmp_path,
+                                                               owners_hpcserve):
+    """`hpcserve status --probe`, run by the job's user."""
     job = submit(deployment(1, 2, name="t-probe"))  # default liveness: minutes to give up
     st = job.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", job.logs()
-    entry = deployments.Entry(job.id, "t-probe", str(job.dir), None)
-    runner = LocalRunner(dev_cluster.client_env())
-    (v,) = ops.status([entry], lambda _r: runner, probe=True)
-    assert v.health == "router ok, prefill-0 ok, decode-0 ok", v.health
+    env = {**job.env, "HPCSERVE_STATE_DIR": str(tmp_path / "state")}
+
+    def probe(*more: str) -> str:
+        r = subprocess.run([*owners_hpcserve, "status", job.id, "--probe", *more], env=env,
+                           cwd="/", capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        return r.stdout
+    (v,) = json.loads(probe("--json"))
+    assert v["health"] == "router ok, prefill-0 ok, decode-0 ok", v
     leader = job.node_rows("decode-0")[0]
     os.kill(find_pid(dev_cluster, leader[1], r"hpcserve_sim\.py"), signal.SIGSTOP)
-    (v,) = ops.status([entry], lambda _r: runner, probe=True)
-    assert "decode-0 no answer" in v.health and "prefill-0 ok" in v.health, v.health
-    assert "decode-0 no answer" in ops.describe(v)
+    table = probe()
+    assert "decode-0 no answer" in table and "prefill-0 ok" in table, table
 
 
 def test_a_lost_node_with_requeue_serves_again_without_that_node(submit, dev_cluster):

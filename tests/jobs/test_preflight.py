@@ -9,10 +9,9 @@ that differs) is made by restarting its slurmd in a private mount namespace with
 from __future__ import annotations
 
 import json
-import os
+import pwd
 import shutil
 import subprocess
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +19,8 @@ from typing import Iterator
 
 import pytest
 
-from jobkit import deployment, wait_no_job_processes
+from jobkit import (OWNER, deployment, hand_over, owners_env, owners_jobs,
+                    wait_no_job_processes)
 
 pytestmark = pytest.mark.slurm
 
@@ -116,17 +116,20 @@ def test_a_waived_check_is_reported_and_the_job_goes_on(submit, dev_cluster, mod
 
 
 @contextmanager
-def listener_on(cluster, node: str, port: int) -> Iterator[int]:
-    """A process listening on `port` in `node`'s network namespace (ended by its PID)."""
+def listener_on(cluster, node: str, port: int, user: str = "root") -> Iterator[int]:
+    """A process of `user`'s listening on `port` in `node`'s network namespace (ended by its
+    PID: nsenter sets the user and execs, so the listener is the process it started)."""
     ns = cluster.netns_names()[node]
+    pw = pwd.getpwnam(user)
     # SO_REUSEADDR, as the engines bind: an earlier test's engine on this port leaves
     # connections in TIME_WAIT, which fail a plain bind() but are not a listener
     code = ("import socket, sys, time\ns = socket.socket()\n"
             "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
             "s.bind(('0.0.0.0', int(sys.argv[1])))"
             "\ns.listen()\nprint('listening', flush=True)\ntime.sleep(600)")
-    p = subprocess.Popen(["nsenter", f"--net=/run/netns/{ns}", sys.executable, "-c", code,
-                          str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(["nsenter", f"--net=/run/netns/{ns}", f"--setuid={pw.pw_uid}",
+                          f"--setgid={pw.pw_gid}", "/usr/bin/python3", "-c", code, str(port)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
     try:
         line = p.stdout.readline().strip()
         assert line == "listening", f"no listener on {node}:{port}: {p.stderr.read()[-500:]}"
@@ -136,15 +139,20 @@ def listener_on(cluster, node: str, port: int) -> Iterator[int]:
         p.wait(10)
 
 
-def test_a_port_taken_on_one_node_stops_the_job_naming_node_and_port(submit, dev_cluster):
+@pytest.mark.parametrize("holder", [OWNER, "hpcserve-b"])
+def test_a_port_taken_on_one_node_stops_the_job_naming_node_and_port(submit, dev_cluster,
+                                                                     holder):
+    """Held by a process of the job's own user (named, from /proc) or of another user (whose
+    processes /proc does not show it: named as such)."""
     dep = workers("t-preflight-port", {"worker": {"nodes": 2}})
-    with listener_on(dev_cluster, "node2", 30000) as holder:
+    with listener_on(dev_cluster, "node2", 30000, holder) as pid:
         job = submit(dep)
         st = job.wait({"failed", "serving", "cancelled"}, 60)
     f = st["failure"]
     assert st["phase"] == "failed" and (f["check"], f["node"]) == ("ports", "node2"), st
     assert "30000 (worker-0 http)" in f["detail"] and "in use" in f["detail"]
-    assert f"in use by process {holder} (" in f["detail"], f  # who holds it, from /proc
+    who = f"process {pid} (" if holder == OWNER else "another user's process"
+    assert f"in use by {who}" in f["detail"], f
     assert st["preflight"]["nodes"]["node1"]["ports"][0] == "ok"
     _ended_in_seconds(st)
     _no_engine_started(job)
@@ -173,11 +181,12 @@ def test_an_absent_container_image_stops_the_job_on_every_node(submit, dev_clust
     _no_engine_started(job)
 
 
-def test_a_too_old_python_on_one_node_is_named_before_engines_start(submit, dev_cluster):
+def test_a_too_old_python_on_one_node_is_named_before_engines_start(submit, dev_cluster,
+                                                                     site_python):
     root = Path(dev_cluster.state_dir).parent / "preflight-python" / str(time.time_ns())
     root.mkdir(parents=True)
     py = root / "python3"
-    py.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    py.write_text(f'#!/bin/sh\nexec {site_python}/bin/python3 "$@"\n')
     # RHEL 8's /usr/bin/python3 as the runtime sees it: 3.6 answers -V and fails the rest
     old = root / "python3.6"
     old.write_text("#!/bin/sh\n[ \"$1\" = -V ] && echo 'Python 3.6.8' && exit 0\nexit 1\n")
@@ -201,17 +210,19 @@ def test_a_too_old_python_on_one_node_is_named_before_engines_start(submit, dev_
     wait_no_job_processes(dev_cluster, 30)
 
 
-def test_hpcserve_preflight_runs_the_checks_as_a_job_of_their_own(dev_cluster, tmp_path):
-    hs = str(Path(sys.executable).parent / "hpcserve")
-    env = {**dev_cluster.client_env(), "HPCSERVE_STATE_DIR": str(tmp_path / "state"),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+def test_hpcserve_preflight_runs_the_checks_as_a_job_of_their_own(dev_cluster, tmp_path,
+                                                                   owners_hpcserve, site_python):
+    """`hpcserve preflight`, run by the jobs' user, submits the checks as a job of theirs."""
+    env = owners_env(dev_cluster, tmp_path, site_python)
     dep = workers("t-preflight-cli", {"worker": {"nodes": 3}},
-                  jobs_dir=str(Path(dev_cluster.state_dir).parent / "jobs"))
+                  jobs_dir=str(owners_jobs(dev_cluster)),
+                  site={"base": "local", "paths": {"python": f"{site_python}/bin/python3"}})
     f = tmp_path / "dep.yaml"
     f.write_text(json.dumps(dep))
+    hand_over(tmp_path)
     with listener_on(dev_cluster, "node3", 8000):  # the router's port, on a node it does not use
-        p = subprocess.run([hs, "preflight", str(f)], env=env, capture_output=True, text=True,
-                           timeout=120)
+        p = subprocess.run([*owners_hpcserve, "preflight", str(f)], env=env, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, (p.stdout, p.stderr)
     rows = [ln.split() for ln in p.stdout.splitlines()]
     assert rows[0][:3] == ["node", "python", "tools"]
@@ -225,8 +236,8 @@ def test_hpcserve_preflight_runs_the_checks_as_a_job_of_their_own(dev_cluster, t
     assert not (job_dir / "logs" / "worker-0.srun.log").exists()  # no engine ran
     # the same deployment with the router's port taken where the router runs: exit 1
     with listener_on(dev_cluster, "node1", 8000):
-        p = subprocess.run([hs, "preflight", str(f), "--json"], env=env, capture_output=True,
-                           text=True, timeout=120)
+        p = subprocess.run([*owners_hpcserve, "preflight", str(f), "--json"], env=env,
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1, (p.stdout, p.stderr)
     result = json.loads(p.stdout)
     assert result["failed"][0][:2] == ["node1", "ports"]

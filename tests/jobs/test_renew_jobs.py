@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -23,7 +22,6 @@ from test_attach import _listed, _worker_url
 
 pytestmark = pytest.mark.slurm
 
-HPCSERVE = str(Path(sys.executable).parent / "hpcserve")
 FAST = {"interval": 0.5, "timeout": 1, "failures": 3, "node_interval": 1, "hung_after": 1}
 ENGINE = {"name": "sglang", "version": "0.5.23", "simulate": True,
           "sim_decode_s_per_token": 0.02}  # 8 tokens: 0.16 s in flight, so a drain waits
@@ -32,8 +30,10 @@ ENGINE = {"name": "sglang", "version": "0.5.23", "simulate": True,
 RENEW = {"margin": "40s", "time_limit": "00:01:00"}
 
 
-def _hpcserve(env: dict, *args: str) -> str:
-    r = subprocess.run([HPCSERVE, *args], env=env, capture_output=True, text=True, timeout=120)
+def _hpcserve(cli: list[str], env: dict, *args: str) -> str:
+    """`hpcserve ARGS` as the jobs' user runs it (`cli`: owners_hpcserve)."""
+    r = subprocess.run([*cli, *args], env=env, capture_output=True, text=True, timeout=120,
+                       cwd="/")
     assert r.returncode == 0, (args, r.stdout, r.stderr)
     return r.stdout
 
@@ -71,9 +71,9 @@ def _renewed(job: Job, env: dict, inst: str) -> Job:
     return Job(job.cluster, twin, succ, job.env)
 
 
-def _add(env: dict, front: Job, role: str) -> Job:
+def _add(cli: list[str], env: dict, front: Job, role: str) -> Job:
     """`hpcserve scale --add 1` of `role`: its instance job, serving, its twin not yet run."""
-    out = _hpcserve(env, "scale", front.id, "--role", role, "--add", "1")
+    out = _hpcserve(cli, env, "scale", front.id, "--role", role, "--add", "1")
     m = re.search(r"submitted job (\d+).*\njob directory: (\S+)", out)
     job = Job(front.cluster, Path(m.group(2)), m.group(1), env)
     twin_dir = Path(str(job.dir) + "b")
@@ -98,14 +98,16 @@ def _takes_requests(job: Job, inst: str) -> None:
     until(f"requests in {inst}'s log of job {job.id}", lambda: requests_in(log) >= 2, 15)
 
 
-def test_instance_jobs_renew_twice_under_load_without_a_failed_request(submit, tmp_path):
+def test_instance_jobs_renew_twice_under_load_without_a_failed_request(submit, tmp_path,
+                                                                       owners_hpcserve):
     """A decode and a prefill instance job, side by side, each renewed twice."""
     front = submit(deployment(name="t-renew", liveness=FAST, engine=ENGINE, renew=RENEW))
     fst = front.wait({"serving", "failed", "cancelled"}, 60)
     assert fst["phase"] == "serving", front.logs()
     url = fst["endpoint"]
     env = {**front.env, "HPCSERVE_STATE_DIR": str(tmp_path / "state")}
-    firsts = {"decode-0": _add(env, front, "decode"), "prefill-0": _add(env, front, "prefill")}
+    firsts = {"decode-0": _add(owners_hpcserve, env, front, "decode"),
+              "prefill-0": _add(owners_hpcserve, env, front, "prefill")}
     jobs = list(firsts.values())
     try:
         for first in firsts.values():
@@ -135,8 +137,9 @@ def test_instance_jobs_renew_twice_under_load_without_a_failed_request(submit, t
         # them
         now = [j for j in cur.values() if j.state().get("phase") == "serving"]
         for j in now:
-            assert re.search(rf"^  {j.id} ", _hpcserve(env, "status", front.id), re.M)
-        _hpcserve(env, "cancel", front.id, "--wait")
+            assert re.search(rf"^  {j.id} ", _hpcserve(owners_hpcserve, env, "status",
+                                                       front.id), re.M)
+        _hpcserve(owners_hpcserve, env, "cancel", front.id, "--wait")
         for j in now:
             until(f"successor job {j.id} ended", lambda: j.state().get("phase") in
                   ("cancelled", "done"), 30, why=j.logs)

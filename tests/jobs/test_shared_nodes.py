@@ -6,17 +6,16 @@ first keeps serving untouched."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from hpcserve.runtime.contract import API_KEY_FILE
-from jobkit import Job, chat, deployment
+from jobkit import Job, chat, deployment, hand_over, owners_env, owners_jobs
 
 pytestmark = pytest.mark.slurm
 
@@ -77,30 +76,31 @@ def _requests(job_dir: Path) -> int:
 
 
 def test_two_of_my_deployments_on_one_shared_node_both_serve_each_from_its_own_engine(
-        dev_cluster, tmp_path, monkeypatch):
-    from hpcserve import ops
-    from hpcserve.slurm.runner import LocalRunner
-    monkeypatch.setenv("HPCSERVE_STATE_DIR", str(tmp_path / "state"))
-    runner = LocalRunner({**dev_cluster.client_env(),
-                          "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
-    jobs_dir = Path(dev_cluster.state_dir).parent / "jobs" / "shared"
+        dev_cluster, tmp_path, owners_hpcserve, site_python):
+    """The same file submitted twice by its user (`hpcserve submit`, run by the jobs' user)."""
+    env = owners_env(dev_cluster, tmp_path, site_python)
+    jobs_dir = owners_jobs(dev_cluster) / f"shared-{time.time_ns()}"
     dep = deployment(name="t-share", jobs_dir=str(jobs_dir),
-                     site={"base": "local",
+                     site={"base": "local", "paths": {"python": f"{site_python}/bin/python3"},
                            "slurm": {"extra_directives": {"nodelist": "node3"}}})
     dep["roles"] = {"worker": {"nodes": 1}}
     del dep["router"]  # no router port in the file: hpcserve may choose it
     f = tmp_path / "d.yaml"
     f.write_text(yaml.safe_dump(dep))
+    hand_over(tmp_path)
     warned: list[str] = []
-    subs = []
+    subs: list[Job] = []
     try:
         for _ in range(2):
-            subs.append(ops.submit(str(f), (), runner=runner, remote=None, out=None,
-                                   dry_run=False, check=False, warn=warned.append))
-            st = Job(dev_cluster, Path(subs[-1].job_dir), subs[-1].job_id, {}).wait(
-                {"serving", "failed", "cancelled"}, 60)
-            assert st["phase"] == "serving", st
-        a, b = (Job(dev_cluster, Path(s.job_dir), s.job_id, {}).state() for s in subs)
+            r = subprocess.run([*owners_hpcserve, "submit", str(f)], env=env, cwd="/",
+                               capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, (r.stdout, r.stderr)
+            m = re.search(r"submitted job (\d+).*\njob directory: (\S+)", r.stdout)
+            subs.append(Job(dev_cluster, Path(m.group(2)), m.group(1), env))
+            warned += re.findall(r"(?m)^hpcserve: warning: (.*)$", r.stderr)
+            st = subs[-1].wait({"serving", "failed", "cancelled"}, 60)
+            assert st["phase"] == "serving", subs[-1].logs()
+        a, b = (s.state() for s in subs)
         # the second moved clear of the first: its own engine and router ports on node3
         # (both also hear that Kimi-K2 TP8 is a tight fit: fewer KV tokens than its context)
         assert [w for w in warned if "tight fit" not in w] == [
@@ -110,7 +110,7 @@ def test_two_of_my_deployments_on_one_shared_node_both_serve_each_from_its_own_e
         assert a["health_urls"]["worker-0"].endswith(":30000/health")
         assert b["health_urls"]["worker-0"].endswith(":30020/health")
         # a request through each endpoint reaches that job's engine and no other
-        da, db = Path(subs[0].job_dir), Path(subs[1].job_dir)
+        da, db = subs[0].dir, subs[1].dir
         before = (_requests(da), _requests(db))
         assert chat(b["endpoint"], 2, key=_key(db))["usage"]["completion_tokens"] == 2
         assert (_requests(da), _requests(db)) == (before[0], before[1] + 1)
@@ -118,6 +118,6 @@ def test_two_of_my_deployments_on_one_shared_node_both_serve_each_from_its_own_e
         assert (_requests(da), _requests(db)) == (before[0] + 1, before[1] + 1)
     finally:
         for s in subs:
-            subprocess.run(["scancel", s.job_id], env=dev_cluster.client_env())
+            subprocess.run(["scancel", s.id], env=env)
         for s in subs:
-            Job(dev_cluster, Path(s.job_dir), s.job_id, dev_cluster.client_env()).squeue_gone(60)
+            s.squeue_gone(60)

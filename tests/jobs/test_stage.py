@@ -11,19 +11,18 @@ shared path was read by node1 alone; node1's count of the bytes it read says it 
 from __future__ import annotations
 
 import fcntl
-import getpass
 import hashlib
 import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from jobkit import deployment, until, wait_no_job_processes
+from jobkit import (OWNER, chown_tree, deployment, hand_over, owners_env, owners_jobs,
+                    until, wait_no_job_processes)
 
 pytestmark = pytest.mark.slurm
 
@@ -46,11 +45,15 @@ def layout(dev_cluster):
         for rel, data in FILES.items():
             (d / rel).parent.mkdir(parents=True, exist_ok=True)
             (d / rel).write_bytes(b"\0" * len(data) if zero else data)
+        chown_tree(d)   # the user's own model (its manifest is written beside it)
     stage_dir.mkdir()
     local = {"node1": stage_dir}
     for n in ("node2", "node3", "node4"):
         local[n] = root / "local" / n
         local[n].mkdir(parents=True)
+    for d in local.values():
+        d.chmod(0o1777)   # a site's stage directory, where every user makes their own part
+    for n in ("node2", "node3", "node4"):
         dev_cluster.crash_node(n)
         dev_cluster.restart_node(n, binds={str(stage_dir): str(local[n]), str(model): str(decoy)})
     try:
@@ -63,10 +66,10 @@ def layout(dev_cluster):
 
 
 def _dep(name: str, model: Path, stage_dir: Path, roles: dict, **over) -> dict:
+    site = over.pop("site", {})
+    paths = {"stage_dir": str(stage_dir), "stage_max_gb": 1, **site.pop("paths", {})}
     d = deployment(name=name, model={"path": str(model), "stage": True},
-                   site={"base": "local", "paths": {"stage_dir": str(stage_dir),
-                                                    "stage_max_gb": 1},
-                         **over.pop("site", {})}, **over)
+                   site={"base": "local", "paths": paths, **site}, **over)
     d["roles"] = roles
     return d
 
@@ -77,7 +80,7 @@ def _copy_matches(copy: Path) -> None:
 
 
 def test_staging_reads_the_shared_path_once_checks_every_copy_and_skips_warm_nodes(
-        submit, dev_cluster, layout, tmp_path):
+        submit, dev_cluster, layout, tmp_path, owners_hpcserve, site_python):
     model, stage_dir, local = layout
     dep = _dep("t-stage", model, stage_dir, {"worker": {"nodes": 2, "instances": 2}})
     job = submit(dep)
@@ -95,7 +98,7 @@ def test_staging_reads_the_shared_path_once_checks_every_copy_and_skips_warm_nod
     assert {f[0]: f[2] for f in manifest["files"]} == {
         rel: hashlib.sha256(d).hexdigest() for rel, d in FILES.items()}
     # in the user's own part of each node's stage directory
-    assert staged.parent == stage_dir / getpass.getuser(), staged
+    assert staged.parent == stage_dir / OWNER, staged
     for n, d in local.items():
         _copy_matches(d / staged.relative_to(stage_dir))
     # the engines were given the staged path; the job log times the step
@@ -132,29 +135,31 @@ def test_staging_reads_the_shared_path_once_checks_every_copy_and_skips_warm_nod
 
     # Two `hpcserve stage` jobs staging to node1 at once: while this test holds node1's lock,
     # both say they are busy; once it is free, one copies and the other takes its copy.
-    hs = str(Path(sys.executable).parent / "hpcserve")
-    env = {**dev_cluster.client_env(), "HPCSERVE_STATE_DIR": str(tmp_path / "state"),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    jobs_dir = Path(dev_cluster.state_dir).parent / "jobs" / f"stage-{time.time_ns()}"
+    env = owners_env(dev_cluster, tmp_path, site_python)
+    jobs_dir = owners_jobs(dev_cluster) / f"stage-{time.time_ns()}"
     procs = {}
     try:
-        _two_jobs_at_once(procs, hs, env, jobs_dir, model, stage_dir, staged, tmp_path)
+        _two_jobs_at_once(procs, owners_hpcserve, env, jobs_dir, model, stage_dir, staged,
+                          tmp_path, site_python)
     finally:  # jobs the CLI submitted are not the submit fixture's to cancel
         for name in procs:
             subprocess.run(["scancel", "--name", name], env=env, capture_output=True)
     wait_no_job_processes(dev_cluster, 30)
 
 
-def _two_jobs_at_once(procs, hs, env, jobs_dir, model, stage_dir, staged, tmp_path):
+def _two_jobs_at_once(procs, hs, env, jobs_dir, model, stage_dir, staged, tmp_path,
+                      site_python):
     with open(staged.parent / (staged.name + ".lock"), "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         for name in ("t-stage-a", "t-stage-b"):
             d = _dep(name, model, stage_dir, {"worker": {"nodes": 1}}, jobs_dir=str(jobs_dir),
-                     site={"slurm": {"extra_directives": {"nodelist": "node1"}}})
+                     site={"slurm": {"extra_directives": {"nodelist": "node1"}},
+                           "paths": {"python": f"{site_python}/bin/python3"}})
             f = tmp_path / f"{name}.yaml"
             f.write_text(json.dumps(d))
+            hand_over(tmp_path)
             json_out = ["--json"] if name == "t-stage-a" else []   # b prints its table
-            procs[name] = subprocess.Popen([hs, "stage", str(f), *json_out], env=env,
+            procs[name] = subprocess.Popen([*hs, "stage", str(f), *json_out], env=env, cwd="/",
                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                            text=True)
 

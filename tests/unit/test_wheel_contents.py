@@ -30,10 +30,8 @@ def _expected() -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def wheel_names(installed_wheel) -> set[str]:
-    # the fixture's venv is <base>/venv, the wheel it installed <base>/dist/hpcserve-*.whl
-    (wheel,) = (installed_wheel.parent.parent / "dist").glob("hpcserve-*.whl")
-    with zipfile.ZipFile(wheel) as z:
+def wheel_names(built_wheel) -> set[str]:
+    with zipfile.ZipFile(built_wheel) as z:
         return {n for n in z.namelist() if ".dist-info/" not in n}
 
 
