@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs what hpcserve's demo and tests need on a fresh Debian/Ubuntu machine, idempotently:
-# system packages (Slurm, OpenMPI, OpenSSH, iproute2, Chromium for the report page test, and the
-# system python3 with mpi4py and PyYAML that the test jobs' unprivileged users run) and a
-# project virtualenv in .venv.
+# system packages (Slurm, OpenMPI, OpenSSH, iproute2, Chromium for the report page test, the
+# system python3 with mpi4py and PyYAML that the test jobs' unprivileged users run, and
+# iptables, with which an adversarial test holds back a connection) and a project virtualenv
+# in .venv.
 # Every step is skipped when its result is already there, so re-running costs about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(slurmctld slurmd slurm-client openmpi-bin libopenmpi-dev iproute2 openssh-server procps squashfs-tools chromium
-              python3 python3-venv python3-mpi4py python3-yaml munge)
+              python3 python3-venv python3-mpi4py python3-yaml munge iptables)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
