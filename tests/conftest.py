@@ -32,12 +32,29 @@ _active_clusters: list[Any] = []
 
 @pytest.fixture(scope="session")
 def built_wheel(tmp_path_factory) -> Any:
-    """The wheel `pip wheel` builds from the checkout, as a release would ship it."""
+    """The wheel `pip wheel` builds from the checkout, as a release would ship it: built once
+    per run, by the first pytest-xdist worker that asks (the others wait on its lock, in the
+    folder the run's workers share)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent   # this run's, above each worker's own
+    with open(shared / "wheel.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        base = shared / "wheel"
+        built = sorted((base / "dist").glob("hpcserve-*.whl"))
+        if not built:
+            _build_wheel(base)
+            built = sorted((base / "dist").glob("hpcserve-*.whl"))
+    (wheel,) = built
+    return wheel
+
+
+def _build_wheel(base: Any) -> None:
     import shutil
     import sys
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
-    base = tmp_path_factory.mktemp("wheel")
+    shutil.rmtree(base, ignore_errors=True)   # a build that failed half-way
     # From a copy without build outputs: setuptools puts a stale build/lib/ (a module removed
     # since) into the wheel whole.
     src = base / "src"
@@ -51,8 +68,6 @@ def built_wheel(tmp_path_factory) -> Any:
     shutil.copytree(root, src, symlinks=True, ignore=ignore)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
                     str(base / "dist"), str(src)], check=True, capture_output=True, timeout=300)
-    (wheel,) = (base / "dist").glob("hpcserve-*.whl")
-    return wheel
 
 
 @pytest.fixture(scope="session")

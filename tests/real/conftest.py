@@ -5,7 +5,7 @@ checkpoint), launched by `hpcserve submit` on the real test cluster. A setup fai
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +15,18 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-HPCSERVE = str(Path(sys.executable).parent / "hpcserve")
 TINY = REPO / "hpcserve" / "devcluster" / "tiny_model.py"
+sys.path.insert(0, str(REPO / "tests" / "jobs"))
+from jobkit import OWNER, hand_over, owners_env  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def owners_cache(dev_cluster) -> None:
+    """The inductor compile cache that the real tier's deployments keep between jobs, made the
+    jobs' user's (their job directories: jobkit.owners_jobs)."""
+    d = Path(dev_cluster.state_dir).parent / "inductor-cache"
+    d.mkdir(mode=0o755, exist_ok=True)
+    shutil.chown(d, OWNER, OWNER)
 
 
 @pytest.fixture(scope="session")
@@ -56,22 +66,24 @@ def tiny_llama_weights(vllm_cpu, dev_cluster) -> str:
 
 
 @pytest.fixture
-def hs(dev_cluster, tmp_path):
-    """Run `hpcserve` as a user on the login node would; the router's python3 is this venv's."""
-    run = hpcserve_runner(dev_cluster, tmp_path)
+def hs(dev_cluster, tmp_path, owners_hpcserve, site_python):
+    """Run `hpcserve` as the jobs' user on the login node would; the router's python3 is the
+    site's."""
+    run = hpcserve_runner(dev_cluster, tmp_path, owners_hpcserve, site_python)
     yield run
     for e in json.loads(run("status", "--json", check=False).stdout or "[]"):
         subprocess.run(["scancel", e["job_id"]], env=dev_cluster.client_env(), capture_output=True)
 
 
-def hpcserve_runner(dev_cluster, tmp_path: Path):
-    env = dev_cluster.client_env()
-    env["HPCSERVE_STATE_DIR"] = str(tmp_path / "state")
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env["PATH"]
+def hpcserve_runner(dev_cluster, tmp_path: Path, cli: list[str], site_python: Path):
+    """run(*args): `hpcserve ARGS` as the jobs' user (`cli`: owners_hpcserve), with an index of
+    its own in `tmp_path`, which becomes theirs."""
+    env = owners_env(dev_cluster, tmp_path, site_python)
+    hand_over(tmp_path)
 
     def run(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
-        p = subprocess.run([HPCSERVE, *args], env=env, capture_output=True, text=True,
-                           timeout=timeout)
+        p = subprocess.run([*cli, *args], env=env, capture_output=True, text=True,
+                           timeout=timeout, cwd=tmp_path)
         if check and p.returncode != 0:
             raise AssertionError(f"hpcserve {' '.join(args)} -> {p.returncode}\n{p.stdout}\n"
                                  f"{p.stderr}")
@@ -107,7 +119,18 @@ def real_deployment(name: str, model: str, profile: str, jobs_dir: str, worker: 
     }
 
 
+def plugins_for(tmp_path: Path) -> str:
+    """The tests' vLLM plugins (tests/real/vllm_plugins), copied into `tmp_path` for a
+    deployment's PYTHONPATH: the jobs' user may not reach the checkout."""
+    d = tmp_path / "vllm_plugins"
+    shutil.copytree(REPO / "tests" / "real" / "vllm_plugins", d,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return str(d)
+
+
 def write_deployment(tmp_path: Path, dep: dict) -> Path:
+    """The deployment file in `tmp_path`, which becomes the jobs' user's (their own file)."""
     f = tmp_path / f"{dep['name']}.yaml"
     f.write_text(yaml.safe_dump(dep))
+    hand_over(tmp_path)
     return f

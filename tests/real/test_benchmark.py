@@ -14,14 +14,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 # At import, while "conftest" is still tests/real's (pytest loads each directory's conftest
 # under that one name, so inside a test it may be another directory's)
 from conftest import hpcserve_runner, real_deployment, write_deployment
 from test_vllm_cpu import _job_id, _status, read_state, wait_no_job_processes, wait_state
 
-from jobkit import check_startup  # tests/jobs, on sys.path since test_vllm_cpu's import
+# tests/jobs, on sys.path since test_vllm_cpu's import
+from jobkit import OWNER, check_startup, hand_over, owners_jobs
 
 # Only the test of the real vLLM runs an engine: the others run vLLM's client against simulated
 # engines, which may run beside the real-engine tests (tests/suiteplan.py).
@@ -54,10 +54,9 @@ def sim_pd(name: str, jobs: str, client_python: Path, tokenizer: str, **bench) -
 
 
 def submit(hs, tmp_path: Path, dep: dict) -> tuple[str, Path]:
-    f = tmp_path / f"{dep['name']}.yaml"
-    f.write_text(yaml.safe_dump(dep))
-    out = hs("submit", str(f), check=False).stdout
-    job = _job_id(out)
+    r = hs("submit", str(write_deployment(tmp_path, dep)), check=False)
+    assert "submitted job " in r.stdout, (r.stdout, r.stderr)
+    job = _job_id(r.stdout)
     return job, Path(_status(hs, job)["job_dir"])
 
 
@@ -68,7 +67,7 @@ def submit(hs, tmp_path: Path, dep: dict) -> tuple[str, Path]:
 ])
 def test_the_gate_fails_a_benchmark_that_proves_nothing(hs_module, dev_cluster, vllm_cpu,
                                                         tiny_models, tmp_path, fault, reason):
-    jobs = str(Path(dev_cluster.state_dir).parent / "jobs" / "bench")
+    jobs = str(owners_jobs(dev_cluster) / "bench")
     dep = sim_pd(f"t-bench-{next(iter(fault.values()))['kind'].replace('_', '-')}", jobs,
                  vllm_cpu, tiny_models["llama"], concurrency=[2])
     for role, f in fault.items():  # the smoke request passes; what follows does not
@@ -92,7 +91,7 @@ def test_a_real_vllm_on_cpu_benchmarked_by_its_own_client_then_the_job_ends(
     """The real engine loading a real (tiny) checkpoint, its start-up in phases from its own
     lines, its own `vllm bench serve` from the same environment (the site's engine python), then
     `then: stop`: the job ends done, the report draws it."""
-    jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
+    jobs = str(owners_jobs(dev_cluster))
     dep = real_deployment("real-bench", tiny_llama_weights, "tiny-llama", jobs, {},
                           str(Path(dev_cluster.state_dir).parent / "inductor-cache"))
     # vLLM's default loader reads model.safetensors and logs "Loading weights took"
@@ -100,8 +99,9 @@ def test_a_real_vllm_on_cpu_benchmarked_by_its_own_client_then_the_job_ends(
     del dep["roles"]["worker"]["args"]["load-format"]
     dep["benchmark"] = {"input_tokens": IN, "output_tokens": OUT, "concurrency": POINTS,
                         "prompts_per_point": PROMPTS, "warmup": 1}
-    out = hs("submit", str(write_deployment(tmp_path, dep)), check=False).stdout
-    job = _job_id(out)
+    r = hs("submit", str(write_deployment(tmp_path, dep)), check=False)
+    assert "submitted job " in r.stdout, (r.stdout, r.stderr)
+    job = _job_id(r.stdout)
     job_dir = Path(_status(hs, job)["job_dir"])
     st = wait_state(job_dir, {"failed", "done", "cancelled"}, 600)
     assert (st["phase"], st["reason"]) == ("done", f"benchmark passed ({len(POINTS)} point(s))"), \
@@ -127,7 +127,7 @@ def test_a_real_vllm_on_cpu_benchmarked_by_its_own_client_then_the_job_ends(
 def passed_job(request, tmp_path_factory, dev_cluster, vllm_cpu, tiny_models):
     """One simulated deployment whose benchmark passed and that goes on serving."""
     hs = request.getfixturevalue("hs_module")
-    jobs = str(Path(dev_cluster.state_dir).parent / "jobs" / "bench")
+    jobs = str(owners_jobs(dev_cluster) / "bench")
     dep = sim_pd("t-bench-ok", jobs, vllm_cpu, tiny_models["llama"], then="serve")
     job, job_dir = submit(hs, tmp_path_factory.mktemp("bench"), dep)
     # serving, then the benchmark's verdict beside it
@@ -139,8 +139,9 @@ def passed_job(request, tmp_path_factory, dev_cluster, vllm_cpu, tiny_models):
 
 
 @pytest.fixture(scope="module")
-def hs_module(dev_cluster, tmp_path_factory):
-    return hpcserve_runner(dev_cluster, tmp_path_factory.mktemp("hs"))
+def hs_module(dev_cluster, tmp_path_factory, owners_hpcserve, site_python):
+    return hpcserve_runner(dev_cluster, tmp_path_factory.mktemp("hs"), owners_hpcserve,
+                           site_python)
 
 
 def test_the_benchmark_runs_the_client_at_every_point_and_passes_the_gate(passed_job):
@@ -180,6 +181,7 @@ def _png_size(p: Path) -> tuple[int, int]:
 
 def test_report_writes_the_table_the_plots_and_a_page_a_browser_renders(passed_job, tmp_path):
     hs, job, job_dir = passed_job
+    hand_over(tmp_path)   # where the job's user writes the report
     out = hs("report", job, "--out", str(tmp_path / "r")).stdout
     lines = out.splitlines()
     assert lines[0].startswith(f"job {job} (t-bench-ok): simulated SGLang 0.5.23") or \
@@ -269,17 +271,19 @@ def test_hpcserve_bench_as_a_job_of_its_own_brings_the_verdict_back(passed_job):
 
 def test_hpcserve_bench_over_ssh_runs_as_a_step_of_the_allocation(passed_job, dev_cluster,
                                                                   tmp_path_factory):
+    """From this machine's hpcserve, over SSH to the login node as the job's user."""
     import sys
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ssh"))
     from sshkit import keygen, start_sshd, stop
     hs, job, job_dir = passed_job
     d = tmp_path_factory.mktemp("bench-ssh")
+    hand_over(d)   # sshd reads the user's authorized_keys as that user
     keys = {n: keygen(d / f"{n}_ed25519") for n in ("user", "other", "impostor")}
     s = start_sshd(d, "login", keys, f"SetEnv SLURM_CONF={dev_cluster.conf_path}\n"
-                                    "AllowTcpForwarding no")
+                                    "AllowTcpForwarding no", user=OWNER)
     try:
         env = {k: v for k, v in hs.env.items() if k != "SLURM_CONF"}  # only the login node knows
-        p = subprocess.run([hs.env["PATH"].split(":")[0] + "/hpcserve",
+        p = subprocess.run([str(Path(sys.executable).parent / "hpcserve"),
                             "--remote", s.target, "-i", str(s.user_key),
                             "--known-hosts", str(s.known_hosts),
                             "bench", job, "--in-allocation", "-c", "2", "--prompts", "4"],

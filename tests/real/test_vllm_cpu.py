@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import real_deployment, write_deployment
+from conftest import plugins_for, real_deployment, write_deployment
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
-from jobkit import find_pid, wait_no_job_processes  # noqa: E402
+from jobkit import OWNER, find_pid, owners_jobs, wait_no_job_processes  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real_engine]
 
@@ -102,7 +102,7 @@ DEPLOYMENTS = {
 def test_real_vllm_serves_through_hpcserve_and_cancel_leaves_nothing(
         hs, dev_cluster, tiny_models, tmp_path, name):
     shape, profile, worker = DEPLOYMENTS[name]
-    jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
+    jobs = str(owners_jobs(dev_cluster))
     cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
     before = leftovers(dev_cluster)
     f = write_deployment(tmp_path, real_deployment(f"real-{name}", tiny_models[shape], profile,
@@ -126,9 +126,6 @@ def test_real_vllm_serves_through_hpcserve_and_cancel_leaves_nothing(
 
 
 # vLLM 0.32.0's CPU fused MoE needs local expert ids under expert parallelism: see the plugin.
-MOE_EP_PLUGIN = Path(__file__).resolve().parent / "vllm_plugins"
-
-
 def test_the_deepseek_v3_shape_with_expert_parallelism(hs, dev_cluster, tiny_models, tmp_path):
     """(c) with EP: the DeepSeek-V3 shape (MLA, 8 routed experts, top-2, a shared expert) with TP
     2 and --enable-expert-parallel across two nodes, each rank holding 4 of the 8 experts.
@@ -144,12 +141,13 @@ def test_the_deepseek_v3_shape_with_expert_parallelism(hs, dev_cluster, tiny_mod
     tensor with 1234: model_loader/weight_utils.py), so the routing is too. The deployment
     loads the tests' vLLM plugin (tests/real/vllm_plugins), which maps the ids through
     `expert_map` as vLLM's GPU kernels do; it must then serve every time."""
-    jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
+    jobs = str(owners_jobs(dev_cluster))
     cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
     before = leftovers(dev_cluster)
     dep = real_deployment("real-dsv3-ep", tiny_models["deepseek_v3"], "tiny-deepseek-v3", jobs,
                           {"nodes": 2, "tp": 2, "expert_parallel": True}, cache)
-    dep["env"].update({"PYTHONPATH": str(MOE_EP_PLUGIN), "VLLM_PLUGINS": "hpcserve_test_moe_ep"})
+    dep["env"].update({"PYTHONPATH": plugins_for(tmp_path),
+                       "VLLM_PLUGINS": "hpcserve_test_moe_ep"})
     out = hs("submit", str(write_deployment(tmp_path, dep)), "--wait").stdout
     job = _job_id(out)
     st = _status(hs, job)
@@ -177,7 +175,7 @@ def test_a_crashed_engine_worker_is_recorded_with_its_node_and_its_last_words(
     kernel would end it). The job must end `failed`, naming the role, the instance and a node
     of the instance, with vLLM's own words about its dead worker in the log tail, and leave
     nothing behind."""
-    jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
+    jobs = str(owners_jobs(dev_cluster))
     cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
     before = leftovers(dev_cluster)
     # restart: false: the crash is what this test looks at, not its recovery (recovery would
@@ -234,8 +232,8 @@ def _render_edit_sbatch(hs, dev_cluster, f: Path, rel: str, old: str, new: str):
     text = p.read_text()
     assert old in text, (old, rel)
     p.write_text(text.replace(old, new))
-    env = {**hs.env}
-    out = subprocess.run(["sbatch", "--parsable", str(job_dir / "job.sbatch")], env=env,
+    out = subprocess.run(["runuser", "-u", OWNER, "--", "sbatch", "--parsable",
+                          str(job_dir / "job.sbatch")], env=hs.env, cwd=job_dir,
                          capture_output=True, text=True, check=True).stdout
     return job_dir, out.strip().split(";")[0]
 
@@ -250,7 +248,7 @@ def _nodes(job_dir: Path) -> list[list[str]]:
 
 def test_a_wrong_start_rank_makes_the_real_engine_fail_on_that_node(
         hs, dev_cluster, tiny_models, tmp_path):
-    jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
+    jobs = str(owners_jobs(dev_cluster))
     dep = real_deployment("real-bad-rank", tiny_models["llama"], "tiny-llama", jobs,
                           {"nodes": 2, "dp": 2}, str(tmp_path / "cache"))
     f = write_deployment(tmp_path, dep)
@@ -273,7 +271,7 @@ def test_a_wrong_master_addr_makes_the_real_engine_fail_within_the_deadline(
         hs, dev_cluster, tiny_models, tmp_path):
     # Node rank 1 is told the master is itself: torch's store client there finds nobody and
     # gives up after --distributed-timeout-seconds.
-    jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
+    jobs = str(owners_jobs(dev_cluster))
     dep = real_deployment("real-bad-master", tiny_models["llama"], "tiny-llama", jobs,
                           {"nodes": 2, "tp": 2, "args": {"distributed-timeout-seconds": 30}},
                           str(tmp_path / "cache"))

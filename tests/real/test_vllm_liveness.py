@@ -22,15 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import real_deployment, write_deployment
+from conftest import plugins_for, real_deployment, write_deployment
 from test_vllm_cpu import _job_id, _status, api_key, read_state, wait_state
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
-from jobkit import cmdline, node_processes, wait_no_job_processes  # noqa: E402
+from jobkit import cmdline, node_processes, owners_jobs, wait_no_job_processes  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real_engine]
 
-PLUGINS = Path(__file__).resolve().parent / "vllm_plugins"
 TOKENS = 2000
 
 
@@ -61,13 +60,14 @@ def _engine_core(cluster, node: str) -> int:
 
 def test_a_long_answer_is_busy_and_a_stopped_engine_core_is_hung_within_30_s(
         hs, dev_cluster, tiny_models, tmp_path):
-    jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
+    jobs = str(owners_jobs(dev_cluster))
     cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
     dep = real_deployment("real-live", tiny_models["llama"], "tiny-llama", jobs,
                           {"recovery": {"backoff_s": 1}, "context_length": TOKENS + 512},
                           cache)
     # the tiny llama declares 512 positions; its dummy weights serve any length
-    dep["env"].update({"PYTHONPATH": str(PLUGINS), "VLLM_PLUGINS": "hpcserve_test_slow_steps",
+    dep["env"].update({"PYTHONPATH": plugins_for(tmp_path),
+                       "VLLM_PLUGINS": "hpcserve_test_slow_steps",
                        "HPCSERVE_TEST_STEP_S": 0.02, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": 1})
     assert "liveness" not in dep  # hpcserve's defaults
     out = hs("submit", str(write_deployment(tmp_path, dep)), "--wait").stdout

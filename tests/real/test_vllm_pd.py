@@ -22,7 +22,7 @@ import pytest
 from conftest import real_deployment, write_deployment
 from test_vllm_cpu import (_job_id, _serves_real_tokens, _status, api_key, find_pid, leftovers,
                            wait_no_job_processes, wait_state)
-from jobkit import until  # noqa: E402  (tests/jobs, put on the path by test_vllm_cpu)
+from jobkit import OWNER, owners_jobs, until  # noqa: E402  (tests/jobs: test_vllm_cpu's path)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real_engine]
 
@@ -48,7 +48,7 @@ def _log(job_dir: Path, inst: str) -> str:
 
 def test_real_vllm_prefill_decode_moves_the_kv_benchmarks_and_names_a_killed_prefill(
         hs, dev_cluster, tiny_models, tmp_path):
-    jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
+    jobs = str(owners_jobs(dev_cluster))
     cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
     before = leftovers(dev_cluster)
     dep = real_deployment("real-pd", tiny_models["llama"], "tiny-llama", jobs, {}, cache)
@@ -142,7 +142,7 @@ def test_a_side_channel_port_held_on_the_nodes_fails_naming_role_instance_and_no
     node and the port at once, not wait for readiness.engine_timeout. The preflight's port check
     would stop it even earlier, so it is waived here to reach the engines."""
     from test_preflight import listener_on
-    jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
+    jobs = str(owners_jobs(dev_cluster))
     cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
     dep = real_deployment("real-pd-port", tiny_models["llama"], "tiny-llama", jobs, {}, cache)
     role = dep["roles"].pop("worker")
@@ -156,7 +156,9 @@ def test_a_side_channel_port_held_on_the_nodes_fails_naming_role_instance_and_no
     port = side.pop()
     nodes = sorted(dev_cluster.node_addresses())
     with contextlib.ExitStack() as held:
-        holders = {n: held.enter_context(listener_on(dev_cluster, n, port)) for n in nodes}
+        # the job's user's own processes (another user's would be named as such, not by PID)
+        holders = {n: held.enter_context(listener_on(dev_cluster, n, port, OWNER))
+                   for n in nodes}
         t0 = time.time()
         out = hs("submit", str(path), "--wait", check=False).stdout
         job = _job_id(out)

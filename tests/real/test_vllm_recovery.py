@@ -6,9 +6,9 @@ and `--remove 1` drains it under load (one front for both: a real vLLM start cos
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
+import pwd
 import re
 import signal
 import sys
@@ -25,7 +25,7 @@ from test_vllm_cpu import (_job_id, _post, _status, api_key, leftovers, read_sta
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 import jobkit  # noqa: E402
-from jobkit import find_pid, until, wait_no_job_processes  # noqa: E402
+from jobkit import OWNER, find_pid, owners_jobs, until, wait_no_job_processes  # noqa: E402
 
 from hpcserve.runtime.contract import SCALED_IN  # noqa: E402
 from hpcserve.runtime.workers import RouterWorkers  # noqa: E402
@@ -72,7 +72,7 @@ def _engine_cores(cluster, node: str) -> set[int]:
 
 def test_a_killed_vllm_instance_is_replaced_and_an_added_one_serves_then_drains(
         hs, dev_cluster, tiny_models, tmp_path):
-    jobs = str(Path(dev_cluster.state_dir).parent / "jobs")
+    jobs = str(owners_jobs(dev_cluster))
     cache = str(Path(dev_cluster.state_dir).parent / "inductor-cache")
     before = leftovers(dev_cluster)
     # torch.compile on (no --enforce-eager), its caches kept in a cache_dir every node shares:
@@ -179,9 +179,10 @@ def test_a_killed_vllm_instance_is_replaced_and_an_added_one_serves_then_drains(
 def _check_caches(job_dir: Path, st: dict, node: str, cache: Path, new_log: Path) -> None:
     """vLLM's compile cache: cold at the deployment's start (both instances), warm at worker-1's
     restart on `node`, in state.json and in the engine's log; vLLM itself wrote it there, in
-    this user's own part of the cache directory (0700)."""
-    mine = cache / getpass.getuser()
-    assert mine.stat().st_mode & 0o777 == 0o700 and mine.stat().st_uid == os.getuid()
+    the job's user's own part of the cache directory (0700)."""
+    mine = cache / OWNER
+    assert mine.stat().st_mode & 0o777 == 0o700
+    assert mine.stat().st_uid == pwd.getpwnam(OWNER).pw_uid
     root = next(mine.glob("tiny-llama/vllm-0.32.0/*/vllm"))
     assert st["caches"]["storage"] == "shared" and st["caches"]["dir"] == str(cache), st
     for name in ("worker-0", "worker-1"):

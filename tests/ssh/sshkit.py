@@ -82,7 +82,10 @@ class Sshd:
             time.sleep(0.02)
 
 
-def start_sshd(base: Path, name: str, keys: dict[str, Path], extra: str = "") -> Sshd:
+def start_sshd(base: Path, name: str, keys: dict[str, Path], extra: str = "",
+               user: str | None = None) -> Sshd:
+    """A real sshd on 127.0.0.1 that lets `user` (default: this one) in with keys["user"]
+    (sshd reads authorized_keys as `user`: `base` must let them reach it)."""
     d = base / name
     d.mkdir()
     hostkey = keygen(d / "host_ed25519")
@@ -124,7 +127,8 @@ MaxStartups 100
                 (d / "known_hosts.empty").write_text("")
                 (d / "known_hosts.wrong").write_text(
                     host_line(f"[127.0.0.1]:{port}", keys["impostor"].with_suffix(".pub")))
-                return Sshd(d, port, proc, getpass.getuser(), keys["user"], keys["other"], kh,
+                return Sshd(d, port, proc, user or getpass.getuser(), keys["user"],
+                            keys["other"], kh,
                             d / "known_hosts.empty", d / "known_hosts.wrong", log)
             time.sleep(0.02)
         stop(proc)

@@ -17,65 +17,74 @@ from sshkit import start_sshd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adversary"))
 from adversarykit import OTHER, others_job  # noqa: E402
+from jobkit import OWNER, hand_over, owners_env, owners_jobs  # noqa: E402  (adversarykit's path)
 
 pytestmark = pytest.mark.slurm
 
-HPCSERVE = str(Path(sys.executable).parent / "hpcserve")
+HPCSERVE = str(Path(sys.executable).parent / "hpcserve")   # this machine's, over SSH
 
 
 @pytest.fixture(scope="module")
 def login_sshd(tmp_path_factory, ssh_keys, dev_cluster):
     # The "login node": an sshd whose sessions see the test cluster's slurm.conf, as a real login
-    # node's sessions see the site's.
-    s = start_sshd(tmp_path_factory.mktemp("login"), "login", ssh_keys,
-                   f"SetEnv SLURM_CONF={dev_cluster.conf_path}\nAllowTcpForwarding no")
+    # node's sessions see the site's; it lets the jobs' user in (who reads authorized_keys).
+    d = tmp_path_factory.mktemp("login")
+    hand_over(d)
+    s = start_sshd(d, "login", ssh_keys,
+                   f"SetEnv SLURM_CONF={dev_cluster.conf_path}\nAllowTcpForwarding no",
+                   user=OWNER)
     yield s
     from sshkit import stop
     stop(s.proc)
 
 
 @pytest.fixture(params=["local", "ssh"])
-def hs(request, dev_cluster, tmp_path):
-    env = dev_cluster.client_env()
-    env["HPCSERVE_STATE_DIR"] = str(tmp_path / "state")
-    env["PATH"] = str(Path(sys.executable).parent) + ":" + env["PATH"]
-    remote = []
+def hs(request, dev_cluster, tmp_path, owners_hpcserve, site_python):
+    """`hpcserve ARGS` as the jobs' user: on the login node, or from this machine over SSH to
+    their account there."""
+    env = owners_env(dev_cluster, tmp_path, site_python)
+    hand_over(tmp_path)
+    cli, remote = owners_hpcserve, []
     if request.param == "ssh":
+        cli = [HPCSERVE]
         s = request.getfixturevalue("login_sshd")
         env.pop("SLURM_CONF")  # over SSH, only the login node knows the cluster
         remote = ["--remote", s.target, "-i", str(s.user_key), "--known-hosts", str(s.known_hosts)]
 
     def run(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
         # the SSH options are the group's: before the command
-        cmd = [HPCSERVE, *(remote if args[0] in ("submit", "status", "logs", "cancel", "list")
-                           else []), *args]
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        cmd = [*cli, *(remote if args[0] in ("submit", "status", "logs", "cancel", "list")
+                       else []), *args]
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                           cwd=tmp_path)
         if check and p.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
         return p
 
     run.mode = request.param
-    run.jobs_dir = str(Path(dev_cluster.state_dir).parent / "jobs" / f"ops-{request.param}")
+    run.jobs_dir = str(owners_jobs(dev_cluster) / f"ops-{request.param}")
+    run.python = f"{site_python}/bin/python3"
     yield run
     for e in json.loads(run("status", "--json", check=False).stdout or "[]"):
         subprocess.run(["scancel", e["job_id"]], env=dev_cluster.client_env(), capture_output=True)
 
 
-def _deployment(tmp_path: Path, jobs_dir: str, **roles_over) -> Path:
+def _deployment(tmp_path: Path, jobs_dir: str, python: str, **roles_over) -> Path:
     d = {"name": "ops-demo", "site": {"base": "local"}, "jobs_dir": jobs_dir,
          "model": {"profile": "kimi-k2-instruct", "path": "/models/k2", "served_name": "kimi-k2"},
          "engine": {"version": "0.5.23", "simulate": True},
-         # the router's python must have sglang_router: the project venv's
-         "router": {"python": sys.executable},
+         # the router's python must have sglang_router: the site's
+         "router": {"python": python},
          "roles": {"prefill": {"nodes": 1}, "decode": {"nodes": 2, **roles_over}},
          "readiness": {"engine_timeout": 60, "poll_interval": 0.1}}
     f = tmp_path / "deploy.yaml"
     f.write_text(yaml.safe_dump(d))
+    hand_over(tmp_path)
     return f
 
 
 def test_submit_follow_status_logs_cancel(hs, tmp_path, dev_cluster):
-    f = _deployment(tmp_path, hs.jobs_dir)
+    f = _deployment(tmp_path, hs.jobs_dir, hs.python)
     # --check asks Slurm whether and where it would run, without submitting
     check = hs("submit", str(f), "--check", "--out",
                f"{hs.jobs_dir}-check-{time.time_ns()}").stdout
@@ -128,7 +137,7 @@ def test_status_names_the_failed_node(hs, tmp_path, dev_cluster):
     # The rank exits as it starts: the deployment fails before it serves, however fast the rest
     # starts (an exit after a delay raced the router's start: recovery, not failure, once the
     # router came up first).
-    f = _deployment(tmp_path, hs.jobs_dir,
+    f = _deployment(tmp_path, hs.jobs_dir, hs.python,
                     sim_fault={"kind": "exit", "exit_code": 7, "after": 0, "ranks": [1]})
     out = hs("submit", str(f), "--follow", check=False)
     assert out.returncode == 1, out.stdout + out.stderr
@@ -151,11 +160,11 @@ def test_status_names_the_failed_node(hs, tmp_path, dev_cluster):
 
 
 def test_unknown_host_key_is_refused_and_nothing_reaches_the_cluster(login_sshd, dev_cluster,
-                                                                       tmp_path):
+                                                                       tmp_path, site_python):
     env = dev_cluster.client_env()
     env["HPCSERVE_STATE_DIR"] = str(tmp_path / "state")
-    jobs = Path(dev_cluster.state_dir).parent / "jobs" / "ops-refused"
-    f = _deployment(tmp_path, str(jobs))
+    jobs = owners_jobs(dev_cluster) / "ops-refused"
+    f = _deployment(tmp_path, str(jobs), f"{site_python}/bin/python3")
     before = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i"], env=env,
                             capture_output=True, text=True).stdout
     for kh, key in ((login_sshd.empty_known_hosts, login_sshd.user_key),
@@ -179,8 +188,7 @@ def test_another_users_job_is_refused_from_the_login_node_and_over_ssh(hs, dev_c
     there), exit 2, and the job runs on."""
     env = dev_cluster.client_env()
     with others_job(env) as (jid, theirs):
-        # this machine's user, and the one the test sshd logs in as
-        me = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+        me = OWNER   # the jobs' user, here and the one the test sshd logs in as
         for argv in (["status", jid], ["logs", jid], ["cancel", jid]):
             p = hs(*argv, check=False, timeout=60)
             assert (p.returncode, p.stderr.splitlines()[-1]) == (
