@@ -24,8 +24,9 @@ from .slurm.runner import SlurmUnreachable, read_json
 from .ports import least_clashing
 from .records import field, record
 
-ACTIVE_SLURM = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
-                "RESIZING", "SIGNALING", "STAGE_OUT"}
+# Slurm's states of a job that has not ended: the parsers' one list (a job held after a requeue
+# or stopped is not over)
+ACTIVE_SLURM = parsers.ACTIVE_STATES
 # View.ended of a job that Slurm no longer lists, in its queue or its accounting
 GONE = "Slurm no longer lists the job"
 

@@ -33,6 +33,9 @@ def test_status_words(slurm, phase, want):
     (None, "serving", ops.GONE), (None, None, ops.GONE), ("NODE_FAIL", "serving", "NODE_FAIL"),
     ("TIMEOUT", None, "TIMEOUT"), ("NODE_FAIL", "failed", None), (None, "done", None),
     ("RUNNING", "serving", None), ("PENDING", "requeued", None), ("REQUEUED", "requeued", None),
+    # held after a requeue, or stopped (scontrol requeuehold, SIGSTOP): not over, and not
+    # called so (squeue(1), JOB STATE CODES)
+    ("REQUEUE_HOLD", "requeued", None), ("STOPPED", "serving", None),
 ])
 def test_how_a_job_ended_without_a_final_phase_is_a_field_of_its_own(slurm, phase, ended):
     # `hpcserve status` exits 1 and `hpcserve list` hides the job on this field, not on the
@@ -74,3 +77,10 @@ def test_the_last_error_line_is_not_a_stack_frame():
     assert last_error(lines) == "(MainProcess) ERROR [multiproc_executor.py:315] Worker proc died"
     assert last_error(lines[:3]) == "!!!!!!! Segfault encountered !!!!!!!"
     assert last_error(["INFO all fine"]) is None
+
+
+def test_one_list_of_slurms_active_states():
+    """ops reads the parsers' list: every state the parsers take for active, and only those."""
+    from hpcserve.runtime import slurm_parsers
+    assert ops.ACTIVE_SLURM is slurm_parsers.ACTIVE_STATES
+    assert not slurm_parsers.ACTIVE_STATES & slurm_parsers.TERMINAL_STATES
