@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import posixpath
@@ -27,25 +26,6 @@ SECTIONS = (
 
 _SSH_OPTIONS = ("--remote", "--jump", "-i", "--identity", "--known-hosts")
 
-# Set by run(): this process is one command, and what it has loaded lives until it ends.
-_ONE_COMMAND = False
-# The commands that read files and write their output and files, which they close: once one
-# has succeeded, nothing is left to do but free memory (run() skips that).
-_PURE = frozenset({"plan", "render", "schema", "profiles"})
-_pure_done = False
-
-
-def _settled() -> None:
-    """Take what is loaded by now (modules, the configuration, the plan), which lives until the
-    process ends, out of the cyclic garbage collector's sight: it would walk all of it again at
-    every full collection and at exit, ~20 ms of a 4P12D render (docs/performance.md). Frozen,
-    not disabled: a long command (`status --watch`, a job run in the foreground) still
-    collects what it makes later. Only in the `hpcserve` process itself, not where the CLI is
-    called in-process (tests), whose earlier garbage would never be collected."""
-    if _ONE_COMMAND:
-        gc.freeze()
-
-
 class _Group(click.Group):
     """Turns hpcserve's own errors into one line on stderr and exit code 2, never a traceback.
     `dev-cluster` is loaded only when it is run or listed, so other commands skip its ~3 ms."""
@@ -60,12 +40,8 @@ class _Group(click.Group):
         return super().get_command(ctx, name)
 
     def invoke(self, ctx):
-        global _pure_done
-        _settled()
         try:
-            rv = super().invoke(ctx)
-            _pure_done = ctx.invoked_subcommand in _PURE
-            return rv
+            return super().invoke(ctx)
         except click.NoSuchOption as e:
             if e.option_name not in _SSH_OPTIONS:
                 raise
@@ -166,9 +142,7 @@ def _plan(file: str, sets: tuple[str, ...]):
     """The plan, its warnings on stderr first: before a table, a path or JSON, where they are
     read (an engine release checked against another one's flags is one)."""
     from . import config, plan
-    _settled()
     p = plan.build(config.load(file, sets))
-    _settled()
     for w in p.warnings:
         click.echo(f"hpcserve: warning: {w}", err=True)
     return p
@@ -780,22 +754,5 @@ def cancel(job, wait):
 
 
 def run() -> None:
-    """The `hpcserve` command's entry point: main() in a process of its own.
-
-    A pure command (_PURE) that succeeded ends without the interpreter's teardown, which only
-    frees every object one at a time (5-10 ms of a render): its output flushed, os._exit(0), as
-    Instagram ends its server processes after gc.freeze() (their engineering blog, "Dismissing
-    Python Garbage Collection at Instagram"). Any other command, or a failure, exits as usual."""
-    global _ONE_COMMAND
-    _ONE_COMMAND = True
-    try:
-        main()
-    except SystemExit as e:
-        if e.code not in (0, None) or not _pure_done:
-            raise
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except OSError:   # a reader gone: the usual exit handles it
-        return
-    os._exit(0)
+    """The `hpcserve` command's entry point (pyproject.toml's [project.scripts])."""
+    main()

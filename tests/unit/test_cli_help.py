@@ -165,35 +165,3 @@ def test_without_a_remote_the_runner_is_local(runner_args, tmp_path, monkeypatch
     r = CliRunner().invoke(main, ["cancel", "7"], env={"HPCSERVE_STATE_DIR": str(tmp_path)})
     assert r.exit_code == 2, r.output
     assert runner_args[0]["remote"] is None
-
-
-def test_only_the_hpcserve_process_freezes_what_it_loaded_and_skips_its_teardown(tmp_path):
-    """`hpcserve` itself hides what it loaded from the garbage collector (cli._settled) and ends
-    a pure command that succeeded with os._exit (cli.run); the CLI called in-process, as here,
-    must do neither, or the caller's garbage would never be freed."""
-    import gc
-    demo = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "demo.yaml")
-    before = gc.get_freeze_count()
-    result = CliRunner().invoke(main, ["render", demo, "--out", str(tmp_path / "job")])
-    assert result.exit_code == 0, result.output
-    assert gc.get_freeze_count() == before
-    child = """if True:
-        import gc, os, sys
-        from hpcserve import cli
-        real_exit = os._exit
-        def exit_seen(code):
-            print("frozen", gc.get_freeze_count(), "exit", code, flush=True)
-            real_exit(code)
-        os._exit = exit_seen
-        cli.run()
-    """
-    for argv, fast in ((["render", demo, "--out", str(tmp_path / "job2")], True),
-                       (["render", demo, "--out", str(tmp_path / "job2")], False),  # exists
-                       (["--version"], False)):
-        r = subprocess.run([sys.executable, "-c", child, *argv], capture_output=True, text=True)
-        said = r.stdout.split()
-        if fast:   # the path printed, then the frozen objects and the fast exit
-            assert r.returncode == 0 and said[0] == str(tmp_path / "job2"), r
-            assert said[1] == "frozen" and int(said[2]) > 1000 and said[3:] == ["exit", "0"], r
-        else:      # an error, or no pure command: the interpreter's own exit
-            assert "exit" not in said, r
