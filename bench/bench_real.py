@@ -148,8 +148,7 @@ def router_argv(p) -> list[str]:
     for flag, value in (("--host", HOST), ("--port", str(ROUTER_PORT)),
                         ("--prometheus-host", HOST), ("--prometheus-port", str(ROUTER_METRICS_PORT))):
         _replace(argv, flag, value)
-    # Started as its documentation says (hpcserve's job starts the same main() through
-    # hpcserve_runtime/router_main.py, without the debugging MiniLB's import).
+    # Started as its documentation says, as hpcserve's job starts it.
     return [str(ROOT / ".venv" / "bin" / "python"), "-m", f"{p.router.package}.launch_router",
             *argv]
 

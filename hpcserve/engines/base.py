@@ -294,15 +294,14 @@ class RouterAdapter:
     def command(self, python: str) -> list[Word]:
         raise NotImplementedError
 
-    # A router started by launch_router() cannot run its MiniLB (its stand-in is empty).
+    # The routers' Python debugging balancer: not a router hpcserve can run (no worker API, no
+    # metrics), so a deployment asking for it is refused.
     NO_MINI_LB = {"mini-lb": "(the router's Python debugging balancer) cannot be started by "
                              "hpcserve, which runs the Rust router"}
 
     def launch_router(self, python: str) -> list[Word]:
-        """`python -m <package>.launch_router` as sglang-router and vllm-router document it,
-        through the job directory's runtime/router_main.py: the package's own main() without
-        its debugging MiniLB's import (~0.5 s of the router's start)."""
-        return [python, (Var("JOB_DIR"), "/hpcserve_runtime/router_main.py"), self.package]
+        """`python -m <package>.launch_router`, as sglang-router and vllm-router document it."""
+        return [python, "-m", f"{self.package}.launch_router"]
 
     # The address the router listens on (its port and its metrics'): its node's address on the
     # site's interface, which the runtime writes to run/endpoints.env before the router's step,

@@ -294,8 +294,7 @@ def test_router_step(tmp_path: Path, fakes: Fakes, runtime: str, request) -> Non
     r = run_step(fakes, job, "router")
     assert r.returncode == 0, r.stderr
     [router] = fakes.calls("engine")
-    assert router["argv"][0].endswith("/hpcserve_runtime/router_main.py")
-    assert router["argv"][1] == "sglang_router"
+    assert router["argv"][:2] == ["-m", "sglang_router.launch_router"]
     assert router["node"] == "nodeP"
     assert arg(router["argv"], "--decode") == "http://127.0.0.1:30000"
     if runtime == "enroot":

@@ -298,8 +298,8 @@ class Run:
         bad = []
         val = {p: w for p, (v, w) in self.values.items() if p in self.active}
         engine_calls = [c for c in self.calls if c["argv"][:2] == ["-m", "sglang.launch_server"]]
-        router_calls = [c for c in self.calls if c["argv"][0].endswith("/router_main.py")
-                        and c["argv"][1] == "sglang_router"]
+        router_calls = [c for c in self.calls
+                        if c["argv"][:2] == ["-m", "sglang_router.launch_router"]]
         if not engine_calls or not router_calls:
             return ["the engines' or the router's launch script never reached python"]
 

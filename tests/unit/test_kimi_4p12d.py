@@ -213,7 +213,7 @@ def test_router_names_node_0_of_each_instance(job, stubs):
     assert r.returncode == 0, r.stderr
     (call,) = read_stub_log(log)
     argv = call["argv"]
-    assert argv[:2] == [f"{job['dir']}/hpcserve_runtime/router_main.py", "sglang_router"]
+    assert argv[:2] == ["-m", "sglang_router.launch_router"]
     assert "--pd-disaggregation" in argv
     i = argv.index("--prefill")
     assert argv[i + 1:i + 3] == [f"http://{P_NODES[0][2]}:30000", "8998"]

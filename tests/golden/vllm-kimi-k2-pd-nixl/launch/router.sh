@@ -17,10 +17,8 @@ mkdir -p -- "$JOB_DIR/run/ports"
 (exec python3 -S -I "$JOB_DIR/hpcserve_runtime/ownport.py" $$ 8000,29000 "$JOB_DIR/run/ports/router" \
   660 </dev/null &)
 
-# router_main.py runs the router package's own launch_router main() without importing its
-# debugging MiniLB, which hpcserve never starts (~0.5 s sooner).
 exec \
-  python3 "${JOB_DIR}"/hpcserve_runtime/secret_argv.py "${JOB_DIR}"/hpcserve_runtime/router_main.py vllm_router \
+  python3 "${JOB_DIR}"/hpcserve_runtime/secret_argv.py -m vllm_router.launch_router \
   --vllm-pd-disaggregation \
   --prefill http://"${PREFILL_0_IP}":8100 \
   --decode http://"${DECODE_0_IP}":8100 \
