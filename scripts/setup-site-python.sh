@@ -35,7 +35,9 @@ current && done_
 t0=$(date +%s)
 [ -x "$VENV/bin/python3" ] || "$PY" -m venv --system-site-packages "$VENV"
 # Some pip configs point at local mirrors that print a warning per missing project: keep it quiet.
-"$VENV/bin/python3" -m pip -q --disable-pip-version-check install --no-compile \
+# Compiled to bytecode as pip does by default: its users cannot write __pycache__ here, and
+# would compile each module from source at every import (sglang-router's: 1.7 s, not 0.8 s).
+"$VENV/bin/python3" -m pip -q --disable-pip-version-check install \
   "sglang-router==$SGLANG_ROUTER" "vllm-router==$VLLM_ROUTER" \
   "click>=8.1" "jinja2>=3.1" "submitit>=1.5" "matplotlib>=3.7" \
   2> >(grep -v -e '^WARNING: Location ' >&2)

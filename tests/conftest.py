@@ -99,8 +99,10 @@ def owners_hpcserve(built_wheel, site_python, devcluster_slot) -> Any:
     owner = "hpcserve-a"
     target = Path(f"/tmp/hpcserve-pytest-{devcluster_slot}/owners-hpcserve")
     shutil.rmtree(target, ignore_errors=True)
+    # compiled, as pip does by default: the user cannot write __pycache__ there, and would
+    # compile every module at each command
     r = subprocess.run([str(site_python / "bin" / "python3"), "-m", "pip", "install", "-q",
-                        "--no-deps", "--no-compile", "--disable-pip-version-check", "--target",
+                        "--no-deps", "--disable-pip-version-check", "--target",
                         str(target), str(built_wheel)], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
