@@ -85,7 +85,7 @@ def bench_ratio(runs: int = 31) -> None:
     for label, samples in times.items():
         report(label, samples)
     base, render = (statistics.median(v) for v in times.values())
-    print(f"{'ratio render / import yaml, jinja2, click':58} {render / base:.2f}  (target <= 1.3)"
+    print(f"{'ratio render / import yaml, jinja2, click':58} {render / base:.2f}"
           f"\nreproduce: .venv/bin/python bench/bench.py ratio", flush=True)
 
 
