@@ -28,6 +28,25 @@ import suiteplan
 _SLOTS = 8
 _JOB_IDS = 1_000_000  # job ids per slot: each session's cluster gives out its own (FirstJobId)
 _active_clusters: list[Any] = []
+# The unprivileged user the test jobs run as (tests/jobs/jobkit.py's OWNER; scripts/setup.sh
+# makes it)
+JOBS_USER = "hpcserve-a"
+
+
+def _slot_dir(slot: int) -> Any:
+    """/tmp/hpcserve-pytest-<slot>, the session's own folder (its dev cluster's too), 0755 so
+    that the test jobs' user may reach what is put there for them; refused where another user
+    made it first or may write it."""
+    import stat
+    from pathlib import Path
+    d = Path(f"/tmp/hpcserve-pytest-{slot}")
+    d.mkdir(mode=0o755, exist_ok=True)
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        pytest.fail(f"{d} is not this user's alone (owner uid {st.st_uid}, mode "
+                    f"{st.st_mode & 0o7777:o}): remove it")
+    d.chmod(0o755)
+    return d
 
 
 @pytest.fixture(scope="session")
@@ -76,10 +95,8 @@ def installed_wheel(built_wheel, devcluster_slot) -> Any:
     cluster's routers) into a fresh venv of the system's python3, outside the checkout, where
     the test jobs' unprivileged user may run it too. The venv's bin/ directory."""
     import shutil
-    from pathlib import Path
-    venv = Path(f"/tmp/hpcserve-pytest-{devcluster_slot}/installed-wheel")
+    venv = _slot_dir(devcluster_slot) / "installed-wheel"
     shutil.rmtree(venv, ignore_errors=True)
-    venv.parent.mkdir(mode=0o755, exist_ok=True)
     subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, timeout=120)
     r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", f"{built_wheel}[dev]"],
                        capture_output=True, text=True, timeout=600)
@@ -95,9 +112,8 @@ def owners_hpcserve(built_wheel, site_python, devcluster_slot) -> Any:
     as its owner: hpcserve refuses another user's job, root's too."""
     import pwd
     import shutil
-    from pathlib import Path
-    owner = "hpcserve-a"
-    target = Path(f"/tmp/hpcserve-pytest-{devcluster_slot}/owners-hpcserve")
+    owner = JOBS_USER
+    target = _slot_dir(devcluster_slot) / "owners-hpcserve"
     shutil.rmtree(target, ignore_errors=True)
     # compiled, as pip does by default: the user cannot write __pycache__ there, and would
     # compile every module at each command
@@ -109,7 +125,6 @@ def owners_hpcserve(built_wheel, site_python, devcluster_slot) -> Any:
     for d, dirs, files in os.walk(target):
         for n in [d, *(os.path.join(d, f) for f in dirs + files)]:
             os.chmod(n, os.stat(n).st_mode | 0o444 | (0o111 if os.path.isdir(n) else 0))
-    os.chmod(target.parent, os.stat(target.parent).st_mode | 0o055)
     return ["runuser", "-u", owner, "--", "env", f"HOME={pwd.getpwnam(owner).pw_dir}",
             f"PYTHONPATH={target}",
             str(site_python / "bin" / "python3"), "-m", "hpcserve"]
@@ -127,7 +142,7 @@ def site_python() -> Any:
     r = subprocess.run([str(script)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr
     venv = Path(r.stdout.strip().splitlines()[-1])
-    owner = "hpcserve-a"   # tests/jobs/jobkit.py's OWNER
+    owner = JOBS_USER
     assert subprocess.run(["id", "-u", owner], capture_output=True).returncode == 0, (
         f"no user {owner}: run scripts/setup.sh as root, which makes the test jobs' user")
     r = subprocess.run(["runuser", "-u", owner, "--", str(venv / "bin" / "python3"), "-c",

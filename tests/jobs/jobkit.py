@@ -151,8 +151,7 @@ def submitter(cluster: Any, tmp_path: Path, site_python: Path) -> Iterator[Calla
     to the rendered files first) and handed to sbatch for them (--uid, as root may), with their
     environment and the site's python (no hpcserve in it, as on a site's nodes). Each job is
     cancelled at the end, Slurm waited on, its processes gone and its directory removed."""
-    env = cluster.client_env()
-    # the tests' own hpcserve commands run from the project venv
+    env = cluster.client_env()   # the test's own: Slurm's commands as root, Job.env
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env["PATH"]
     owner = pwd.getpwnam(OWNER)
     nodes_python = python_without_hpcserve(Path(cluster.state_dir).parent,
