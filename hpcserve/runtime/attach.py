@@ -17,6 +17,7 @@ import threading
 from .contract import SERVING_PHASES
 from .failures import Stop, step_identity
 from .state import now, read_state
+from .table import REMOVED
 from .workers import RouterWorkers, WorkerApiError
 
 LEAVE_S = 5.0  # s for taking every instance of the job out of the front's router as it stops
@@ -33,16 +34,16 @@ class Attach:
         job = self.job
         att = self.spec = self._resolved(self.spec)
         url = att["router_url"]
-        router = job.recovery.connect(url)
+        router = job.membership.connect(url)
         if not router.live:  # `hpcserve scale` refuses such a front; a hand-made plan may not
             raise Stop("failed", f"the router at {url} cannot take a worker while it runs "
                                  f"(workers_api {router.kind}): no instance can join it",
                        {"role": "router", "reason": "router registration failed"})
         names = [i["name"] for i in job.plan["instances"]]
-        self._each(names, job.recovery.smoke, "smoke request failed",
+        self._each(names, job.membership.smoke, "smoke request failed",
                    "{} answered its smoke request")
         job.startup.mark("smoke_request")
-        self._each(names, job.recovery.register, "router registration failed",
+        self._each(names, job.membership.register, "router registration failed",
                    "{} registered with the router at " + url)
         job.startup.mark("router_registration")
         job.log(f"joined {att['deployment']} (front job {att['front_job_id']}) at {url} with "
@@ -71,10 +72,10 @@ class Attach:
         return att
 
     def _each(self, names: list[str], fn, what: str, done: str) -> None:
-        """fn(name) for every instance at once in recovery's pool (its error words or None),
+        """fn(name) for every instance at once in the job's pool (its error words or None),
         waited for while the job's checks go on; the first error stops the job."""
         job = self.job
-        futs = {n: job.recovery.pool.submit(fn, n) for n in names}
+        futs = {n: job.pool.submit(fn, n) for n in names}
         while not all(f.done() for f in futs.values()):
             job.sleep(0.02)
         for name, f in futs.items():
@@ -88,12 +89,12 @@ class Attach:
         """The job's instances that the front's router lists are taken out of it, within
         `budget` s in all (as the job stops: no new request may reach an engine going away)."""
         job = self.job
-        router = job.recovery.router
+        router = job.membership.router
         heads = job.instances.heads
         if not self.spec or router is None or not heads:
             return
-        removed = {n for n, r in job.recovery.recs.items() if r.status == "removed"}
-        ours = {job.recovery.worker_url(n): n for n in heads if n not in removed}
+        removed = {n for n, r in job.table.recs.items() if r.status == REMOVED}
+        ours = {job.membership.worker_url(n): n for n in heads if n not in removed}
         if not ours:
             return
         # one call may not take the whole budget: a router that does not answer is gone

@@ -34,8 +34,9 @@ from urllib.parse import urlsplit
 from .contract import SCALED_IN, SERVING_PHASES, TERMINAL_PHASES
 from .drain import write_request
 from .failures import Stop
-from .health import router_auth, samples, scrape
+from .probes import metrics_of, router_auth, samples, scrape
 from .state import now, read_json, read_state
+from .table import FAILED, SERVING
 
 DECISIONS_KEPT = 20   # the newest decisions state.json keeps per role
 ALIVE_S = 30.0        # s between two asks whether a slot's running job still is, per slot
@@ -159,6 +160,13 @@ def ended(jid: str, job_dir: str) -> bool:
     return st.get("job_id") == jid and st.get("phase") in TERMINAL_PHASES
 
 
+def slots_alone(plan: dict) -> bool:
+    """Whether some autoscaled role has no instance of the front's own
+    (roles.<role>.instances: 0): its slots are all it has."""
+    return any(not any(i["role"] == n for i in plan["instances"])
+               for n in plan.get("autoscale") or {})
+
+
 class Role:
     def __init__(self, name: str, spec: dict):
         self.name, self.spec = name, spec
@@ -177,13 +185,7 @@ class Autoscaler:
         self.reading = None      # the readings under way (a future of the probe pool)
         self.next_at = 0.0
 
-    # -- a front that holds no engine of a role (roles.<role>.instances: 0)
-    def slots_alone(self) -> bool:
-        """Whether some autoscaled role has no instance of the front's own: its slots are all
-        it has."""
-        return any(not any(i["role"] == n for i in self.job.plan["instances"])
-                   for n in self.roles)
-
+    # -- a front that holds no engine of a role (roles.<role>.instances: 0): slots_alone()
     def bring_up(self) -> None:
         """Before the front serves: `min` slots of each such role submitted at once (Slurm
         queues them side by side), again for one whose job ended before it served; returns
@@ -211,7 +213,7 @@ class Autoscaler:
 
     def _fill_min(self, role: Role) -> None:
         """Free slots submitted until the role's instances and coming slots make its min."""
-        own = [r for r in self.job.recovery.kept(role.name) if r.status != "failed"]
+        own = [r for r in self.job.table.kept(role.name) if r.status != FAILED]
         coming = [s for s in role.slots if s.status in COMING]
         free = [s for s in role.slots if s.status == "free" and s.task is None]
         role.capacity = len(own) + len(coming)
@@ -220,14 +222,14 @@ class Autoscaler:
                                f"{len(coming)} slot(s) come: min {role.spec['min']}")
 
     def _serves(self, role: Role) -> bool:
-        own = self.job.recovery.kept(role.name)
-        return any(r.status == "serving" for r in own) or \
+        own = self.job.table.kept(role.name)
+        return any(r.status == SERVING for r in own) or \
             any(s.status == "serving" for s in role.slots)
 
     # -- between liveness rounds
     def tick(self) -> None:
         job = self.job
-        if not self.roles or not job.recovery.active:
+        if not self.roles or not job.table.active:
             return
         for role in self.roles.values():
             for s in role.slots:
@@ -248,16 +250,16 @@ class Autoscaler:
         elif now() >= self.next_at:
             self.next_at = now() + min(r.spec["interval_s"] for r in self.roles.values())
             targets = {n: self._targets(r) for n, r in self.roles.items()}
-            self.reading = job.liveness.pool.submit(self._read, targets)
+            self.reading = job.pool.submit(self._read, targets)
 
     def _targets(self, role: Role) -> list[tuple[str | None, str]]:
         """(slot name or None for the front's own, metrics URL) of every serving instance."""
         job = self.job
         out = []
         for spec in job.plan["instances"]:
-            rec = job.recovery.recs.get(spec["name"])
-            m = job.liveness.metrics_of(spec)
-            if spec["role"] == role.name and m and rec is not None and rec.status == "serving":
+            rec = job.table.recs.get(spec["name"])
+            m = metrics_of(job.plan, job.instances.heads, spec)
+            if spec["role"] == role.name and m and rec is not None and rec.status == SERVING:
                 out.append((None, m["gauges_url"] or m["url"]))
         for s in role.slots:
             if s.status in ("serving", "draining"):
@@ -368,7 +370,7 @@ class Autoscaler:
                 self.job.log(f"autoscale {role.name}: {s.name} (job {s.job_id}) ended")
                 s.job_id, s.job_dir, s.prev = None, s.dir, None
             s.status = new
-        kept = self.job.recovery.kept(role.name)
+        kept = self.job.table.kept(role.name)
         own = len(kept) - sum(1 for r in kept if r.status == "failed")
         role.capacity = capacity(own, [s.status for s in role.slots])
         read = [v for v in values if v is not None]
@@ -401,7 +403,7 @@ class Autoscaler:
 
     def _add(self, role: Role, s: Slot, why: str) -> None:
         s.status, s.submitted_at = "submitting", now()
-        s.task = self.job.recovery.pool.submit(self.job.slurm.submit,
+        s.task = self.job.pool.submit(self.job.slurm.submit,
                                                os.path.join(s.dir, "job.sbatch"))
         self._decided(role, "add", why, s)
 

@@ -15,7 +15,8 @@ serve and are probed:
              failed attempt; KILL after a grace).
 
 Then its status is "removed": not restarted, not probed. An instance job (plan.json attach) with
-none left ends "done"; a front job whose instances are all removed keeps serving its router.
+none left ends "done" (the serving loop, job.py); a front job whose instances are all removed
+keeps serving its router.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ import math
 import os
 from concurrent.futures import Future
 
-from .contract import CONTROL_DIR, DRAIN_PREFIX, DRAIN_SUFFIX, SCALED_IN, drain_request_path
-from .failures import Stop
-from .health import metrics_totals
+from .contract import CONTROL_DIR, DRAIN_PREFIX, DRAIN_SUFFIX, drain_request_path
+from .probes import metrics_of, metrics_totals
 from .state import now
+from .table import DRAINING, REMOVED, SERVING
 
 POLL_S = 0.2     # s between reads of a draining engine's pending gauges
 ZEROS = 2        # reads of 0 in a row: a request the router sent just before it left is counted
@@ -99,33 +100,32 @@ class Drains:
         self.job = job
         self.dir = os.path.join(job.dir, CONTROL_DIR)
         self.under_way: dict[str, Drain] = {}
-        self.end_reason = SCALED_IN  # renew.py names the successor a renewed job ends for
 
-    # -- every health.SCAN_S while serving
+    # -- every job.SCAN_S while serving
     def scan(self) -> None:
         """Take every drain request waiting, each once."""
         for name, path in requests_in(self.dir):
             self._take(name, path)
 
     def _take(self, name: str, path: str) -> None:
-        job, recovery = self.job, self.job.recovery
+        job, members = self.job, self.job.membership
         try:
             timeout_s = read_request(path)
         except DrainRequestError as e:
             return self._refuse(path, name, str(e))
-        rec = recovery.recs.get(name) if recovery.active else None
+        rec = job.table.get(name)
         if rec is None:
             return self._refuse(path, name, f"this job has no instance {name}")
-        if rec.status != "serving":
+        if rec.status != SERVING:
             return self._refuse(path, name, f"{name} is {rec.status}, not serving")
-        if recovery.router is not None and not recovery.router.removes:
+        if not members.removes:
             return self._refuse(path, name, "the router cannot take a worker out while it "
-                                            f"runs (workers_api {recovery.router.kind})")
+                                            f"runs (workers_api {members.router.kind})")
         self._rename(path, ".taken")
         job.log(f"draining {name}: out of the router, then up to {timeout_s:g} s for its "
                 "in-flight requests")
-        recovery.set_status(rec, "draining", f"on request, timeout {timeout_s:g} s")
-        self.under_way[name] = Drain(name, timeout_s, recovery.deregister(rec))
+        job.table.set_status(rec, DRAINING, f"on request, timeout {timeout_s:g} s")
+        self.under_way[name] = Drain(name, timeout_s, members.deregister(rec))
 
     def _refuse(self, path: str, name: str, why: str) -> None:
         self.job.log(f"drain request for {name} refused: {why}")
@@ -140,11 +140,7 @@ class Drains:
     # -- while the job waits between rounds
     def tick(self) -> None:
         for d in list(self.under_way.values()):
-            getattr(self, f"_{d.stage}")(d, self.job.recovery.recs[d.name])
-        recs = self.job.recovery.recs
-        if self.job.plan.get("attach") and recs and \
-                all(r.status == "removed" for r in recs.values()):
-            raise Stop("done", self.end_reason)
+            getattr(self, f"_{d.stage}")(d, self.job.table.recs[d.name])
 
     def _leaving(self, d: Drain, rec) -> None:
         if d.task is not None and not d.task.done():
@@ -152,7 +148,7 @@ class Drains:
         d.task = None
         d.stage, d.left_at = "settling", now()
         d.deadline = d.left_at + d.timeout_s
-        if not self.job.liveness.metrics_of(self.job.instances.spec(d.name)):
+        if not self._metrics(d.name):
             self.job.log(f"{d.name}: its engine has no pending gauges: waiting its "
                          f"{d.timeout_s:g} s")
 
@@ -176,13 +172,16 @@ class Drains:
             job.log(f"{d.name}: {held} request(s) still in flight after its drain timeout "
                     f"({d.timeout_s:g} s): stopping it")
             return self._stop(d, rec)
-        m = job.liveness.metrics_of(job.instances.spec(d.name))
+        m = self._metrics(d.name)
         if m and now() >= d.next_poll:
             # what it runs and what waits in it: its stop would fail either
             m = {**m, "pending": list(m["pending"]) + list(m.get("queued", []))}
-            d.task = job.recovery.pool.submit(metrics_totals, m,
-                                              job.plan["liveness"]["timeout"])
+            d.task = job.pool.submit(metrics_totals, m, job.plan["liveness"]["timeout"])
             d.next_poll = now() + POLL_S
+
+    def _metrics(self, name: str) -> dict | None:
+        inst = self.job.instances
+        return metrics_of(self.job.plan, inst.heads, inst.spec(name))
 
     def _stop(self, d: Drain, rec) -> None:
         d.stage = "stopping"
@@ -194,6 +193,6 @@ class Drains:
         if rec.stage == "stopping":  # recovery's tick ends the step (KILL after a grace)
             return
         del self.under_way[d.name]
-        self.job.recovery.end_attempt(rec, "drained", None, now())
+        self.job.table.end_attempt(rec, "drained", None, now())
         self.job.log(f"{d.name} removed: drained on request")
-        self.job.recovery.set_status(rec, "removed", "drained on request")
+        self.job.table.set_status(rec, REMOVED, "drained on request")

@@ -16,6 +16,7 @@ import json
 import os
 
 from . import owned
+from .table import SERVING
 
 DEFAULT_PATH = "/metrics"   # Prometheus's metrics_path default: not repeated as a label
 
@@ -72,11 +73,11 @@ class FileSD:
         self._error: str | None = None  # the last write error, logged once
 
     def groups(self) -> list[dict]:
-        """The targets now, from recovery's record of each instance and the router's place."""
+        """The targets now, from the instance table and the router's place."""
         inst = self.job.instances
         serving = {name: {"address": inst.heads[name], "nodes": rec.nodes,
                           "attempt": rec.attempt}
-                   for name, rec in self.job.recovery.recs.items() if rec.status == "serving"}
+                   for name, rec in self.job.table.recs.items() if rec.status == SERVING}
         router = inst.router_addr and {"node": inst.router_node, "address": inst.router_addr}
         return target_groups(self.job.plan, serving, router, self.ids)
 

@@ -10,8 +10,11 @@ node's place (move()). Adding or removing instances while serving would go here 
 from __future__ import annotations
 
 import os
+import time
 
-from .logs import first_line
+from .failures import Stop, step_identity
+from .logs import first_line, read_from
+from .state import now
 
 
 class Instances:
@@ -104,6 +107,26 @@ class Instances:
     def leader_node(self, name: str) -> str | None:
         """Where `name` (an instance or the router) serves: its node rank 0."""
         return self.router_node if name == "router" else self.nodes[name][0][1]
+
+    def owns_port(self, name: str, wait: float = 0.0) -> bool:
+        """Whether the launch script of `name` (an instance or the router) found its own
+        process listening on its port (run/ports/NAME). Raises the port clash it found instead:
+        another process, another deployment's on a shared node, holds one of its ports."""
+        path = os.path.join(self.dir, "run", "ports", name)
+        end = now() + wait
+        verdict = read_from(path, 0).strip()
+        while not verdict and now() < end:
+            time.sleep(0.02)
+            verdict = read_from(path, 0).strip()
+        if not verdict.startswith("taken "):
+            return verdict == "ours"
+        port, _, holder = verdict[6:].partition(" by ")
+        node = self.leader_node(name)
+        raise Stop("failed", f"port {port} on node {node} is taken by {holder}: {name} cannot "
+                             "serve there (another deployment on a shared node?)",
+                   {**step_identity(name), "node": node, "node_rank": 0,
+                    "reason": "port taken", "port": int(port), "holder": holder,
+                    "exit_code": None})
 
     @staticmethod
     def health_url(heads: dict, inst: dict) -> str:

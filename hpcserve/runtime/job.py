@@ -3,7 +3,20 @@
 job.sbatch runs `python3 -m hpcserve_runtime run JOBDIR` on the batch host. Every command the job
 runs is a rendered step script (steps/*.sh, each one srun), readable in the job directory; this
 package does what is awkward in bash: HTTP polling with deadlines, supervision, ordered teardown
-through Slurm, and state.json. Each concern is a module of its own; this one only orders them.
+through Slurm, and state.json. Each concern is a module of its own; this one only orders them:
+
+  run()            state.json reset for this try, then serve(), then stop();
+  serve()          discovery and preflight, staging, the engines and their readiness, the
+                   router (or joining one), the smoke request: then serving;
+  keep_serving()   the serving loop: one tick every TICK_S, each concern in a stated order,
+                   the events they report (events.py) handed to the one that acts on them;
+                   it returns only by raising Stop;
+  stop()           the cause decided, the router left, the teardown, the final state or a
+                   requeue.
+
+The concerns never call each other: what one sees that another acts on goes through the loop
+(events.py), and what they share lies below them (the instance table, the router membership,
+the steps, Slurm, state.json, the log). tests/unit/test_concern_cycles.py keeps it so.
 """
 
 from __future__ import annotations
@@ -14,20 +27,24 @@ import shlex
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from . import caches
 from .allocation import InAllocation, own_steps
 from .attach import LEAVE_S, Attach
-from .autoscale import Autoscaler
+from .autoscale import Autoscaler, slots_alone
 from .bench_step import BenchStep
-from .contract import SpecError, load_spec
+from .contract import SCALED_IN, SpecError, load_spec
 from .discovery import Discovery, cmd_discover, discover_args
 from .drain import Drains
-from .failures import Stop
+from .events import Events, InstanceFailed, NodeLost, RouterRestartAsked
+from .failures import Stop, step_identity
 from .file_sd import FileSD
-from .health import Liveness, Readiness
 from .instances import Instances
+from .liveness import Liveness
 from .logs import JobLog
+from .membership import Membership
+from .readiness import Readiness
 from .reconcile import Reconcile
 from .recovery import Recovery
 from .renew import Renewal
@@ -38,7 +55,11 @@ from .state import State, now
 from .startup import Startup
 from .steps import Steps
 from .supervise import Supervisor
+from .table import REMOVED, Table
 from .teardown import Teardown
+
+TICK_S = 0.1   # s between two ticks of the serving loop
+SCAN_S = 0.5   # s between two looks for drain requests (run/control/) while serving
 
 
 class Job:
@@ -55,11 +76,17 @@ class Job:
         self.t0 = t0
         self.log = JobLog(job_dir, t0)
         self.job_id = os.environ.get("SLURM_JOB_ID", "")
+        # below the concerns: what they share, and what calls none of them
+        self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="hpcserve-io")
+        self.events = Events()
+        self.steps = Steps(job_dir)
+        self.instances = Instances(self.plan, job_dir)
+        self.table = Table(self.plan, job_dir, self.instances, self.steps, self.state, self.log)
+        self.membership = Membership(self.plan, self.instances, self.table, self.pool, self.log)
         self.supervisor = Supervisor(self)
         self.slurm = Slurm(self.job_id, pause=self.supervisor.pause)
-        self.steps = Steps(job_dir)
         self.allocation = InAllocation(self)
-        self.instances = Instances(self.plan, job_dir)
+        # the concerns, in the order of the timeline
         self.discovery = Discovery(self)
         self.readiness = Readiness(self)
         self.liveness = Liveness(self)
@@ -76,10 +103,14 @@ class Job:
         self.requeue = Requeue(self)
         self.startup = Startup(self)
         self._unreachable: str | None = None
+        self._next_scan = 0.0                 # the serving loop's next look for drain requests
+        self._next_nodes: float | None = None  # ... and its next question to Slurm on nodes
 
     # -- every wait of the timeline watches signals, steps and nodes
     def check(self) -> None:
         self.supervisor.check()
+        if self.renewal.time_is_up(now()):  # renewing jobs stop before Slurm's signal
+            raise Stop("cancelled", "time_limit")
 
     def sleep(self, seconds: float) -> None:
         end = now() + seconds
@@ -148,8 +179,8 @@ class Job:
         serving_at = now()
         # state.json names every instance and holds the start-up record before it says serving:
         # a reader that sees "serving" finds them
-        if not self.recovery.active:  # a front of slots alone began it as they came
-            self.recovery.begin(url)
+        if not self.table.active:  # a front of slots alone began it as they came
+            self.begin_serving(url)
         started = self.startup.finish(serving_at)  # the start-up record too
         self.state.update("serving", endpoint=url,
                           **({"serving_after_s": round(serving_at - self.t0, 3)} if url else {}))
@@ -158,8 +189,78 @@ class Job:
         self.startup.add_queue_wait(started)
         first = (plan["instances"] or [None])[0]  # none: a front of slots alone (a router)
         self.bench.start(found, url or f"http://{heads[first['name']]}:{first['port']}")
-        self.liveness.watch(url if plan.get("router") else None,
-                            lambda: self.bench.tick(self.instances.heads))
+        self.keep_serving(url if plan.get("router") else None)
+
+    def begin_serving(self, router_url: str | None) -> None:
+        """From here on an instance's failure is recovered, not the end of the deployment."""
+        if router_url:
+            self.membership.connect(router_url)
+        self.table.begin()
+
+    # -- the serving loop
+    def keep_serving(self, router_url: str | None) -> None:
+        """One tick every TICK_S until a Stop: the job's checks (a signal, a step's end, the
+        time limit), drain requests, each concern's step forward, the liveness round when one
+        is due and its verdict once every answer is in, Slurm's word on the nodes every
+        node_interval, and the events of the tick handed on. `router_url`: the job's own
+        router, which liveness probes (an instance job's router is its front's to watch)."""
+        self.liveness.start(router_url)
+        self._next_nodes = now() + self.plan["liveness"]["node_interval"]
+        while True:
+            self.tick()
+            time.sleep(TICK_S)
+
+    def tick(self) -> None:
+        """One tick of the serving loop, in this order."""
+        self.check()                          # a signal, a step's end, the time limit
+        if now() >= self._next_scan:          # drain requests (run/control/)
+            self.drains.scan()
+            self._next_scan = now() + SCAN_S
+        self.handle(self.events.take())
+        self.recovery.tick()                  # each failed instance one stage forward
+        self.reconcile.poll()                 # the router's worker list as it should be
+        self.renewal.tick()                   # a successor job before the time limit
+        self.drains.tick()                    # each drain one stage forward
+        self.autoscaler.tick()                # slots added or removed by their signal
+        self._liveness()                      # a probe round started, or judged
+        if self._next_nodes is not None and now() >= self._next_nodes and \
+                self.liveness.under_way is None:
+            self.supervisor.check_nodes()     # Slurm's word on the nodes
+            self._next_nodes = now() + self.plan["liveness"]["node_interval"]
+        self.handle(self.events.take())
+        if self.table.take_changed():
+            self.file_sd.update()             # the site's Prometheus scrapes what serves
+        if self.plan.get("attach") and self.table.all_in(REMOVED):
+            # an instance job with none left (scaled in, or renewed) has done its part
+            raise Stop("done", self.renewal.end_reason or SCALED_IN)
+
+    def _liveness(self) -> None:
+        """A round starts when it is due (the benchmark's tick and the router's worker list
+        read with it) and is judged once every answer is in."""
+        if self.liveness.due():
+            self.bench.tick(self.instances.heads)
+            if self.liveness.router_url:  # the router this job runs: its workers as wanted
+                self.reconcile.round()
+            self.liveness.start_round()
+        elif self.liveness.round_done():
+            self.liveness.judge_round()
+
+    def handle(self, events: list) -> None:
+        """Each event to the concern that acts on it, in the order they came."""
+        for ev in events:
+            if isinstance(ev, InstanceFailed):
+                self.recovery.failed(ev.name, ev.reason, ev.failure)
+            elif isinstance(ev, NodeLost):
+                self.recovery.node_lost(ev.node, ev.state)
+            elif isinstance(ev, RouterRestartAsked):
+                try:
+                    self.restart_router()
+                except Stop as e:
+                    self.recovery.failed(ev.name, "router restart failed", {
+                        **step_identity("router"), "reason": "router restart failed",
+                        "detail": e.reason})
+                else:
+                    self.recovery.router_restarted(ev.name)
 
     def _clear_port_verdicts(self) -> None:
         ports_dir = os.path.join(self.dir, "run", "ports")
@@ -177,8 +278,8 @@ class Job:
         url = self._router_step(rd)
         self.startup.mark("router_registration")
         self.state.update("router_ready", endpoint=url, router_url=url)
-        if self.autoscaler.slots_alone():  # roles.<role>.instances: 0: its slots first
-            self.recovery.begin(url)
+        if slots_alone(self.plan):  # roles.<role>.instances: 0: its slots first
+            self.begin_serving(url)
             self.autoscaler.bring_up()
         if rd["smoke_tokens"]:
             self.readiness.smoke(url, rd)

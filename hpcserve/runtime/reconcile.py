@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from .contract import SCALE_DIR, TERMINAL_PHASES
 from .state import now, read_state
+from .table import SERVING
 from .workers import WorkerApiError
 
 
@@ -45,9 +46,9 @@ class Reconcile:
     def round(self) -> None:
         """Once a liveness round: the next reading of the worker list, unless one is in flight
         (a router slow to answer is waited for, not asked twice)."""
-        rec = self.job.recovery
-        if rec.router is not None and rec.router.live and self.reading is None:
-            self.read_at, self.reading = now(), rec.pool.submit(self._read)
+        members = self.job.membership
+        if members.router is not None and members.router.live and self.reading is None:
+            self.read_at, self.reading = now(), self.job.pool.submit(self._read)
 
     def poll(self) -> None:
         """Between rounds, as soon as a reading is in: act on it."""
@@ -59,27 +60,27 @@ class Reconcile:
 
     def _read(self) -> list[str] | None:
         try:
-            return self.job.recovery.router.listed()
+            return self.job.membership.router.listed()
         except WorkerApiError as e:
             self.job.log(f"reading the router's workers: {e}")
             return None
 
     def _compare(self, listed: set[str]) -> None:
-        rec = self.job.recovery
-        mine = {rec.worker_url(n): r for n, r in rec.recs.items()}
+        members, pool = self.job.membership, self.job.pool
+        mine = {members.worker_url(n): r for n, r in self.job.table.recs.items()}
         unknown = listed - set(mine)
         if unknown:  # scale/'s state files read only when a worker is not this job's own
             unknown -= self._instance_jobs()
         # an instance of this job serving (since before the reading) and not listed is put back
         # at once: without it the router may answer nothing (a PD router with no decode)
-        missing = {u for u, r in mine.items() if r.status == "serving" and not r.taken_out
+        missing = {u for u, r in mine.items() if r.status == SERVING and not r.taken_out
                    and r.task is None and r.since < self.read_at} - listed
         self.acting = {u: f for u, f in self.acting.items() if not f.done()}
         # in the pool: a queued change may take seconds, and the rounds go on meanwhile
         for url in sorted((unknown & self.unknown) - set(self.acting)):
-            self.acting[url] = rec.pool.submit(self._remove, url)
+            self.acting[url] = pool.submit(self._remove, url)
         for url in sorted(missing - set(self.acting)):
-            self.acting[url] = rec.pool.submit(self._put_back, url, mine[url].name)
+            self.acting[url] = pool.submit(self._put_back, url, mine[url].name)
         self.unknown = unknown
 
     def _instance_jobs(self) -> set[str]:
@@ -96,13 +97,13 @@ class Reconcile:
     def _remove(self, url: str) -> None:
         log = self.job.log
         try:
-            self.job.recovery.router.remove(url)
+            self.job.membership.router.remove(url)
             log(f"router: removed {url}, a worker none of this deployment's instances is")
         except WorkerApiError as e:
             log(f"router: could not remove {url}, a worker none of this deployment's "
                 f"instances is: {e}")
 
     def _put_back(self, url: str, name: str) -> None:
-        err = self.job.recovery.register(name)
+        err = self.job.membership.register(name)
         self.job.log(f"router: {name} ({url}) was no longer listed; "
                      + (f"putting it back failed: {err}" if err else "put back"))

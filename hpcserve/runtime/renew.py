@@ -29,6 +29,7 @@ from .drain import write_request
 from .failures import Stop
 from .slurm import Unreachable
 from .state import now, read_state
+from .table import DRAINING, LEAVING, SERVING
 
 REREAD_S = 30.0   # s between two reads of the job's end (an extension moves it)
 RETRY_S = 5.0     # s before an sbatch that failed, or a successor that ended, is tried again
@@ -49,6 +50,7 @@ class Renewal:
         self.waiting_said = False
         self.renewed = False              # the twin serves: this job's instances drain
         self.withdrawn = False            # scaled in on request: no renewal any more
+        self.end_reason: str | None = None  # what the job ends for once the twin took over
         if self.spec:
             signal.signal(getattr(signal, "SIG" + RENEW_SIGNAL), self._on_signal)
             # one that came while job.sbatch ran, before this handler (job.sbatch.j2)
@@ -83,7 +85,7 @@ class Renewal:
 
     # -- while serving, between liveness rounds
     def tick(self) -> None:
-        if not self.spec or not self.job.recovery.active:
+        if not self.spec or not self.job.table.active:
             return
         if self.renewed:
             return self._handed_over()
@@ -103,7 +105,7 @@ class Renewal:
     def _scaled_in(self) -> bool:
         """An instance drained on request (`hpcserve scale --remove`) ends renewal: the twin
         would start every instance again. A successor not serving yet is cancelled."""
-        if not any(r.status in ("draining", "removed") for r in self.job.recovery.recs.values()):
+        if not self.job.table.any_status(*LEAVING):
             return False
         self.withdrawn = True
         said = "an instance was drained on request: this job no longer renews"
@@ -166,22 +168,19 @@ class Renewal:
         router first; the job then ends "done" with the successor named."""
         job = self.job
         self.renewed = True
-        reason = f"renewed by job {self.successor}"
-        job.drains.end_reason = reason
+        self.end_reason = f"renewed by job {self.successor}"
         job.log(f"successor job {self.successor} serves: draining this job's instances")
         job.state.record(job.log, renew={**(job.state.data.get("renew") or {}),
                                          "renewed_at": round(now(), 3)})
         end = self.end_at(now())
         budget = DRAIN_S if end is None else max(
             1.0, min(DRAIN_S, end - float(job.plan["signal_grace"]) - now() - 5))
-        for name, rec in job.recovery.recs.items():
-            if rec.status == "serving":
+        for name, rec in job.table.recs.items():
+            if rec.status == SERVING:
                 write_request(job.dir, name, budget)
 
     def _handed_over(self) -> None:
         """Ends the job once none of its instances serves or drains (one that was out or
         restarting when the twin took over is not waited for)."""
-        recs = self.job.recovery.recs.values()
-        if not any(r.status in ("serving", "draining") for r in recs) and \
-                not self.job.drains.under_way:
-            raise Stop("done", self.job.drains.end_reason)
+        if not self.job.table.any_status(SERVING, DRAINING):  # a drain under way is draining
+            raise Stop("done", self.end_reason)

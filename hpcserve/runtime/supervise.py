@@ -9,6 +9,7 @@ import signal
 import socket
 import time
 
+from .events import InstanceFailed, NodeLost
 from .failures import Stop, primary_task, step_identity, task_ends
 from .logs import last_error, read_from
 from .slurm import Unreachable
@@ -41,6 +42,7 @@ class Supervisor:
         self.lost_steps: set[str] = set()       # steps with a node that is gone
         self.hung_steps: set[str] = set()       # steps whose engine stopped answering
         self.terminating_since: dict[str, float] = {}
+        self.reported: set = set()   # srun clients whose failure went to the serving loop
         self._resolving = False
 
     def pause(self, seconds: float) -> bool:
@@ -131,21 +133,23 @@ class Supervisor:
     def check(self) -> None:
         if self.resolve_signal():
             raise self.signal_stop
-        if self.job.allocation.time_is_up(now()) or self.job.renewal.time_is_up(now()):
+        if self.job.allocation.time_is_up(now()):
             raise Stop("cancelled", "time_limit")
-        recovery = self.job.recovery
+        table = self.job.table
         for name, p in list(self.job.steps.items()):
-            if name == BENCH_STEP:
+            if name == BENCH_STEP or p in self.reported:
                 continue  # its end is the gate's to judge (bench_tick), not a crash
             try:
                 self._check_step(name, p)
             except Stop as s:
                 # While serving, one instance's failure is recovery's to handle; a signal, the
                 # router's failure or a failure before serving ends the deployment.
-                if s is self.signal_stop or not recovery.handles(name) or \
+                if s is self.signal_stop or not table.handles(name) or \
                         (s.failure or {}).get("step") != name:
                     raise  # (the last: a lost router node found while checking this step)
-                recovery.failed(name, _reason(s), s.failure or step_identity(name))
+                self.reported.add(p)
+                self.job.events.put(InstanceFailed(name, _reason(s),
+                                                   s.failure or step_identity(name)))
 
     def _check_step(self, name: str, p) -> None:
         steps = self.job.steps
@@ -153,16 +157,16 @@ class Supervisor:
         if rc is not None:
             # Out of the router at once, before anything else is asked: each moment it stays
             # in, requests go to an engine that is gone (harmless when a scancel ends it all).
-            self.job.recovery.take_out(name)
+            self.job.membership.take_out(name)
             time.sleep(0.3)  # a scancel signals steps and us together: let our signal land
             if self.resolve_signal():
                 raise self.signal_stop
             # a step that ended on a node Slurm now calls down ended with its node
-            self.check_nodes()
-            if name not in steps:
-                return  # recovery took it out for its lost node
+            if self.check_nodes() & {r[1] for r in self.job.instances.nodes.get(name, [])}:
+                self.reported.add(p)
+                return  # its node is lost: that event takes it out
             # one that could not bind its port: its launch script's check names the holder
-            self.job.readiness.owns_port(name, wait=0.5)
+            self.job.instances.owns_port(name, wait=0.5)
             raise Stop("failed", f"step {name} exited with code {rc}", self.failure_of(name, rc))
         if steps.terminating(name):
             # srun reported a task's end and is ending the step but has not exited after
@@ -242,28 +246,31 @@ class Supervisor:
         except OSError:
             return False
 
-    def check_nodes(self) -> None:
+    def check_nodes(self) -> set[str]:
         """Slurm's word on the job's nodes: one that is down, failed or not responding takes
-        out the instances on it while serving (recovery), and ends the deployment before, or
-        where the router or the batch host ran. A controller that does not answer says nothing
+        out the instances on it while serving (an event for recovery; the nodes reported now
+        are returned), and ends the deployment before, or where the router or the batch host
+        ran. A controller that does not answer says nothing
         of them: the deployment goes on, and the next poll asks again (not retried here: the
         probes of the serving engines wait meanwhile)."""
         try:
             lost = self.lost_nodes(retry=False)
         except Unreachable as e:
             self.job.note_unreachable(e)
-            return
+            return set()
         except RuntimeError:
-            return
+            return set()
         self.job.note_unreachable(None)
-        recovery = self.job.recovery
+        news = set()
         for node, state in lost:
-            if not recovery.active or node == self.job.instances.router_node or \
+            if not self.job.table.active or node == self.job.instances.router_node or \
                     node == os.environ.get("SLURMD_NODENAME"):  # the batch host: this process
                 raise self.node_lost_stop(node, state, None)
             if node not in self.excluded_nodes:
                 self.excluded_nodes.append(node)
-                recovery.node_lost(node, state)
+                self.job.events.put(NodeLost(node, state))
+                news.add(node)
+        return news
 
     def lost_nodes(self, retry: bool = True) -> list[tuple[str, str]]:
         """(node, sinfo state) of the job's nodes that are down, failed, drained or not

@@ -60,8 +60,8 @@ def job(tmp_path, monkeypatch):
             "attach": None, "renew": {"twin_dir": str(twin), "margin_s": 40}}
     (d / "plan.json").write_text(json.dumps(plan))
     j = jobmod.Job(str(d))
-    j.recovery.active = True
-    j.recovery.recs = {"decode-0": types.SimpleNamespace(status="serving")}
+    j.table.active = True
+    j.table.recs = {"decode-0": types.SimpleNamespace(status="serving")}
     yield j
     j.log.close()
     signal.signal(signal.SIGURG, saved)
@@ -139,7 +139,7 @@ def test_the_twin_serving_drains_every_instance_then_the_job_ends_for_it(job, sl
     req = Path(contract.drain_request_path(job.dir, "decode-0"))
     assert 1 <= json.loads(req.read_text())["timeout_s"] <= renewmod.DRAIN_S
     job.renewal.tick()  # still serving: drains.py takes the request
-    job.recovery.recs["decode-0"].status = "removed"
+    job.table.recs["decode-0"].status = "removed"
     with pytest.raises(Stop) as stop:
         job.renewal.tick()
     assert (stop.value.phase, stop.value.reason) == ("done", "renewed by job 501")
@@ -148,7 +148,7 @@ def test_the_twin_serving_drains_every_instance_then_the_job_ends_for_it(job, sl
 def test_a_job_scaled_in_on_request_no_longer_renews_and_cancels_its_successor(job, slurm):
     calls = slurm("0:35")
     job.renewal.tick()
-    job.recovery.recs["decode-0"].status = "draining"
+    job.table.recs["decode-0"].status = "draining"
     job.renewal.tick()
     assert "scancel 501" in calls.read_text()
     assert "no longer renews; its successor job 501 is cancelled" in _log(job)

@@ -23,7 +23,8 @@ import pytest
 from hpcserve import config, plan, render
 from hpcserve.runtime import contract, discovery, ownport
 from hpcserve.runtime import drain as drainmod
-from hpcserve.runtime import health as healthmod
+from hpcserve.runtime import liveness as livenessmod
+from hpcserve.runtime import probes
 from hpcserve.runtime import job as jobmod
 from hpcserve.runtime.failures import Stop, task_ids
 from hpcserve.runtime.supervise import Supervisor
@@ -525,7 +526,7 @@ def test_runtime_http_ignores_the_submitters_proxy(server, monkeypatch):
         monkeypatch.delenv(k, raising=False)
     with pytest.raises(OSError):  # what plain urllib does with that environment
         urllib.request.build_opener().open(server + "/health", timeout=2)
-    assert healthmod.http_json(server + "/health") == (200, {"ok": True})
+    assert probes.http_json(server + "/health") == (200, {"ok": True})
 
 
 def test_a_signal_cuts_a_slow_smoke_request_short(server, make_job, monkeypatch):
@@ -665,12 +666,12 @@ def _closed_port() -> int:
 
 def test_probe_tells_hung_from_unreachable_from_unhealthy(health):
     url = f"http://127.0.0.1:{health}/health"
-    assert healthmod.probe(url, 1) == (None, "")
+    assert probes.probe(url, 1) == (None, "")
     _Health.mode = "503"
-    assert healthmod.probe(url, 1) == ("unhealthy", "HTTP 503")
+    assert probes.probe(url, 1) == ("unhealthy", "HTTP 503")
     _Health.mode = "hang"
-    assert healthmod.probe(url, 0.5) == ("hung", "no answer within 0.5 s")
-    kind, detail = healthmod.probe(f"http://127.0.0.1:{_closed_port()}/health", 1)
+    assert probes.probe(url, 0.5) == ("hung", "no answer within 0.5 s")
+    kind, detail = probes.probe(f"http://127.0.0.1:{_closed_port()}/health", 1)
     assert kind == "unreachable" and "refused" in detail
 
 
@@ -690,7 +691,7 @@ def test_a_leader_that_stops_answering_ends_serving_as_hung_naming_it(make_job, 
     job = _liveness_job(make_job, health)
     threading.Timer(0.5, lambda: setattr(_Health, "mode", "hang")).start()
     with pytest.raises(Stop) as e:
-        job.liveness.watch(None, lambda: None)
+        job.keep_serving(None)
     f = e.value.failure
     assert e.value.phase == "failed" and "decode-0 hung" in e.value.reason
     assert (f["role"], f["instance"], f["node"], f["node_rank"], f["reason"]) == (
@@ -710,9 +711,9 @@ def test_a_probe_that_recovers_resets_the_count(make_job, health, monkeypatch):
         except StopIteration:
             raise Stop("cancelled", "all answers given") from None
 
-    monkeypatch.setattr(healthmod, "probe", flaky)
+    monkeypatch.setattr(livenessmod, "probe", flaky)
     with pytest.raises(Stop) as e:
-        job.liveness.watch(None, lambda: None)
+        job.keep_serving(None)
     assert e.value.reason == "all answers given"
     assert "answers again" in (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
 
@@ -815,17 +816,17 @@ def test_a_port_another_process_holds_fails_the_instance_naming_port_node_and_ho
     job.instances.nodes["decode-0"] = [["0", "n2", "10.0.0.2", "eth0", "-"]]
     ports = Path(job.dir) / "run" / "ports"
     ports.mkdir()
-    assert job.readiness.owns_port("decode-0") is False  # nothing recorded yet
+    assert job.instances.owns_port("decode-0") is False  # nothing recorded yet
     (ports / "decode-0").write_text("taken 30000 by process 41 (python3) of Slurm job 9\n")
     with pytest.raises(Stop) as e:
-        job.readiness.owns_port("decode-0")
+        job.instances.owns_port("decode-0")
     f = e.value.failure
     assert e.value.reason.startswith("port 30000 on node n2 is taken by process 41 (python3) of "
                                      "Slurm job 9: decode-0 cannot serve there")
     assert (f["role"], f["instance"], f["node"], f["reason"], f["port"]) == (
         "decode", 0, "n2", "port taken", 30000)
     (ports / "decode-0").write_text("ours\n")
-    assert job.readiness.owns_port("decode-0") is True
+    assert job.instances.owns_port("decode-0") is True
 
 
 # ------------------------------------------------------------------------- pyxis image import
@@ -868,7 +869,7 @@ def judge(t, at, kind=None, m=None, proves=False, detail="no answer within 5 s")
 
 
 def test_a_slow_answer_while_the_counters_move_is_busy_never_a_failure():
-    t = healthmod.Track(0.0)
+    t = livenessmod.Track(0.0)
     assert judge(t, 0, m=(100.0, 2.0)) is None
     for at, progress in enumerate((150.0, 210.0, 260.0, 300.0, 350.0), 1):
         assert judge(t, at * 8, "hung", (progress, 2.0)) is None
@@ -877,7 +878,7 @@ def test_a_slow_answer_while_the_counters_move_is_busy_never_a_failure():
 
 def test_no_answer_with_standing_counters_is_hung_once_hung_after_has_passed():
     # SIGSTOP right after a round that answered: three timed-out rounds 8 s apart
-    t = healthmod.Track(0.0)
+    t = livenessmod.Track(0.0)
     judge(t, 0, m=(100.0, 1.0))
     got = [judge(t, at, "hung", (100.0, 1.0) if at < 16 else None) for at in (8, 16, 24)]
     assert [v[0] for v in got] == ["hung"] * 3 and t.failed == 3
@@ -887,7 +888,7 @@ def test_no_answer_with_standing_counters_is_hung_once_hung_after_has_passed():
 
 def test_a_long_step_shorter_than_hung_after_is_never_ripe():
     # a 19 s step: no answer, no counter moves, then it goes on
-    t = healthmod.Track(0.0)
+    t = livenessmod.Track(0.0)
     judge(t, 0, m=(100.0, 1.0))
     assert [judge(t, at, "hung", (100.0, 1.0))[2] for at in (6, 12, 18)] == [False] * 3
     assert judge(t, 19, m=(180.0, 1.0)) is None and t.failed == 0
@@ -895,7 +896,7 @@ def test_a_long_step_shorter_than_hung_after_is_never_ripe():
 
 def test_an_engine_that_answers_but_holds_requests_without_progress_is_hung():
     # vLLM's /health answers while its engine core hangs: requests held, counters still
-    t = healthmod.Track(0.0)
+    t = livenessmod.Track(0.0)
     judge(t, 0, m=(100.0, 0.0))
     verdicts = [judge(t, at, m=(100.0, 3.0)) for at in (3, 13, 23)]
     assert all(v and v[0] == "hung" and "holds 3 request(s)" in v[1] for v in verdicts)
@@ -906,26 +907,26 @@ def test_an_engine_that_answers_but_holds_requests_without_progress_is_hung():
 def test_a_health_path_that_proves_generation_is_progress_whatever_the_counters():
     # SGLang's /health_generate answers only once its scheduler produced output: an answer
     # while requests are held under counters that stand still (finish-only ones) is progress
-    t = healthmod.Track(0.0)
+    t = livenessmod.Track(0.0)
     for at in range(0, 120, 8):
         assert judge(t, at, m=(100.0, 4.0), proves=True) is None
     assert t.failed == 0 and t.alive_at == 112
 
 
 def test_a_counter_the_engine_does_not_export_proves_no_stall():
-    t = healthmod.Track(0.0)
+    t = livenessmod.Track(0.0)
     for at in range(0, 120, 8):
         assert judge(t, at, m=(None, 4.0)) is None
 
 
 def test_an_idle_engine_with_standing_counters_is_fine():
-    t = healthmod.Track(0.0)
+    t = livenessmod.Track(0.0)
     for at in range(5):
         assert judge(t, at * 30, m=(100.0, 0.0)) is None
 
 
 def test_a_refused_or_failing_probe_needs_no_hung_after():
-    t = healthmod.Track(0.0)
+    t = livenessmod.Track(0.0)
     judge(t, 0, m=(100.0, 0.0))
     assert judge(t, 1, "unreachable", None, detail="refused") == ("unreachable", "refused", True)
 
@@ -955,9 +956,9 @@ def test_metrics_totals_sums_the_named_series_over_their_labels():
         m = {"url": f"http://127.0.0.1:{port}/metrics", "gauges_url": None,
              "progress": ["vllm:generation_tokens_total", "vllm:iteration_tokens_total_count"],
              "pending": ["vllm:num_requests_running"]}
-        assert healthmod.metrics_totals(m, 2.0) == (49.0, 3.0)
-        assert healthmod.metrics_totals({**m, "progress": ["absent"]}, 2.0) == (None, 3.0)
-    assert healthmod.metrics_totals({**m, "url": "http://127.0.0.1:9/metrics"}, 0.5) is None
+        assert probes.metrics_totals(m, 2.0) == (49.0, 3.0)
+        assert probes.metrics_totals({**m, "progress": ["absent"]}, 2.0) == (None, 3.0)
+    assert probes.metrics_totals({**m, "url": "http://127.0.0.1:9/metrics"}, 0.5) is None
 
 
 def test_metrics_totals_reads_gauges_where_every_scheduler_reports_them():
@@ -971,7 +972,7 @@ def test_metrics_totals_reads_gauges_where_every_scheduler_reports_them():
         base = f"http://127.0.0.1:{port}"
         m = {"url": base + "/metrics", "gauges_url": base + "/v1/loads?format=prometheus",
              "progress": ["sglang:realtime_tokens_total"], "pending": ["sglang_num_running_reqs"]}
-        assert healthmod.metrics_totals(m, 2.0) == (500.0, 3.0)
+        assert probes.metrics_totals(m, 2.0) == (500.0, 3.0)
 
 
 # ---------------------------------------------------------------------- drain requests, attach
@@ -1050,7 +1051,7 @@ def _serving_job(make_job, port: int, attach: dict | None, n: int = 1):
         job.instances.heads[i["name"]] = "127.0.0.1"
         job.steps.procs[i["name"]] = subprocess.Popen(["sleep", "60"])
     job.state.update("serving", attach=attach)
-    job.recovery.begin(None)
+    job.begin_serving(None)
     return job
 
 
@@ -1066,8 +1067,7 @@ def _ticks(job, until, timeout: float = 10):
     end = time.time() + timeout
     while not until():
         assert time.time() < end, (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
-        job.recovery.tick()
-        job.drains.tick()
+        job.tick()  # the serving loop's tick: checks, drains, recovery, the end it decides
         time.sleep(0.02)
 
 
@@ -1082,9 +1082,9 @@ def test_a_drain_waits_for_the_pending_gauges_then_stops_the_step_and_the_job_en
     client = job.steps.procs["worker-0"]
     ctl = _drain(job, "worker-0", 30)
     assert (ctl / "drain-worker-0.taken").exists() and not (ctl / "drain-worker-0.json").exists()
-    rec = job.recovery.recs["worker-0"]
-    assert rec.status == "draining" and job.recovery.phase() == "serving"
-    assert not any(t[0] == "worker-0" for t in job.liveness.targets(None))  # not probed
+    rec = job.table.recs["worker-0"]
+    assert rec.status == "draining" and job.table.phase() == "serving"
+    assert not any(t[0] == "worker-0" for t in job.liveness.targets())  # not probed
     _ticks(job, lambda: job.drains.under_way["worker-0"].pending == 3)  # 2 held, 1 queued
     assert client.poll() is None  # held requests: not stopped
     _Engine.pending = 0
@@ -1113,23 +1113,23 @@ def test_a_drain_stops_at_its_timeout_and_a_front_job_keeps_serving(make_job, en
     job = _serving_job(make_job, engine, None, n=2)
     _drain(job, "worker-1", 0.3)
     _drain(job, "nope-0", 1)
-    _ticks(job, lambda: job.recovery.recs["worker-1"].status == "removed")
+    _ticks(job, lambda: job.table.recs["worker-1"].status == "removed")
     log = (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
     assert "worker-1: 1 request(s) still in flight after its drain timeout (0.3 s)" in log
     assert "drain request for nope-0 refused: this job has no instance nope-0" in log
     # the role's minimum (2) counts the instances kept: still serving, not recovering
-    assert job.recovery.phase() == "serving"
+    assert job.table.phase() == "serving"
     _Engine.pending = 0
     _drain(job, "worker-0", 1)
-    _ticks(job, lambda: job.recovery.recs["worker-0"].status == "removed")
-    job.drains.tick()  # a front job with every instance removed serves on: no Stop
-    assert job.recovery.phase() == "serving"
+    _ticks(job, lambda: job.table.recs["worker-0"].status == "removed")
+    job.tick()  # a front job with every instance removed serves on: no Stop
+    assert job.table.phase() == "serving"
 
 
 def test_an_attached_job_leaving_a_router_that_is_gone_says_so_and_goes_on(make_job):
     job = _serving_job(make_job, _closed_port(), {**ATTACH, "router_url":
                                                   f"http://127.0.0.1:{_closed_port()}"})
-    job.recovery.connect(job.plan["attach"]["router_url"])
+    job.membership.connect(job.plan["attach"]["router_url"])
     job.attach.leave(1.0)
     log = (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
     assert "taking this job's instances out of the router at http://127.0.0.1:" in log

@@ -254,7 +254,7 @@ def test_a_keyed_stand_in_asks_the_key_where_its_release_does(procs, engine):
     if engine == "vllm":
         assert key not in p.log() and '"api_key": null' in p.log()
     else:  # the runtime reads SGLang's gauges (/v1/loads) with the deployment's key
-        from hpcserve.runtime.health import metrics_totals
+        from hpcserve.runtime.probes import metrics_totals
         m = {"url": url + "/metrics", "gauges_url": url + "/v1/loads?format=prometheus",
              "progress": ["sglang:realtime_tokens_total"], "pending": ["sglang_num_running_reqs"]}
         assert metrics_totals(m, 5.0) is None  # turned away: no reading

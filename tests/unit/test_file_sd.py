@@ -82,7 +82,7 @@ def test_the_file_names_deployment_cluster_and_job():
 
 
 def _job(spec: dict, job_id: str, status: str = "serving") -> SimpleNamespace:
-    """What FileSD reads of the job: the plan, the instances' leaders and recovery's records."""
+    """What FileSD reads of the job: the plan, the instances' leaders and the instance table."""
     logged: list[str] = []
     recs = {n: SimpleNamespace(status=status if n == "decode-0" else "serving",
                                nodes=w["nodes"], attempt=w["attempt"]) for n, w in PD.items()}
@@ -90,7 +90,7 @@ def _job(spec: dict, job_id: str, status: str = "serving") -> SimpleNamespace:
         plan=spec, job_id=job_id, log=logged.append, logged=logged,
         instances=SimpleNamespace(heads={n: w["address"] for n, w in PD.items()},
                                   router_node="n1", router_addr="10.0.0.1"),
-        recovery=SimpleNamespace(recs=recs))
+        table=SimpleNamespace(recs=recs))
 
 
 def test_written_atomically_world_readable_rewritten_on_change_and_removed(tmp_path,
@@ -112,7 +112,7 @@ def test_written_atomically_world_readable_rewritten_on_change_and_removed(tmp_p
     assert set(_by_instance(json.loads(path.read_text()))) == {"prefill-0", "decode-0", "router"}
     sd.update()  # nothing changed: not written again
     assert len([m for m in job.logged if "target(s)" in m]) == 1, job.logged
-    job.recovery.recs["decode-0"].status = "out"
+    job.table.recs["decode-0"].status = "out"
     sd.update()
     assert set(_by_instance(json.loads(path.read_text()))) == {"prefill-0", "router"}
     sd.remove()
@@ -124,7 +124,7 @@ def test_a_directory_that_cannot_be_written_is_logged_once_and_serving_goes_on(t
     job = _job(spec, "1")
     sd = FileSD(job)
     sd.update()
-    job.recovery.recs["decode-0"].status = "out"
+    job.table.recs["decode-0"].status = "out"
     sd.update()
     sd.remove()
     assert len([m for m in job.logged if "not written" in m]) == 1, job.logged

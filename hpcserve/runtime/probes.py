@@ -1,0 +1,131 @@
+"""Stateless probes of the deployment's HTTP endpoints: one opener that never goes through a proxy,
+every call bounded in time, and one reader of Prometheus' text format. Nothing here keeps
+state or calls into the job: the concerns (readiness, liveness, recovery, drains, autoscale)
+call these, in their own threads or the job's pool."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import urllib.error
+import urllib.request
+
+SMOKE_TIMEOUT = 120.0  # s, a whole smoke request (the router's, or one instance's)
+
+# sbatch exports the submitter's environment, http_proxy/HTTP_PROXY included, and urlopen would
+# send /health, /readiness and the smoke request to that site proxy, which cannot reach (or must
+# not see) the allocation's nodes.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def http_json(url: str, body: dict | None = None, timeout: float = 2.0,
+              headers: dict | None = None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    with _DIRECT.open(req, timeout=timeout) as r:
+        raw = r.read()
+        return r.status, (json.loads(raw) if raw.strip() else None)
+
+
+def probe(url: str, timeout: float) -> tuple[str | None, str]:
+    """(None, "") when `url` answers 2xx/3xx/4xx within `timeout`; else the kind of failure:
+    hung (no answer in time), unreachable (refused, no route) or unhealthy (an error status)."""
+    try:
+        with _DIRECT.open(urllib.request.Request(url), timeout=timeout) as r:
+            r.read(65536)
+        return None, ""
+    except urllib.error.HTTPError as e:
+        return ("unhealthy", f"HTTP {e.code}") if e.code >= 500 else (None, "")
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, (socket.timeout, TimeoutError)):
+            return "hung", f"no answer within {timeout:g} s"
+        return "unreachable", str(e.reason)
+    except (socket.timeout, TimeoutError):
+        return "hung", f"no answer within {timeout:g} s"
+    except OSError as e:
+        return "unreachable", str(e)
+
+
+def front_router(plan: dict) -> dict | None:
+    """The router this job's instances serve behind: its own (plan.json router), or the running
+    router of the deployment it joins (plan.json attach); both name workers_api and
+    api_key_env."""
+    return plan.get("router") or plan.get("attach")
+
+
+def router_auth(plan: dict) -> dict:
+    """The header the deployment's API key (plan.json api_key) goes in, to its router and its
+    engines: read from this job's environment (job.sbatch exported it), never from plan.json."""
+    key_env = (plan.get("api_key") or {}).get("env")
+    return {"Authorization": f"Bearer {os.environ.get(key_env, '')}"} if key_env else {}
+
+
+def dotted(obj, path: str):
+    """obj["a"]["b"] for "a.b"; None where a part is missing."""
+    for part in path.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
+
+
+def scrape(url: str, timeout: float, headers: dict | None = None) -> str | None:
+    """The Prometheus text at `url`, None when it does not answer (or answers badly). With the
+    deployment's key in `headers` (router_auth): SGLang asks it of its gauges (/v1/loads),
+    not of /metrics."""
+    try:
+        with _DIRECT.open(urllib.request.Request(url, headers=headers or {}),
+                          timeout=timeout) as r:
+            return r.read(4 << 20).decode(errors="replace")
+    except (OSError, ValueError, urllib.error.URLError, http.client.HTTPException):
+        return None
+
+
+def samples(text: str, names) -> list[float]:
+    """The value of every sample of the metrics `names`, over every label set."""
+    got = []
+    for line in text.splitlines():
+        if line and line[0] != "#" and line.split("{", 1)[0].split(" ", 1)[0] in names:
+            try:
+                got.append(float(line.rsplit(" ", 1)[-1]))
+            except ValueError:
+                pass
+    return got
+
+
+def metrics_totals(m: dict, timeout: float) -> tuple[float | None, float] | None:
+    """(progress, pending) of an instance (metrics_of): the sum of its `progress`
+    counters (None where the engine exports none of them: no stall can be told from them) and of
+    its `pending` gauges over every label set, read at its gauges URL where it has one (one
+    label set per scheduler there); None when either does not answer."""
+    text = scrape(m["url"], timeout)
+    gauges = text if text is None or not m.get("gauges_url") else scrape(m["gauges_url"],
+                                                                          timeout, m.get("auth"))
+    if gauges is None:
+        return None
+    progress = samples(text, m["progress"])
+    return (sum(progress) if progress else None), sum(samples(gauges, m["pending"]))
+
+
+def metrics_of(plan: dict, heads: dict, spec: dict) -> dict | None:
+    """An instance's metrics (plan.json: path, progress and pending names) with the URLs of its
+    leader's (url: the counters; gauges_url: the gauges, where the engine reports them
+    elsewhere), as metrics_totals reads them; None where its engine has none."""
+    m = spec.get("metrics")
+    if not m:
+        return None
+    base = f"http://{heads[spec['name']]}:{spec['port']}"
+    return {**m, "url": base + m["path"], "auth": router_auth(plan),
+            "gauges_url": m.get("gauges_path") and base + m["gauges_path"]}
+
+
+def chat_body(plan: dict, tokens: int) -> dict:
+    """The smoke request: one chat completion of `tokens` tokens of the served model."""
+    return {"model": plan["served_name"], "max_tokens": tokens,
+            "messages": [{"role": "user", "content": "hpcserve smoke test: say hello"}]}
+
+
+def completion_tokens(resp) -> int:
+    """The tokens an OpenAI-style answer says it generated (0 when it says nothing)."""
+    return ((resp or {}).get("usage") or {}).get("completion_tokens") or 0
