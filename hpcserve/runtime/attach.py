@@ -15,7 +15,7 @@ import os
 import threading
 
 from .contract import SERVING_PHASES
-from .failures import Stop, step_identity
+from .failures import REGISTRATION_FAILED, SMOKE_FAILED, Stop, step_identity
 from .state import now, read_state
 from .table import REMOVED
 from .workers import RouterWorkers, WorkerApiError
@@ -38,12 +38,12 @@ class Attach:
         if not router.live:  # `hpcserve scale` refuses such a front; a hand-made plan may not
             raise Stop("failed", f"the router at {url} cannot take a worker while it runs "
                                  f"(workers_api {router.kind}): no instance can join it",
-                       {"role": "router", "reason": "router registration failed"})
+                       {"role": "router", "reason": REGISTRATION_FAILED})
         names = [i["name"] for i in job.plan["instances"]]
-        self._each(names, job.membership.smoke, "smoke request failed",
+        self._each(names, job.membership.smoke, SMOKE_FAILED,
                    "{} answered its smoke request")
         job.startup.mark("smoke_request")
-        self._each(names, job.membership.register, "router registration failed",
+        self._each(names, job.membership.register, REGISTRATION_FAILED,
                    "{} registered with the router at " + url)
         job.startup.mark("router_registration")
         job.log(f"joined {att['deployment']} (front job {att['front_job_id']}) at {url} with "
@@ -64,7 +64,7 @@ class Attach:
         if not url or st.get("phase") not in SERVING_PHASES | {"router_ready"}:
             raise Stop("failed", f"the front job's {path} names no serving router "
                                  f"(phase {st.get('phase')}): no router to join",
-                       {"role": "router", "reason": "router registration failed",
+                       {"role": "router", "reason": REGISTRATION_FAILED,
                         "file": path})
         att = {**att, "router_url": att["router_url"] or url,
                "front_job_id": att["front_job_id"] or st.get("job_id") or ""}

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 from .contract import SCALED_IN, SERVING_PHASES, TERMINAL_PHASES
 from .drain import write_request
-from .failures import Stop
+from .failures import READINESS_TIMEOUT, Stop
 from .probes import metrics_of, router_auth, samples, scrape
 from .state import now, read_json, read_state
 from .table import FAILED, SERVING
@@ -207,7 +207,7 @@ class Autoscaler:
                 raise Stop("failed", f"no instance of {', '.join(missing)} serves within "
                                      f"{limit} s (readiness.engine_timeout): its slot jobs "
                                      "did not start or did not serve",
-                           {"role": missing[0], "reason": "readiness timeout"})
+                           {"role": missing[0], "reason": READINESS_TIMEOUT})
             self.tick()
             job.sleep(0.1)
 

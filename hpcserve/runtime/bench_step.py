@@ -9,7 +9,7 @@ import os
 import shlex
 
 from . import bench
-from .failures import Stop
+from .failures import BENCHMARK_FAILED, Stop
 from .logs import read_from, tail
 from .state import now
 from .supervise import BENCH_STEP
@@ -87,7 +87,7 @@ class BenchStep:
         if f:
             raise Stop("failed", f"benchmark failed at point {f['point']}: {f['reason']}",
                        {"step": BENCH_STEP, "role": "benchmark", "node": self.run["node"],
-                        "reason": "benchmark failed", "point": f["point"],
+                        "reason": BENCHMARK_FAILED, "point": f["point"],
                         "detail": f["reason"]})
         job.log(f"benchmark passed: {len(result['points'])} point(s) in {result['took_s']:.1f} s")
         if spec["then"] == "stop":

@@ -6,6 +6,26 @@ from __future__ import annotations
 import re
 
 
+# The kinds of failure: state.json's failure.reason, and an instance's "why" where one is its
+# cause. Declared once here; every module that names or compares one uses these.
+NODE_LOST = "node lost"                      # Slurm calls a node down, or its slurmd is gone
+HUNG = "hung"                                # no answer in time, and no sign of progress
+UNREACHABLE = "unreachable"                  # refused, no route
+UNHEALTHY = "unhealthy"                      # an error status (5xx) from its health path
+PORT_TAKEN = "port taken"                    # another process holds one of its ports
+READINESS_TIMEOUT = "readiness timeout"      # not healthy (or not ready) within its timeout
+SMOKE_FAILED = "smoke request failed"
+SMOKE_EMPTY = "smoke request returned 0 tokens"
+REGISTRATION_FAILED = "router registration failed"
+ROUTER_RESTART_FAILED = "router restart failed"
+BENCHMARK_FAILED = "benchmark failed"        # the benchmark's gate: not requeued
+PREEMPTED = "preempted"
+TERMINATED = "terminated"                    # a TERM whose cause Slurm could not be asked
+INCOMPATIBLE = "incompatible job directory"  # plan.json this runtime cannot read
+# a probe's kinds: what the liveness verdict and an instance's record say
+PROBE_KINDS = (HUNG, UNREACHABLE, UNHEALTHY)
+
+
 class Stop(Exception):
     """The deployment must end: a step exited, a deadline passed, or a signal arrived."""
 

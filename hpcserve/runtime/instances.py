@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-from .failures import Stop, step_identity
+from .failures import PORT_TAKEN, Stop, step_identity
 from .logs import first_line, read_from
 from .state import now
 
@@ -125,7 +125,7 @@ class Instances:
         raise Stop("failed", f"port {port} on node {node} is taken by {holder}: {name} cannot "
                              "serve there (another deployment on a shared node?)",
                    {**step_identity(name), "node": node, "node_rank": 0,
-                    "reason": "port taken", "port": int(port), "holder": holder,
+                    "reason": PORT_TAKEN, "port": int(port), "holder": holder,
                     "exit_code": None})
 
     @staticmethod

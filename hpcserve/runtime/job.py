@@ -38,7 +38,8 @@ from .contract import SCALED_IN, SpecError, load_spec
 from .discovery import Discovery, cmd_discover, discover_args
 from .drain import Drains
 from .events import Events, InstanceFailed, NodeLost, RouterRestartAsked
-from .failures import Stop, step_identity
+from .failures import (BENCHMARK_FAILED, INCOMPATIBLE, NODE_LOST, ROUTER_RESTART_FAILED, Stop,
+                       step_identity)
 from .file_sd import FileSD
 from .instances import Instances
 from .liveness import Liveness
@@ -256,8 +257,8 @@ class Job:
                 try:
                     self.restart_router()
                 except Stop as e:
-                    self.recovery.failed(ev.name, "router restart failed", {
-                        **step_identity("router"), "reason": "router restart failed",
+                    self.recovery.failed(ev.name, ROUTER_RESTART_FAILED, {
+                        **step_identity("router"), "reason": ROUTER_RESTART_FAILED,
                         "detail": e.reason})
                 else:
                     self.recovery.router_restarted(ev.name)
@@ -370,7 +371,7 @@ class Job:
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         # A benchmark that failed its gate measured the deployment: another try of the same
         # deployment would measure the same, so that failure is not requeued.
-        if phase == "failed" and (failure or {}).get("reason") != "benchmark failed" and \
+        if phase == "failed" and (failure or {}).get("reason") != BENCHMARK_FAILED and \
                 self.requeue.after(reason, restarts):
             return 0
         self.state.record(self.log, phase, reason=reason, finished_at=round(now(), 3),
@@ -388,7 +389,7 @@ class Job:
             self.log(f"could not resolve the signal: {e!r}")
         sig = self.supervisor.signal_stop
         if sig is not None and stop.phase == "failed" and \
-                (stop.failure or {}).get("reason") != "node lost":
+                (stop.failure or {}).get("reason") != NODE_LOST:
             return sig.phase, sig.reason, sig.failure
         return stop.phase, stop.reason, stop.failure
 
@@ -398,7 +399,7 @@ def refuse(job_dir: str, why: str) -> int:
     sys.stderr.write(f"hpcserve_runtime: {why}\n")
     try:
         State(job_dir).update("failed", reason=why, finished_at=round(now(), 3),
-                              failure={"reason": "incompatible job directory"})
+                              failure={"reason": INCOMPATIBLE})
     except OSError:
         pass
     return 2

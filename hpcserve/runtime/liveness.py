@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .autoscale import slots_alone
 from .events import InstanceFailed
-from .failures import Stop, step_identity
+from .failures import HUNG, Stop, UNHEALTHY, step_identity
 from .probes import metrics_of, metrics_totals, probe
 from .state import now
 
@@ -53,10 +53,10 @@ class Track:
         self.failed += 1
         still = at - self.alive_at
         if stalled:
-            return "hung", (f"it answers its health path but holds {held:g} request(s) while "
+            return HUNG, (f"it answers its health path but holds {held:g} request(s) while "
                             f"its progress counters stand still ({still:.0f} s)"), \
                 still >= hung_after
-        if kind == "hung":
+        if kind == HUNG:
             return kind, f"{detail}, no sign of progress for {still:.0f} s", still >= hung_after
         return kind, detail, True
 
@@ -125,7 +125,7 @@ class Liveness:
             rec = job.table.recs.get(name)  # replacement's smoke request): its last sign
             self.tracks[name] = Track(rec.since if rec else now())
         t = self.tracks[name]
-        if name == "router" and kind == "unhealthy" and (
+        if name == "router" and kind == UNHEALTHY and (
                 not job.table.all_serving() or slots_alone(job.plan)):
             kind = None  # its readiness counts the workers: one is out, on purpose
         if name != "router" and not job.table.serving(name):
@@ -164,7 +164,7 @@ class Liveness:
                 sup.raise_if_node_lost(name, sup.failure_of(name, None))
         except Stop as s:
             return s
-        if kind == "hung":
+        if kind == HUNG:
             sup.hung_steps.add(name)
         return Stop("failed", f"{name} {kind}: {detail}, {count} probes of {url} in a row",
                     self.probe_failure(name, kind, url, detail))

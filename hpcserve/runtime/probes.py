@@ -12,6 +12,8 @@ import socket
 import urllib.error
 import urllib.request
 
+from .failures import HUNG, UNHEALTHY, UNREACHABLE
+
 SMOKE_TIMEOUT = 120.0  # s, a whole smoke request (the router's, or one instance's)
 
 # sbatch exports the submitter's environment, http_proxy/HTTP_PROXY included, and urlopen would
@@ -38,15 +40,15 @@ def probe(url: str, timeout: float) -> tuple[str | None, str]:
             r.read(65536)
         return None, ""
     except urllib.error.HTTPError as e:
-        return ("unhealthy", f"HTTP {e.code}") if e.code >= 500 else (None, "")
+        return (UNHEALTHY, f"HTTP {e.code}") if e.code >= 500 else (None, "")
     except urllib.error.URLError as e:
         if isinstance(e.reason, (socket.timeout, TimeoutError)):
-            return "hung", f"no answer within {timeout:g} s"
-        return "unreachable", str(e.reason)
+            return HUNG, f"no answer within {timeout:g} s"
+        return UNREACHABLE, str(e.reason)
     except (socket.timeout, TimeoutError):
-        return "hung", f"no answer within {timeout:g} s"
+        return HUNG, f"no answer within {timeout:g} s"
     except OSError as e:
-        return "unreachable", str(e)
+        return UNREACHABLE, str(e)
 
 
 def front_router(plan: dict) -> dict | None:

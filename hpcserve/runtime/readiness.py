@@ -8,13 +8,13 @@ from __future__ import annotations
 import threading
 import urllib.error
 
-from .failures import Stop
+from .failures import READINESS_TIMEOUT, SMOKE_EMPTY, SMOKE_FAILED, Stop
 from .probes import SMOKE_TIMEOUT, chat_body, completion_tokens, dotted, http_json, router_auth
 from .state import now
 
 
 def _smoke_failed(why: str) -> Stop:
-    return Stop("failed", why, {"role": "router", "reason": "smoke request failed"})
+    return Stop("failed", why, {"role": "router", "reason": SMOKE_FAILED})
 
 
 class Readiness:
@@ -64,7 +64,7 @@ class Readiness:
                                   "process: see its log)" if unowned else ""),
                     {"role": pending[0].rpartition("-")[0],
                      "instance": int(pending[0].rpartition("-")[2]),
-                     "reason": "readiness timeout"})
+                     "reason": READINESS_TIMEOUT})
 
     def wait_router(self, url: str, ready: dict, rd: dict) -> None:
         """The router's readiness answers 200 and counts every instance as a healthy worker
@@ -94,7 +94,7 @@ class Readiness:
             if now() > deadline:
                 raise Stop("failed", f"router not ready with {expected} workers within "
                                      f"{rd['router_timeout']} s (last answer: {seen})",
-                           {"role": "router", "reason": "readiness timeout"})
+                           {"role": "router", "reason": READINESS_TIMEOUT})
             self.job.sleep(rd["poll_interval"])
 
     def smoke(self, url: str, rd: dict) -> None:
@@ -102,8 +102,8 @@ class Readiness:
         code, resp = self._smoke_answer(url, rd)
         tokens = completion_tokens(resp)
         if tokens <= 0:
-            raise Stop("failed", "smoke request returned 0 tokens",
-                       {"role": "router", "reason": "smoke request returned 0 tokens"})
+            raise Stop("failed", SMOKE_EMPTY,
+                       {"role": "router", "reason": SMOKE_EMPTY})
         self.job.log(f"smoke request returned {tokens} token(s)")
         self.job.state.update(smoke_tokens=tokens)
 

@@ -32,7 +32,8 @@ import os
 
 from . import caches
 from .events import RouterRestartAsked
-from .failures import Stop, step_identity
+from .failures import (HUNG, NODE_LOST, PORT_TAKEN, READINESS_TIMEOUT, REGISTRATION_FAILED,
+                       SMOKE_FAILED, Stop, step_identity)
 from .probes import probe
 from .state import now
 from .table import DRAINING, FAILED, OUT, REMOVED, RESTARTING, SERVING, Rec
@@ -52,7 +53,7 @@ class Recovery:
 
     # -- a failure
     def failed(self, name: str, reason: str, failure: dict) -> None:
-        """Instance `name` failed (`reason`: "exited with code 137", "hung", "node lost"...):
+        """Instance `name` failed (`reason`: "exited with code 137", HUNG, NODE_LOST...):
         out of the router at once, its step stopped; restarted later by tick()."""
         rec = self.table.recs[name]
         lost = self._lost_nodes(failure)
@@ -95,9 +96,9 @@ class Recovery:
             if name in self.table.recs:
                 rank = next(int(r[0]) for r in job.instances.nodes[name] if r[1] == node)
                 job.supervisor.lost_steps.add(name)
-                self.failed(name, "node lost", {
+                self.failed(name, NODE_LOST, {
                     **step_identity(name), "node": node, "node_rank": rank,
-                    "reason": "node lost", "exit_code": None, "slurm_state": state})
+                    "reason": NODE_LOST, "exit_code": None, "slurm_state": state})
         self._drain(node, state)
 
     # -- one step forward for every instance that is not serving
@@ -167,8 +168,8 @@ class Recovery:
         this attempt's own process."""
         job = self.job
         if now() > rec.deadline:
-            self.failed(rec.name, "readiness timeout", {
-                **step_identity(rec.name), "reason": "readiness timeout",
+            self.failed(rec.name, READINESS_TIMEOUT, {
+                **step_identity(rec.name), "reason": READINESS_TIMEOUT,
                 "detail": f"not healthy within {job.plan['readiness']['engine_timeout']} s"})
             return
         if rec.task is None:
@@ -184,7 +185,7 @@ class Recovery:
         try:
             ours = kind is None and job.instances.owns_port(rec.name, wait=0.0)
         except Stop as s:  # another process holds its port on that node
-            self.failed(rec.name, "port taken", s.failure or step_identity(rec.name))
+            self.failed(rec.name, PORT_TAKEN, s.failure or step_identity(rec.name))
             return
         if ours:
             job.log(f"{rec.name}: attempt {rec.attempt} healthy")
@@ -197,8 +198,8 @@ class Recovery:
         err = rec.task.result()
         rec.task = None
         if err:
-            self.failed(rec.name, "smoke request failed", {
-                **step_identity(rec.name), "reason": "smoke request failed", "detail": err})
+            self.failed(rec.name, SMOKE_FAILED, {
+                **step_identity(rec.name), "reason": SMOKE_FAILED, "detail": err})
             return
         self.job.log(f"{rec.name}: attempt {rec.attempt} answered its smoke request")
         if not self.membership.adds:
@@ -223,8 +224,8 @@ class Recovery:
         err = rec.task.result()
         rec.task = None
         if err:
-            self.failed(rec.name, "router registration failed", {
-                **step_identity(rec.name), "reason": "router registration failed",
+            self.failed(rec.name, REGISTRATION_FAILED, {
+                **step_identity(rec.name), "reason": REGISTRATION_FAILED,
                 "detail": err})
             return
         at = now()
@@ -241,7 +242,7 @@ class Recovery:
     # -- the parts of a failure
     @staticmethod
     def _lost_nodes(failure: dict) -> set[str]:
-        return {failure["node"]} if failure.get("reason") == "node lost" and \
+        return {failure["node"]} if failure.get("reason") == NODE_LOST and \
             failure.get("node") else set()
 
     def stop_step(self, rec: Rec, sig: str | None = None) -> None:
@@ -254,7 +255,7 @@ class Recovery:
         proc = job.steps[rec.name]
         if proc.poll() is None:
             lost = job.supervisor.lost_steps if rec.lost else set()
-            sig = sig or ("KILL" if rec.why_first == "hung" else "TERM")
+            sig = sig or ("KILL" if rec.why_first == HUNG else "TERM")
             job.steps.signal([rec.name], sig,
                              job.step_ids(errors=Exception), lost, job.slurm, job.log)
         rec.old = job.steps.retire(rec.name)
@@ -270,7 +271,7 @@ class Recovery:
                                                     if r.status != "serving"):
             return
         node = failure.get("node")
-        where = f" (node {node} lost)" if failure.get("reason") == "node lost" and node else ""
+        where = f" (node {node} lost)" if failure.get("reason") == NODE_LOST and node else ""
         raise Stop("failed", f"{rec.role} has {serving} serving instance(s) of the "
                              f"{pol['min_serving']} it needs: {rec.name} {rec.why}{where}",
                    {**failure, **step_identity(rec.name)})

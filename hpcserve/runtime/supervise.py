@@ -10,7 +10,8 @@ import socket
 import time
 
 from .events import InstanceFailed, NodeLost
-from .failures import Stop, primary_task, step_identity, task_ends
+from .failures import (HUNG, NODE_LOST, PORT_TAKEN, PREEMPTED, Stop, TERMINATED, UNHEALTHY,
+                       UNREACHABLE, primary_task, step_identity, task_ends)
 from .logs import last_error, read_from
 from .slurm import Unreachable
 from .slurm_parsers import node_lost
@@ -22,7 +23,7 @@ BENCH_STEP = "bench"  # its end is the benchmark gate's to judge, not a crash
 def _reason(stop: Stop) -> str:
     """A failure's short words for an instance's record: "exited with code 137", "hung"..."""
     f = stop.failure or {}
-    if f.get("reason") in ("node lost", "hung", "unreachable", "unhealthy", "port taken"):
+    if f.get("reason") in (NODE_LOST, HUNG, UNREACHABLE, UNHEALTHY, PORT_TAKEN):
         return f["reason"]
     if f.get("exit_code") is not None:
         return f"exited with code {f['exit_code']}"
@@ -77,8 +78,8 @@ class Supervisor:
         finally:
             self._resolving = False
         self.signal_stop = stop
-        self.signal_reason = {"node lost": "node_lost", "preempted": "preempted",
-                              "terminated": "terminated"}.get(
+        self.signal_reason = {NODE_LOST: "node_lost", PREEMPTED: "preempted",
+                              TERMINATED: "terminated"}.get(
             (stop.failure or {}).get("reason"), stop.reason)
         self.job.log(f"received {signal.Signals(signum).name}: {stop.reason}")
         return self.signal_reason
@@ -103,7 +104,7 @@ class Supervisor:
                 return Stop("failed", f"terminated by SIGTERM while {e}: whether a scancel, "
                                       "the time limit or a lost node sent it could not be asked",
                             {"step": None, "role": None, "instance": None, "node": None,
-                             "reason": "terminated", "detail": str(e), "exit_code": None})
+                             "reason": TERMINATED, "detail": str(e), "exit_code": None})
             except RuntimeError:
                 return Stop("cancelled", "cancelled")  # Slurm's error tells nothing more
 
@@ -119,7 +120,7 @@ class Supervisor:
         if any(r.get("PreemptTime") not in (None, "", "None", "Unknown") for r in recs):
             return Stop("failed", "preempted: Slurm is ending the job for another one",
                         {"step": None, "role": None, "instance": None, "node": None,
-                         "reason": "preempted", "exit_code": None})
+                         "reason": PREEMPTED, "exit_code": None})
         if self._near_time_limit(at):
             return Stop("cancelled", "time_limit")
         return Stop("cancelled", "cancelled")
@@ -227,7 +228,7 @@ class Supervisor:
             if node not in reported and not self.slurmd_answers(node):
                 self.lost_steps.add(name)
                 self.excluded_nodes.append(node)
-                f.update(node=node, node_rank=int(rank), reason="node lost", exit_code=None,
+                f.update(node=node, node_rank=int(rank), reason=NODE_LOST, exit_code=None,
                          log=self.job.instances.log_file(name, int(rank), node))
                 raise Stop("failed", f"node {node} lost: step {name} cannot end there "
                                      "(its slurmd does not answer)", f)
@@ -288,4 +289,4 @@ class Supervisor:
         what = f"node {node} lost" if node else "a node was lost"
         return Stop("failed", f"{what}: Slurm reports it {state}" + (f"; {how}" if how else ""),
                     {**step_identity(inst), "node": node, "node_rank": rank,
-                     "reason": "node lost", "exit_code": None, "slurm_state": state})
+                     "reason": NODE_LOST, "exit_code": None, "slurm_state": state})
