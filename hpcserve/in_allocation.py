@@ -25,8 +25,8 @@ from typing import Callable
 
 from .errors import HpcserveError
 from .runtime import allocation, file_sd
-from .runtime import slurm_parsers as parsers
 from .runtime.contract import TERMINAL_PHASES
+from .runtime.slurm_queue import parse_steps, steps_argv
 
 DRIVER = posixpath.join("run", "driver.json")
 
@@ -173,8 +173,8 @@ def end_steps(runner, job_id: str, spec: dict, echo: Callable[[str], None]) -> N
     """scancel JOBID.STEPID for each of the deployment's steps still running in the allocation,
     never the allocation itself."""
     names, pre = step_names(spec), allocation.step_prefix({**spec, "in_allocation": True})
-    res = runner.run(parsers.steps_argv([job_id]))
-    ids = [s.step_id for s in parsers.parse_steps(res.out) if s.name.startswith(pre) and
+    res = runner.run(steps_argv([job_id]))
+    ids = [s.step_id for s in parse_steps(res.out) if s.name.startswith(pre) and
            s.name[len(pre):].split(".attempt")[0] in names and "." in s.step_id]
     if ids:
         runner.run(["scancel", *ids])

@@ -138,9 +138,9 @@ def held(job_id: str, ask) -> Held:
     """What Slurm says allocation `job_id` holds: its state, nodes (`scontrol show hostnames`,
     in Slurm's order) and GPUs per node. `ask(argv)` runs a Slurm command and returns its
     output (it raises with Slurm's words where the command fails)."""
-    # here, not at the top: the renderer imports this module for its names alone, and
-    # slurm_parsers is the runtime's largest module (5 ms of every `hpcserve render`)
-    from .slurm_parsers import parse_scontrol_fields
+    # here, not at the top: the renderer imports this module for its names alone, and the
+    # parsers cost every `hpcserve render` their import time for nothing
+    from .slurm_scontrol import parse_scontrol_fields
     recs = parse_scontrol_fields(ask(["scontrol", "-o", "show", "job", job_id]))
     if len(recs) != 1:
         raise ValueError(f"job {job_id} is a heterogeneous job ({len(recs)} components): a "

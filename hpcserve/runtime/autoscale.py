@@ -15,11 +15,12 @@ between liveness rounds, decides:
            newest serving slot's instance; that job drains it (runtime/drain.py) and ends
            "done".
 
-decide() is that rule, pure (tests/unit/test_autoscale_decide.py). Never a decision within
-cool_down_s of the last one. Each decision is one line of the job log and kept in state.json's
-autoscale (what, why, the value read), with every slot's job id and status, where `hpcserve
-status` and `cancel` find the slot jobs. The front, as it stops, cancels the slot jobs it
-submitted: their router goes with it.
+decide() is that rule, pure (autoscale_decide.py; tests/unit/test_autoscale_decide.py); a slot
+and the jobs it runs are read in autoscale_slots.py. Never a decision within cool_down_s of the
+last one. Each decision is one line of the job log and kept in state.json's autoscale (what,
+why, the value read), with every slot's job id and status, where `hpcserve status` and `cancel`
+find the slot jobs. The front, as it stops, cancels the slot jobs it submitted: their router
+goes with it.
 
 With renew: a slot is a pair of directories (runtime/renew.py): its job is the one the pair runs
 now, followed to the successor the job submitted once that serves (or the job ended); a renewal
@@ -31,140 +32,17 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
+from .autoscale_decide import COMING, capacity, decide, signal_value
+from .autoscale_slots import Slot, ended, job_instance, pair_jobs
 from .contract import SCALED_IN, SERVING_PHASES, TERMINAL_PHASES
 from .drain import write_request
 from .failures import READINESS_TIMEOUT, Stop
-from .probes import metrics_of, router_auth, samples, scrape
-from .state import now, read_json, read_state
+from .probes import metrics_of, router_auth
+from .state import now, read_state
 from .table import FAILED, SERVING
 
 DECISIONS_KEPT = 20   # the newest decisions state.json keeps per role
 ALIVE_S = 30.0        # s between two asks whether a slot's running job still is, per slot
-
-
-def signal_value(url: str, kind: str, names: list, timeout: float,
-                 auth: dict | None = None) -> float | None:
-    """The instance's signal from its Prometheus text at `url` (its gauges URL: one label set
-    per scheduler), asked with the deployment's key `auth`: the sum of the named gauges over
-    every label set (requests), or for kv_usage their largest (a share of each scheduler's
-    pool: the fullest decides); None where it does not answer."""
-    text = scrape(url, timeout, auth)
-    if text is None:  # a bad reply: not read this round
-        return None
-    got = samples(text, names)
-    if kind == "kv_usage":
-        return max(got, default=0.0)
-    return sum(got)
-
-
-COMING = ("submitting", "pending", "starting", "serving")   # a slot's job counted as capacity
-
-
-def capacity(own: int, slot_statuses: list) -> int:
-    """The role's capacity: its own kept instances, plus each slot whose job is on its way or
-    serving, once whatever stage it is at (a pending slot is never asked for twice)."""
-    return own + sum(1 for st in slot_statuses if st in COMING)
-
-
-def decide(spec: dict, own: int, slots: list, values: list, at: float,
-           last_at: float) -> tuple | None:
-    """The role's next step: ("add" | "remove", slot name, why), or None. Pure: `spec` is
-    plan.json's autoscale[role], `own` the front's own kept, not failed instances, `slots`
-    (name, status, submitted at) in slot order, `values` the signal of each serving instance
-    (None where one did not answer), `at` the time now and `last_at` the last decision's.
-
-    Within cool_down_s of the last decision: nothing. Below min: add, whatever the signal (or
-    none read). Above target per instance and below max: add. Remove only when one instance
-    fewer would still read below target, above min, every instance read (one that did not
-    answer may be the busy one), and then the newest serving slot first."""
-    if at < last_at + spec["cool_down_s"]:
-        return None
-    cap = capacity(own, [st for _, st, _ in slots])
-    free = [name for name, st, _ in slots if st == "free"]
-    if free and cap < spec["min"]:
-        return "add", free[0], f"{cap} instance(s), below min {spec['min']}"
-    read = [v for v in values if v is not None]
-    if not read:
-        return None
-    total, kind, target = sum(read), spec["signal"]["kind"], spec["target"]
-    if free and cap < spec["max"] and total / max(cap, 1) > target:
-        return "add", free[0], (f"{kind} {round(total / max(cap, 1), 3):g} per instance > "
-                                f"target {target:g}")
-    serving = [(t, i, name) for i, (name, st, t) in enumerate(slots) if st == "serving"]
-    if serving and len(read) == len(values) and cap > max(spec["min"], 1) and \
-            total / (cap - 1) < target:
-        return "remove", max(serving)[2], (f"{kind} {round(total / (cap - 1), 3):g} per "
-                                           f"instance with one fewer < target {target:g}")
-    return None
-
-
-class Slot:
-    """One slot: its job directory (with renew: its pair's first), and the job it runs now:
-    the one this orchestrator submitted, or after a renewal the successor that job submitted
-    into the twin directory (runtime/renew.py), which takes the slot over as it serves."""
-
-    def __init__(self, job_dir: str):
-        self.dir = job_dir
-        self.name = os.path.basename(job_dir.rstrip("/"))
-        self.job_id: str | None = None
-        self.job_dir = job_dir  # where job_id runs: the slot's directory or its twin
-        self.prev: tuple | None = None  # (job id, dir) the last renewal took over from
-        self.drained: str | None = None  # the job a remove's drain request went to
-        self.status = "free"   # free, submitting, pending, starting, serving, draining
-        self.task = None       # the sbatch under way
-        self.submitted_at = 0.0  # when this orchestrator last submitted it (newest drains first)
-        self.asked_at = 0.0    # when Slurm was last asked whether its running job still is
-        self.plan: dict | None = None
-
-    def twin(self) -> str | None:
-        """The other directory of the slot's pair (renew:), None without renewal."""
-        self.instance()
-        return (self.plan.get("renew") or {}).get("twin_dir")
-
-    def other(self, job_dir: str) -> str | None:
-        twin = self.twin()
-        return twin and (self.dir if job_dir == twin else twin)
-
-    def instance(self) -> dict:
-        if self.plan is None:
-            self.plan = read_json(os.path.join(self.dir, "plan.json"))
-        return (self.plan.get("instances") or [{}])[0]
-
-    def as_state(self) -> dict:
-        return {"dir": self.job_dir, "job_id": self.job_id, "status": self.status}
-
-
-def job_instance(job_dir: str) -> dict:
-    """The instance of a slot's directory (its plan.json's one; both of a pair name it alike)."""
-    return (read_json(os.path.join(job_dir, "plan.json")).get("instances") or [{}])[0]
-
-
-def pair_jobs(s: Slot) -> list[tuple]:
-    """(job id, dir) of every job the slot may run now: its job, the one it took over from
-    (draining), the successor its job submitted (not serving yet)."""
-    out = [(s.job_id, s.job_dir)] if s.job_id else []
-    if s.prev:
-        out.append(s.prev)
-    st = read_state(s.job_dir)
-    # only the slot's own job's record: while it is queued the file is its directory's last job's
-    sent = (st.get("renew") or {}) if st.get("job_id") == s.job_id else {}
-    if s.job_id and sent.get("successor_job_id") not in (None, s.job_id) and sent.get(
-            "twin_dir"):
-        out.append((str(sent["successor_job_id"]), sent["twin_dir"]))
-    return list(dict.fromkeys(out))
-
-
-def ended(jid: str, job_dir: str) -> bool:
-    """Whether the job's own state.json in `job_dir` says it ended."""
-    st = read_state(job_dir)
-    return st.get("job_id") == jid and st.get("phase") in TERMINAL_PHASES
-
-
-def slots_alone(plan: dict) -> bool:
-    """Whether some autoscaled role has no instance of the front's own
-    (roles.<role>.instances: 0): its slots are all it has."""
-    return any(not any(i["role"] == n for i in plan["instances"])
-               for n in plan.get("autoscale") or {})
 
 
 class Role:

@@ -32,7 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from . import caches
 from .allocation import InAllocation, own_steps
 from .attach import LEAVE_S, Attach
-from .autoscale import Autoscaler, slots_alone
+from .autoscale import Autoscaler
+from .autoscale_slots import slots_alone
 from .bench_step import BenchStep
 from .contract import SCALED_IN, SpecError, load_spec
 from .discovery import Discovery, cmd_discover, discover_args
@@ -51,7 +52,7 @@ from .recovery import Recovery
 from .renew import Renewal
 from .requeue import Requeue
 from .slurm import Slurm, Unreachable
-from .stage import Staging
+from .stage_batch import Staging
 from .state import State, now
 from .startup import Startup
 from .steps import Steps

@@ -12,7 +12,7 @@ front job's to watch.
 
 from __future__ import annotations
 
-from .autoscale import slots_alone
+from .autoscale_slots import slots_alone
 from .events import InstanceFailed
 from .failures import HUNG, Stop, UNHEALTHY, step_identity
 from .probes import metrics_of, metrics_totals, probe

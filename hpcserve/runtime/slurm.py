@@ -13,7 +13,12 @@ import subprocess
 import time
 from contextlib import contextmanager
 
-from . import slurm_parsers as sp
+from .slurm_cluster import NODE_STATES_FORMAT, config_argv, parse_config, parse_node_states
+from .slurm_controller import RETRY_DELAYS_S, RETRY_WINDOW_S, controller_unreachable, retry_delay
+from .slurm_jobs import TERMINAL_STATES
+from .slurm_queue import parse_steps, steps_argv
+from .slurm_scontrol import parse_scontrol_fields
+from .slurm_values import parse_duration
 
 
 class Unreachable(Exception):
@@ -28,8 +33,8 @@ class Unreachable(Exception):
 class Slurm:
     TIMEOUT = 10.0  # s for one command
 
-    def __init__(self, job_id: str, pause=time.sleep, delays=sp.RETRY_DELAYS_S,
-                 window: float = sp.RETRY_WINDOW_S):
+    def __init__(self, job_id: str, pause=time.sleep, delays=RETRY_DELAYS_S,
+                 window: float = RETRY_WINDOW_S):
         self.job_id = job_id
         self.pause = pause        # how to wait between tries (the job's watches signals)
         self.delays, self.window = delays, window
@@ -66,9 +71,9 @@ class Slurm:
                 if res.returncode == 0:
                     return res.stdout
                 words = (res.stderr or res.stdout).strip()
-                if not sp.controller_unreachable(words):
+                if not controller_unreachable(words):
                     raise RuntimeError(words or f"{argv[0]} exited {res.returncode}")
-            delay = sp.retry_delay(tries, time.monotonic() - t0, self.delays, self.window) \
+            delay = retry_delay(tries, time.monotonic() - t0, self.delays, self.window) \
                 if retry else None
             if delay is None or self.pause(delay) is False:
                 raise Unreachable(argv, words, tries)
@@ -86,7 +91,7 @@ class Slurm:
         """`scontrol -o show job`: one key=value record per component of this job."""
         if not self.job_id:
             return []
-        return sp.parse_scontrol_fields(self.run(["scontrol", "-o", "show", "job", self.job_id]))
+        return parse_scontrol_fields(self.run(["scontrol", "-o", "show", "job", self.job_id]))
 
     def time_left(self, retry: bool = True) -> int | None:
         """Seconds until the job's time limit (squeue %L)."""
@@ -94,7 +99,7 @@ class Slurm:
             return None
         out = self.run(["squeue", "-h", "-j", self.job_id, "-o", "%L"], retry=retry,
                        timeout=5).split()
-        return sp.parse_duration(out[0]) if out else None
+        return parse_duration(out[0]) if out else None
 
     def job_alive(self, job_id: str) -> bool | None:
         """Whether another job (a twin's, a slot's) is still on its way or running for Slurm;
@@ -107,7 +112,7 @@ class Slurm:
             return False if "invalid job id" in str(e).lower() else None
         except Unreachable:
             return None
-        return bool(state) and state.split()[0] not in sp.TERMINAL_STATES
+        return bool(state) and state.split()[0] not in TERMINAL_STATES
 
     def submit(self, script: str) -> str:
         """`sbatch --parsable SCRIPT`: the new job's id. Not retried: a controller that took
@@ -136,14 +141,14 @@ class Slurm:
         if not comps:
             return {}
         ids: dict[str, list[str]] = {}
-        for s in sp.parse_steps(self.run(sp.steps_argv(comps), retry=retry)):
+        for s in parse_steps(self.run(steps_argv(comps), retry=retry)):
             ids.setdefault(s.name, []).append(s.step_id)
         return {k: " ".join(v) for k, v in ids.items()}
 
     def config(self, key: str) -> str | None:
         """A value of `scontrol show config` (asked once per job)."""
         if self._config is None:
-            self._config = sp.parse_config(self.run(sp.config_argv(), timeout=5))
+            self._config = parse_config(self.run(config_argv(), timeout=5))
         return self._config.get(key)
 
     # -- the nodes
@@ -151,14 +156,14 @@ class Slurm:
         """node -> its compact sinfo state."""
         if not names:
             return {}
-        return sp.parse_node_states(self.run(
-            ["sinfo", "-h", "-N", "-n", ",".join(names), "-o", sp.NODE_STATES_FORMAT],
+        return parse_node_states(self.run(
+            ["sinfo", "-h", "-N", "-n", ",".join(names), "-o", NODE_STATES_FORMAT],
             retry=retry))
 
     def slurmd_addresses(self, names: list[str]) -> dict:
         """node -> (address, slurmd port), from `scontrol show node` (asked once)."""
         if self._slurmd is None:
-            recs = sp.parse_scontrol_fields(
+            recs = parse_scontrol_fields(
                 self.run(["scontrol", "-o", "show", "node", ",".join(names)]), first="NodeName")
             conf = self.config("SlurmdPort") or ""
             default_port = int(conf) if conf.isdigit() else 6818

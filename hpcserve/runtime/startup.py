@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 import re
 
-from .slurm_parsers import parse_scontrol_fields, parse_timestamp
+from .slurm_scontrol import parse_scontrol_fields
+from .slurm_values import parse_timestamp
 from .state import now
 
 # The engine's lines, in the order the engine prints them (plan.json startup_lines keys).

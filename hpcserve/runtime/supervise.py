@@ -14,7 +14,7 @@ from .failures import (HUNG, NODE_LOST, PORT_TAKEN, PREEMPTED, Stop, TERMINATED,
                        UNREACHABLE, primary_task, step_identity, task_ends)
 from .logs import last_error, read_from
 from .slurm import Unreachable
-from .slurm_parsers import node_lost
+from .slurm_cluster import node_lost
 from .state import now
 
 BENCH_STEP = "bench"  # its end is the benchmark gate's to judge, not a crash

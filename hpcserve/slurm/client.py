@@ -1,4 +1,5 @@
-"""What sbatch prints, parsed (the other commands' output: runtime/slurm_parsers.py)."""
+"""What sbatch prints, parsed (the other commands' output: runtime/slurm_queue.py,
+  slurm_scontrol.py, slurm_cluster.py)."""
 
 from __future__ import annotations
 

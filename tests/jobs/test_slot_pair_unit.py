@@ -12,6 +12,7 @@ import types
 import pytest
 
 from hpcserve.runtime import autoscale as am
+from hpcserve.runtime.autoscale_slots import pair_jobs
 from hpcserve.runtime.contract import SCALED_IN
 from hpcserve.runtime.slurm import Slurm as RealSlurm
 
@@ -59,7 +60,7 @@ def front(tmp_path, monkeypatch):
             "cool_down_s": float("inf"), "interval_s": 1, "drain_timeout_s": 5, "slots": [str(a)]}
     job = types.SimpleNamespace(
         plan={"autoscale": {"worker": spec}, "instances": []}, slurm=Slurm(),
-        log=logged.append, recovery=types.SimpleNamespace(
+        log=logged.append, table=types.SimpleNamespace(
             kept=lambda role: [types.SimpleNamespace(status="serving")]))
     scaler = am.Autoscaler(job)
     role = scaler.roles["worker"]
@@ -82,7 +83,7 @@ def test_a_successor_not_serving_yet_leaves_the_slot_with_its_job(front):
     _state(front.a, "2", renew={"successor_job_id": "3", "twin_dir": str(front.b)})
     _state(front.b, "3", phase="starting", inst="starting")
     assert _round(front) == ("2", str(front.a), "serving")
-    assert am.pair_jobs(front.slot) == [("2", str(front.a)), ("3", str(front.b))]
+    assert pair_jobs(front.slot) == [("2", str(front.a)), ("3", str(front.b))]
 
 
 def test_the_successor_takes_the_slot_over_once_it_serves_counted_once(front):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from hpcserve.runtime.slurm_parsers import (ACTIVE_STATES, REASON_WORDS, TERMINAL_STATES, JobRecord,
-                                    fold_het, parse_duration, parse_squeue_format, parse_timestamp,
-                                    reason_in_words)
+from hpcserve.runtime.slurm_jobs import ACTIVE_STATES, TERMINAL_STATES, JobRecord, fold_het
+from hpcserve.runtime.slurm_queue import parse_squeue_format
+from hpcserve.runtime.slurm_reasons import REASON_WORDS, reason_in_words
+from hpcserve.runtime.slurm_values import parse_duration, parse_timestamp
 from slurm_samples import rec
 
 

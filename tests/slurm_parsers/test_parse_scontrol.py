@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from hpcserve.runtime.slurm_parsers import (fold_het, parse_scontrol_fields, parse_scontrol_job,
-                                    parse_squeue_format, scontrol_argv)
+from hpcserve.runtime.slurm_jobs import fold_het
+from hpcserve.runtime.slurm_queue import parse_squeue_format
+from hpcserve.runtime.slurm_scontrol import parse_scontrol_fields, parse_scontrol_job, scontrol_argv
 from slurm_samples import rec, utc_epoch
 
 

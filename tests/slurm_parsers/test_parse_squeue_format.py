@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hpcserve.runtime.slurm_parsers import (SACCT_FORMAT, SQUEUE_FORMAT, STEPS_FORMAT, parse_squeue_format,
-                                    squeue_argv)
+import pytest
+
+from hpcserve.runtime.slurm_queue import (SACCT_FORMAT, SQUEUE_FORMAT, STEPS_FORMAT,
+                                          parse_squeue_format, squeue_argv)
 from slurm_samples import DATA, rec, utc_epoch
 
 
@@ -142,9 +144,15 @@ def test_array_task_ids():
     assert recs[0].unique_id == 4053 and not recs[0].is_het and recs[0].leader_id == "4050_3"
 
 
-def test_module_imports_only_the_standard_library():
-    # it ships in the job directory with the runtime: nothing of hpcserve may be imported
-    src = Path(__file__).resolve().parents[2] / "hpcserve" / "runtime" / "slurm_parsers.py"
+PARSERS = ("slurm_jobs", "slurm_values", "slurm_queue", "slurm_scontrol", "slurm_cluster",
+           "slurm_reasons", "slurm_controller")
+
+
+@pytest.mark.parametrize("module", PARSERS)
+def test_module_imports_only_the_standard_library(module):
+    # it ships in the job directory with the runtime: nothing of hpcserve may be imported, only
+    # the standard library and the other parser modules beside it
+    src = Path(__file__).resolve().parents[2] / "hpcserve" / "runtime" / f"{module}.py"
     imports = re.findall(r"^(?:from|import) ([\w.]+)", src.read_text(), re.M)
-    allowed = {"__future__", "re", "time", "dataclasses", "typing"}
+    allowed = {"__future__", "re", "time", "dataclasses", "typing"} | {f".{m}" for m in PARSERS}
     assert set(imports) <= allowed, imports

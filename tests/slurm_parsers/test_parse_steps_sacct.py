@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import subprocess
 
-from hpcserve.runtime.slurm_parsers import (SACCT_FIELDS, STEPS_FORMAT, fold_het, parse_sacct,
-                                    parse_squeue_format, parse_steps, sacct_argv, sacct_disabled,
-                                    steps_argv)
+from hpcserve.runtime.slurm_jobs import fold_het
+from hpcserve.runtime.slurm_queue import (SACCT_FIELDS, STEPS_FORMAT, parse_sacct,
+                                          parse_squeue_format, parse_steps, sacct_argv,
+                                          sacct_disabled, steps_argv)
 from hpcserve.slurm.runner import Result
 from slurm_samples import rec, sample
 

@@ -22,7 +22,7 @@ from hpcserve.runtime import file_sd
 from hpcserve.runtime.allocation import (PREFLIGHT_SECONDS, SHAPE_VARS, Held, InAllocation,
                                          gpus_asked, held, misfit, node_map, own_steps,
                                          step_prefix)
-from hpcserve.runtime.slurm_parsers import STEPS_FORMAT
+from hpcserve.runtime.slurm_queue import STEPS_FORMAT
 from hpcserve.slurm.runner import LocalRunner, Result
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The autoscaler's decision (runtime/autoscale.py decide), pure: what it adds or removes given
+"""The autoscaler's decision (runtime/autoscale_decide.py), pure: what it adds or removes given
 the role's autoscale spec as plan.json renders it, the front's own instances, the slots'
 statuses and the signal read. Each case sits next to the one that tips it, so a rule that
 went missing (a pending slot counted twice or not at all, cool-down, min/max, below-min, the
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpcserve.render import render_files
-from hpcserve.runtime.autoscale import capacity, decide
+from hpcserve.runtime.autoscale_decide import capacity, decide
 from unitkit import load_plan
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
@@ -119,7 +119,7 @@ def test_a_bad_metrics_reply_reads_as_no_value(reply, want):
     must not raise into the front's liveness loop (which would end the deployment)."""
     import socket
     import threading
-    from hpcserve.runtime.autoscale import signal_value
+    from hpcserve.runtime.autoscale_decide import signal_value
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)

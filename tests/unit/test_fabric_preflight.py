@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hpcserve.runtime import preflight as pf
+from hpcserve.runtime import preflight_checks as pc
 from unitkit import ROOT
 
 FAKES = ROOT / "tests" / "fakes" / "bin"
@@ -35,7 +36,7 @@ def smi(tmp_path, monkeypatch):
 def test_a_node_whose_gpus_share_one_registered_fabric_passes_and_reports_it(smi):
     smi("n1", {"n1": {"cluster_uuid": UUID_A, "clique_id": 4026}})
     found: dict = {}
-    assert pf.check_fabric(found) == [pf.OK, f"4 GPUs in ClusterUUID {UUID_A} CliqueId 4026"]
+    assert pc.check_fabric(found) == [pc.OK, f"4 GPUs in ClusterUUID {UUID_A} CliqueId 4026"]
     assert found == {"cluster_uuid": UUID_A, "clique_id": "4026"}
 
 
@@ -51,14 +52,14 @@ def test_a_node_whose_gpus_share_one_registered_fabric_passes_and_reports_it(smi
 def test_a_node_off_its_fabric_fails_saying_how(smi, node, want):
     smi("n1", {"n1": node})
     found: dict = {}
-    verdict, detail = pf.check_fabric(found)
-    assert verdict == pf.FAIL and want in detail, detail
+    verdict, detail = pc.check_fabric(found)
+    assert verdict == pc.FAIL and want in detail, detail
     assert found == {}
 
 
 def test_a_node_without_gpus_fails_with_nvidia_smis_words(smi):
     smi("n9", {"n1": {"cluster_uuid": UUID_A}})
-    assert pf.check_fabric({}) == [pf.FAIL, "nvidia-smi -q: No devices were found"]
+    assert pc.check_fabric({}) == [pc.FAIL, "nvidia-smi -q: No devices were found"]
 
 
 def test_the_fabric_block_is_read_at_any_column_width():
@@ -71,7 +72,7 @@ def test_the_fabric_block_is_read_at_any_column_width():
              "            Summary                       : Unhealthy\n"
              "    Conf Compute Protected Memory Usage\n        Total : 0 MiB\n"
              "GPU 00000000:1C:00.0\n    Fabric\n        State : N/A\n        Status : N/A\n")
-    assert pf.fabric_sections(older) == [
+    assert pc.fabric_sections(older) == [
         ("00000000:1B:00.0", {"State": "Completed", "Status": "Success", "CliqueId": "2",
                               "ClusterUUID": UUID_B}),
         ("00000000:1C:00.0", {"State": "N/A", "Status": "N/A"})]
@@ -79,7 +80,7 @@ def test_the_fabric_block_is_read_at_any_column_width():
 
 def _report(node: str, nodeid: int, inst: list, fabric: tuple | None) -> dict:
     r = {"node": node, "component": 0, "nodeid": nodeid, "instances": inst, "model_files": [],
-         "checks": {"fabric": [pf.OK, "x"] if fabric else [pf.FAIL, "no fabric"]},
+         "checks": {"fabric": [pc.OK, "x"] if fabric else [pc.FAIL, "no fabric"]},
          "time": 100.5}
     if fabric:
         r["fabric"] = {"cluster_uuid": fabric[0], "clique_id": fabric[1]}
@@ -96,7 +97,7 @@ def test_an_instance_spanning_two_domains_fails_naming_the_node_and_both_fabrics
     assert res["nodes"]["n4"]["fabric"][1] == (
         f"decode-1 spans two NVLink domains: n4 is in ClusterUUID {UUID_B} CliqueId 1, its "
         f"leader n3 in ClusterUUID {UUID_A} CliqueId 1")
-    assert [res["nodes"][n]["fabric"][0] for n in ("n1", "n2", "n3")] == [pf.OK] * 3
+    assert [res["nodes"][n]["fabric"][0] for n in ("n1", "n2", "n3")] == [pc.OK] * 3
     assert "fabric" in res["checks"]
     reps[3]["fabric"]["cluster_uuid"] = UUID_A  # one clique of another cluster: still apart
     reps[3]["fabric"]["clique_id"] = "2"
@@ -128,5 +129,5 @@ def test_the_stand_in_refuses_what_nvidia_smi_refuses(smi, argv, code, out):
 
 def test_the_stand_in_answers_the_gpu_checks_query_too(smi):
     smi("n1", {"n1": {"cluster_uuid": UUID_A, "used_mib": 100000}})
-    verdict, detail = pf.check_gpus(4, 0.9)
-    assert verdict == pf.FAIL and "GPU 0: 89,471 of 189,471 MiB free" in detail
+    verdict, detail = pc.check_gpus(4, 0.9)
+    assert verdict == pc.FAIL and "GPU 0: 89,471 of 189,471 MiB free" in detail

@@ -13,7 +13,9 @@ from click.testing import CliRunner
 
 from hpcserve import deployments, ops
 from hpcserve.cli import main
-from hpcserve.runtime import slurm_parsers as parsers
+from hpcserve.runtime.slurm_controller import (RETRY_DELAYS_S, RETRY_WINDOW_S,
+                                               controller_unreachable, not_configured, retry_delay)
+from hpcserve.runtime.slurm_queue import squeue_argv
 from hpcserve.slurm.runner import CommandError, Result, Runner, SlurmUnreachable
 
 # What Debian's Slurm 22.05.8 printed on the test cluster with slurmctld stopped (SIGTERM) and
@@ -45,21 +47,21 @@ SQUEUE_LINE = "5|5|RUNNING|None|node1|1|local|root|0:05|10:00|9:55|N/A|N/A|N/A|d
 
 @pytest.mark.parametrize("text", OUTAGE)
 def test_each_outage_message_reads_as_unreachable(text):
-    assert parsers.controller_unreachable(text)
+    assert controller_unreachable(text)
 
 
 @pytest.mark.parametrize("text", ANSWERS)
 def test_the_controller_s_own_answers_are_not_an_outage(text):
-    assert not parsers.controller_unreachable(text)
+    assert not controller_unreachable(text)
 
 
 def test_the_schedule_gives_up_after_five_tries_or_thirty_seconds():
     # instant failures: every wait of the schedule, then no more
-    waits = [parsers.retry_delay(n, sum(parsers.RETRY_DELAYS_S[:n - 1])) for n in range(1, 6)]
-    assert waits == [*parsers.RETRY_DELAYS_S, None]
-    assert sum(parsers.RETRY_DELAYS_S) <= parsers.RETRY_WINDOW_S
+    waits = [retry_delay(n, sum(RETRY_DELAYS_S[:n - 1])) for n in range(1, 6)]
+    assert waits == [*RETRY_DELAYS_S, None]
+    assert sum(RETRY_DELAYS_S) <= RETRY_WINDOW_S
     # a try that starts later than the window after the first one does not start
-    assert parsers.retry_delay(3, 25.0) is None
+    assert retry_delay(3, 25.0) is None
 
 
 class ScriptedRunner(Runner):
@@ -95,10 +97,10 @@ class ScriptedRunner(Runner):
 @pytest.mark.parametrize("text", OUTAGE)
 def test_a_query_the_controller_answers_after_n_failures_succeeds(text, fails):
     r = ScriptedRunner([(1, text + "\n", "")] * fails + [(0, "", SQUEUE_LINE)])
-    res = r.run(parsers.squeue_argv())
+    res = r.run(squeue_argv())
     assert res.out == SQUEUE_LINE
     assert len(r.tries) == fails + 1
-    assert r.slept == list(parsers.RETRY_DELAYS_S[:fails])
+    assert r.slept == list(RETRY_DELAYS_S[:fails])
 
 
 def test_status_rides_out_a_restart():
@@ -110,18 +112,18 @@ def test_status_rides_out_a_restart():
 def test_a_controller_that_never_answers_is_one_line_naming_the_command():
     r = ScriptedRunner([(1, OUTAGE[0] + "\n", "")])
     with pytest.raises(SlurmUnreachable) as e:
-        r.run(parsers.squeue_argv())
+        r.run(squeue_argv())
     assert str(e.value) == (
         "Slurm controller unreachable: squeue --me -h -t all -o ...: slurm_load_jobs error: "
         "Unable to contact slurm controller (connect failure) (5 tries in 26 s)")
-    assert len(r.tries) == 5 and r.slept == list(parsers.RETRY_DELAYS_S)
+    assert len(r.tries) == 5 and r.slept == list(RETRY_DELAYS_S)
 
 
 def test_slow_failures_stop_at_the_window():
     # As on the test cluster: each refused try takes the client ~9 s (MessageTimeout)
     r = ScriptedRunner([(1, OUTAGE[0], "")], try_s=9.0)
     with pytest.raises(SlurmUnreachable) as e:
-        r.run(parsers.squeue_argv())
+        r.run(squeue_argv())
     assert len(r.tries) == 3 and str(e.value).endswith("(3 tries in 33 s)")
 
 
@@ -195,7 +197,7 @@ def test_status_with_an_unreachable_controller_exits_2_with_one_line(one_deploym
     assert r.stderr == ("hpcserve: error: Slurm controller unreachable: squeue --me -h -t all "
                         f"-o ...: {OUTAGE[0]} (5 tries in 0 s)\n")
     assert r.stdout == "" and "ended" not in r.output
-    assert slept == list(parsers.RETRY_DELAYS_S)
+    assert slept == list(RETRY_DELAYS_S)
 
 
 def test_status_after_two_refusals_shows_the_deployment_serving(one_deployment, tmp_path):
@@ -207,7 +209,7 @@ def test_status_after_two_refusals_shows_the_deployment_serving(one_deployment, 
     r = CliRunner().invoke(main, ["status", "5"])
     assert r.exit_code == 0, r.output
     assert "serving at http://10.0.0.1:8000" in r.stdout
-    assert slept == list(parsers.RETRY_DELAYS_S[:2])
+    assert slept == list(RETRY_DELAYS_S[:2])
 
 
 # What Debian's Slurm 22.05.8 client prints on a machine with no slurm.conf and no configless
@@ -234,4 +236,4 @@ def test_a_client_that_knows_no_cluster_is_one_line_at_once_not_an_unknown_job(o
             "before the command\n")
         assert "does not know" not in r.output and "%i|" not in r.output
     assert slept == []  # asking again cannot help: no retries
-    assert not parsers.controller_unreachable(NO_CONFIG) and parsers.not_configured(NO_CONFIG)
+    assert not controller_unreachable(NO_CONFIG) and not_configured(NO_CONFIG)

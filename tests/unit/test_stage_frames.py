@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpcserve.runtime import stage
+from hpcserve.runtime import stage, stage_link
 from hpcserve.runtime import stage_cache as sc
 
 
@@ -22,7 +22,7 @@ KEY = bytes(range(32))
 
 
 def _receive(tmp_path, *frames: tuple[bytes, bytes], raw: bytes = b"",
-             key: bytes = KEY, source: str = "/models/m") -> stage.Failed:
+             key: bytes = KEY, source: str = "/models/m") -> stage_link.Failed:
     """The frames sent from "node1" (holding `key`; the job's is KEY) to a receiver on "node2",
     then `raw` bytes; the failure it raised."""
     cache = sc.Cache(str(tmp_path / "stage"), 1 << 30)
@@ -35,7 +35,7 @@ def _receive(tmp_path, *frames: tuple[bytes, bytes], raw: bytes = b"",
 
     def send() -> None:
         try:
-            link = stage.Link.connecting(a, key)
+            link = stage_link.Link.connecting(a, key)
             for k, p in frames:
                 link.send(k, p)
             a.sendall(raw)
@@ -47,8 +47,8 @@ def _receive(tmp_path, *frames: tuple[bytes, bytes], raw: bytes = b"",
     sender = threading.Thread(target=send)
     sender.start()
     try:
-        with pytest.raises(stage.Failed) as e:
-            stage._Receiver(node, stage.Link.accepting(b, KEY), "node1", partial, None).run()
+        with pytest.raises(stage_link.Failed) as e:
+            stage._Receiver(node, stage_link.Link.accepting(b, KEY), "node1", partial, None).run()
     finally:
         b.close()
         sender.join()
@@ -61,10 +61,10 @@ def _files(*entries) -> tuple[bytes, bytes]:
 
 def test_a_frame_longer_than_its_kind_allows_is_refused_before_it_is_read(tmp_path):
     # a header announcing 2**60 bytes of file list: refused on the header alone
-    f = _receive(tmp_path / "long", raw=stage.FRAME.pack(b"H", 1 << 60))
+    f = _receive(tmp_path / "long", raw=stage_link.FRAME.pack(b"H", 1 << 60))
     assert (f.blame, f.file) == ("node1", None)
     assert f.cause == f"node1 sent a frame of kind b'H' and {1 << 60} bytes", f.cause
-    f = _receive(tmp_path / "unknown", raw=stage.FRAME.pack(b"X", 0))
+    f = _receive(tmp_path / "unknown", raw=stage_link.FRAME.pack(b"X", 0))
     assert f.cause == "node1 sent a frame of unknown kind b'X'", f.cause
 
 
@@ -104,7 +104,7 @@ def test_a_link_planted_in_the_copy_in_progress_is_not_followed(tmp_path, monkey
         return real_makedirs(path, *a, **k)
 
     monkeypatch.setattr(os, "makedirs", plant)
-    with pytest.raises(stage.BadFrame, match="leads out of the copy through a link"):
+    with pytest.raises(stage_link.BadFrame, match="leads out of the copy through a link"):
         _receive(tmp_path, *frames)
     monkeypatch.undo()
     assert list(outside.iterdir()) == [] and cache_dir.is_dir()
@@ -139,8 +139,8 @@ def test_frames_of_another_link_replayed_do_not_check(tmp_path):
     and so is a frame dropped or sent twice within a link (they are numbered)."""
     a, b = socket.socketpair()
     with a, b:
-        stage.Link.accepting(b, KEY)
-        recorded = stage.Link.connecting(a, KEY)
+        stage_link.Link.accepting(b, KEY)
+        recorded = stage_link.Link.connecting(a, KEY)
         recorded.sock = _Tape()
         recorded.send(*_files(["w.bin", 1, None]))
         recorded.send(b"D", b"x")
@@ -150,11 +150,11 @@ def test_frames_of_another_link_replayed_do_not_check(tmp_path):
     # within one link: the second frame sent first (as if the first were dropped)
     a, b = socket.socketpair()
     with a, b:
-        got = stage.Link.accepting(b, KEY)
-        sender = stage.Link.connecting(a, KEY)
+        got = stage_link.Link.accepting(b, KEY)
+        sender = stage_link.Link.connecting(a, KEY)
         sender.seq = 1
         sender.send(b"Z", b"")
-        with pytest.raises(stage.BadFrame, match="tag does not check"):
+        with pytest.raises(stage_link.BadFrame, match="tag does not check"):
             got.recv()
 
 
@@ -183,7 +183,7 @@ def test_the_chain_port_takes_its_upstream_alone_whoever_connected_first(tmp_pat
     attackers = [socket.create_connection(addr) for _ in range(4)]
     attackers[1].sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(64))
     for sock, (key, name) in zip(attackers[2:], [(bytes(32), "node1"), (KEY, "node9")]):
-        stage.Link.connecting(sock, key).send(b"O", name.encode())
+        stage_link.Link.connecting(sock, key).send(b"O", name.encode())
     for sock in attackers[1:]:  # each refused, and so logged, before the upstream connects
         sock.settimeout(30)
         try:
@@ -192,7 +192,7 @@ def test_the_chain_port_takes_its_upstream_alone_whoever_connected_first(tmp_pat
         except ConnectionResetError:  # closed with the junk unread
             pass
     upstream = socket.create_connection(addr)
-    link = stage.Link.connecting(upstream, KEY)
+    link = stage_link.Link.connecting(upstream, KEY)
     link.send(b"O", b"node1")
     link.send(b"Z", b"")
     t.join(30)
@@ -213,18 +213,18 @@ def test_the_chain_port_takes_its_upstream_alone_whoever_connected_first(tmp_pat
 
 def test_the_staging_key_is_refused_unless_only_its_owner_can_read_it(tmp_path):
     path = str(tmp_path / "key")
-    stage.new_key(path)
-    assert os.stat(path).st_mode & 0o777 == 0o600 and len(stage.read_key(path)) == 32
+    stage_link.new_key(path)
+    assert os.stat(path).st_mode & 0o777 == 0o600 and len(stage_link.read_key(path)) == 32
     with pytest.raises(FileExistsError):
-        stage.new_key(path)  # never written into a file that was there
+        stage_link.new_key(path)  # never written into a file that was there
     os.chmod(path, 0o640)
     with pytest.raises(sc.StageError, match="that only it can read .*mode 640"):
-        stage.read_key(path)
+        stage_link.read_key(path)
     os.chmod(path, 0o600)
     link = str(tmp_path / "link")
     os.symlink(path, link)
     with pytest.raises(sc.StageError, match="cannot read the job's staging key"):
-        stage.read_key(link)
+        stage_link.read_key(link)
 
 
 def test_a_node_with_its_own_manifest_takes_names_sizes_and_hashes_from_it(tmp_path):

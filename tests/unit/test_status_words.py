@@ -81,6 +81,6 @@ def test_the_last_error_line_is_not_a_stack_frame():
 
 def test_one_list_of_slurms_active_states():
     """ops reads the parsers' list: every state the parsers take for active, and only those."""
-    from hpcserve.runtime import slurm_parsers
-    assert ops.ACTIVE_SLURM is slurm_parsers.ACTIVE_STATES
-    assert not slurm_parsers.ACTIVE_STATES & slurm_parsers.TERMINAL_STATES
+    from hpcserve.runtime import slurm_jobs
+    assert ops.ACTIVE_SLURM is slurm_jobs.ACTIVE_STATES
+    assert not slurm_jobs.ACTIVE_STATES & slurm_jobs.TERMINAL_STATES
