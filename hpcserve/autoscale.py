@@ -12,15 +12,15 @@ router by the front's state.json: the router's address is known only once the fr
 from __future__ import annotations
 
 import posixpath
+from dataclasses import dataclass, replace
 
 from .ports import plan_ports
-from .records import record, replace
 from .runtime.contract import CANNOT_ADD, SCALE_DIR
 
 SLOT_PREFIX = "s"   # <role>-s<k>: a slot, beside `hpcserve scale`'s <role>-<seq>
 
 
-@record
+@dataclass(frozen=True)
 class RoleScaling:
     """One autoscaled role of a plan: its bounds, what it reads, and its slots' plans."""
 

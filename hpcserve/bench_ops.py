@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import engines
@@ -21,14 +22,13 @@ from .errors import HpcserveError
 from .render import bench_launch_script
 from .runtime.contract import SHAPE_VARS, step_prefix
 from .slurm.runner import read_json
-from .records import record
 from .words import Var
 
 
 RUNS_DIR = "bench-runs"   # in the job directory: one folder per `hpcserve bench` run
 
 
-@record
+@dataclass(frozen=True)
 class Sweep:
     """What `hpcserve bench` was asked for; None: the deployment's benchmark:, else defaults."""
 
@@ -43,7 +43,7 @@ class Sweep:
     tokenizer: str | None = None
 
 
-@record
+@dataclass(frozen=True)
 class Prepared:
     """A run's files, written into the job directory: the script and what the gate reads."""
 

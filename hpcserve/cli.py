@@ -6,12 +6,12 @@ import json
 import os
 import posixpath
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
 from .errors import HpcserveError
-from .records import record
 
 # `hpcserve --help` lists the commands under these headings, in this order; a command missing
 # here is listed under "other" (tests/unit/test_cli_help.py refuses that).
@@ -78,7 +78,7 @@ class _Group(click.Group):
                     formatter.write_dl(rows)
 
 
-@record
+@dataclass(frozen=True)
 class Ssh:
     """The group's SSH options (or their HPCSERVE_* variables), read by every command that
     talks to Slurm: where it runs and how it gets there."""
@@ -392,7 +392,7 @@ def status(jobs, as_json, probe, follow):
       hpcserve status 12345 --probe
       hpcserve --remote me@login.example.org status
     """
-    from . import deployments, ops, renewals, slot_jobs
+    from . import deployment_jobs, deployments, ops
     ssh = _ssh()
     remote = ssh.remote
     runners = {}
@@ -404,17 +404,15 @@ def status(jobs, as_json, probe, follow):
 
     if jobs:
         entries = [ops.resolve(j, remote, runner_of(remote)) for j in jobs]
-        entries += [s for e in entries for s in deployments.instance_jobs(e) if s not in entries]
     else:
         entries = [e for e in deployments.entries() if not remote or e.remote == remote]
-    entries = slot_jobs.with_slot_jobs(entries, runner_of)  # submitted by a front, on load
-    # a renewing instance job: the jobs its pair of directories runs now
-    entries = [c for e in entries for c in renewals.current([e], runner_of(e.remote))]
+    # each front with its instance jobs, slot jobs and successors
+    found = deployment_jobs.of_entries(entries, runner_of)
     if follow:
-        if len(entries) != 1:
+        if len(found) != 1:
             raise HpcserveError("--follow takes exactly one job")
-        sys.exit(ops.follow(entries[0], runner_of(entries[0].remote), echo=click.echo))
-    views = ops.status(entries, runner_of, probe=probe)
+        sys.exit(ops.follow(found[0].entry, runner_of(found[0].entry.remote), echo=click.echo))
+    views = deployment_jobs.views(found, runner_of, probe=probe)
     if as_json:
         click.echo(json.dumps([v.as_json() for v in views], indent=1))
     elif views:
@@ -436,19 +434,28 @@ def status(jobs, as_json, probe, follow):
 @click.option("--all", "show_all", is_flag=True, help="include finished deployments")
 def list_cmd(as_json, show_all):
     """This user's deployments with their phase and endpoint (those still running; --all for
-    every one hpcserve submitted).
+    every one hpcserve submitted), each front's instance jobs and autoscale slot jobs indented
+    under it.
 
     \b
     Example:
       hpcserve list --all
     """
-    from . import deployments, ops, renewals
+    from . import deployment_jobs, deployments, ops
     ssh = _ssh()
     remote = ssh.remote
     from .runtime.contract import TERMINAL_PHASES
-    entries = [c for e in deployments.entries() if not remote or e.remote == remote
-               for c in renewals.current([e], ssh.runner(e.remote or ssh.remote))]
-    views = ops.status(entries, lambda r: ssh.runner(r or ssh.remote))
+    runners = {}
+
+    def runner_of(r):  # one connection per login host, however many jobs it serves
+        if r not in runners:
+            runners[r] = ssh.runner(r or ssh.remote)
+        return runners[r]
+
+    # each front with its instance jobs, slot jobs and successors
+    found = deployment_jobs.of_entries(
+        [e for e in deployments.entries() if not remote or e.remote == remote], runner_of)
+    views = deployment_jobs.views(found, runner_of)
     if not show_all:
         views = [v for v in views if v.summary_phase not in TERMINAL_PHASES and not v.ended]
     if as_json:
@@ -726,24 +733,25 @@ def upgrade(job, sets, drain_timeout, start_timeout):
 @click.option("--wait", "-w", is_flag=True, help="wait until the teardown is complete")
 def cancel(job, wait):
     """Stop a deployment through its own graceful path (router first, then engines), then
-    each of its instance jobs (`hpcserve scale`) that still runs, successors of a renewing
-    one included. An instance job named stops alone (its instances leave the router first).
+    each of its instance jobs (`hpcserve scale`) and autoscale slot jobs that still runs,
+    successors of a renewing one included. An instance job named stops alone (its instances
+    leave the router first).
 
     \b
     Example:
       hpcserve cancel 12345 --wait
     """
-    from . import ops, renewals, slot_jobs
+    from . import deployment_jobs, ops
     from .runtime.contract import TERMINAL_PHASES
     ssh = _ssh()
     e = ops.resolve(job, ssh.remote, ssh.runner(ssh.remote))
     runner = ssh.runner(e.remote)  # where the job was submitted
-    # a renewing instance job's successors too, submitted from inside it
-    named = renewals.current([e], runner) if e.front else [e]
+    # an instance job named: the jobs its pair runs now (a successor submitted from inside it)
+    named = [j.entry for j in deployment_jobs.pair_now(e, runner)] if e.front else [e]
     if len(named) == 1:
         rc = ops.cancel(named[0], runner, wait=wait, echo=click.echo)
-        rest = [] if e.front else (renewals.instance_jobs(e, runner)
-                                   + slot_jobs.slot_jobs(e, runner))
+        # a front: then its instance jobs, slot jobs and successors
+        rest = [] if e.front else [j.entry for j in deployment_jobs.jobs_of(e, runner).members]
     else:  # a renewing instance job named: whichever job of its pair runs now
         rc, rest = 0, named
     for v in ops.status(rest, lambda _r: runner) if rest else []:

@@ -22,15 +22,15 @@ runtime puts in state.json (runtime/caches.py).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
-from .records import record
 
 _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
 CACHE_REPORTS = "run/caches"  # in the job directory: one file per instance attempt and node
 
 
-@record
+@dataclass(frozen=True)
 class CachePlan:
     name: str      # the cache's own name: vllm, triton, deep_gemm, ...
     var: str       # the environment variable the engine reads

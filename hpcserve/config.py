@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+from dataclasses import dataclass, field, make_dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +22,6 @@ from .errors import ConfigError, echo, escape, shorten
 from .schema import FieldProblem, Validator, doc, json_schema, schema_ref
 from .values import ENV_NAME, FLAG_NAME, NAME, ArgValue, EnvValue, check_secrets, looks_secret
 from .yamlsrc import Origin, Positions, check_string, format_path, load_file, load_text
-from .records import field, make_record, record, replace
 
 BUNDLED_SITES = package_data.path("site_configs")
 BUNDLED_PROFILES = package_data.path("models")
@@ -51,7 +51,7 @@ DTYPE_BYTES = {"fp8": 1.0, "int4": 0.5625, "bf16": 2.0, "fp16": 2.0}  # trtllm-s
 
 # ------------------------------------------------------------------------------------------ site
 
-@record
+@dataclass(frozen=True)
 class SlurmOptions:
     """What sbatch is asked for; repeated in every het-job component."""
 
@@ -78,7 +78,7 @@ class SlurmOptions:
         "(--signal=B:TERM@N)", ge=10, le=3600))
 
 
-@record
+@dataclass(frozen=True)
 class NodeFacts:
     gpus: int = field(default=8, metadata=doc("GPUs per node", ge=1, le=64))
     gpu_type: str = field(default="H200", metadata=doc("GPU model, informational"))
@@ -104,7 +104,7 @@ IMAGE_REF_HELP = ("an image path or reference; pinned by digest, it ends in @sha
                   "lower-case hex digits")
 
 
-@record
+@dataclass(frozen=True)
 class ImageCache:
     """A site-wide cache of imported images: every user reads it, its owner alone writes it."""
 
@@ -119,7 +119,7 @@ class ImageCache:
         pattern_help="a Unix user name such as hpcsvc"))
 
 
-@record
+@dataclass(frozen=True)
 class Container:
     runtime: Literal["pyxis", "enroot", "apptainer", "none"] = field(
         default="none", metadata=doc("how engines are started on the nodes"))
@@ -141,7 +141,7 @@ class Container:
         pattern_help="an environment variable name such as NCCL_IB_HCA"))
 
 
-@record
+@dataclass(frozen=True)
 class Network:
     interface: str = field(default="auto", metadata=doc(
         "the interface whose address engines bind and advertise; auto = default route's",
@@ -161,7 +161,7 @@ class Network:
         check_secrets(self.env, "env", args=False)
 
 
-@record
+@dataclass(frozen=True)
 class Paths:
     jobs_dir: str = field(default="~/hpcserve-jobs", metadata=doc(
         "where job directories are written (must be on a file system the nodes share)",
@@ -208,7 +208,7 @@ class Paths:
 SEGMENT_SINCE = (24, 5)
 
 
-@record
+@dataclass(frozen=True)
 class Fabric:
     """The nodes' NVLink domains (GB200/GB300 NVL72: 18 nodes of 4 GPUs per rack) and how Slurm
     knows them: each instance is asked to stay inside one domain, an instance larger than a
@@ -238,7 +238,7 @@ class Fabric:
                     "each NVLink domain a leaf switch in topology.conf)")
 
 
-@record
+@dataclass(frozen=True)
 class SiteMetrics:
     """How the site's Prometheus finds a deployment's metrics while it serves."""
 
@@ -250,7 +250,7 @@ class SiteMetrics:
         pattern_help="an absolute path (or one starting with ~) without control characters"))
 
 
-@record
+@dataclass(frozen=True)
 class Site:
     """A cluster: Slurm options, node facts, container runtime, network and paths."""
 
@@ -268,7 +268,7 @@ class Site:
 
 # ----------------------------------------------------------------------------------- deployment
 
-@record
+@dataclass(frozen=True)
 class SimFault:
     """A fault the simulated engine injects (simulate: true only)."""
 
@@ -290,7 +290,7 @@ class SimFault:
     ranks: list[int] | None = field(default=None, metadata=doc("node ranks hit (default all)"))
 
 
-@record
+@dataclass(frozen=True)
 class Recovery:
     """What happens when one instance of the role fails while the deployment serves (its step
     exits, it hangs, its node is lost, its port is taken): it is taken out of the router, its
@@ -326,7 +326,7 @@ def duration_s(v: float | str) -> float:
     return int(got) if got == int(got) else got
 
 
-@record
+@dataclass(frozen=True)
 class Autoscale:
     """Instances of the role added and removed on load while the deployment serves: each one an
     instance job of its own, rendered at submit (spare "slots" under the job directory's
@@ -393,11 +393,11 @@ def role_type(engine: str) -> type:
     ports = [(name, int | None, field(default=None, metadata=doc(text, ge=1024, le=65535)))
              for name, text in a.port_fields.items()]
     sim = [("sim_fault", SimFault | None, field(default=None))]
-    return make_record(f"{a.title}Role", [*ROLE_FIELDS, *ports, *sim], bases=(a.settings,),
-                       module=__name__)
+    return make_dataclass(f"{a.title}Role", [*ROLE_FIELDS, *ports, *sim], bases=(a.settings,),
+                          frozen=True, namespace={"__module__": __name__})
 
 
-@record
+@dataclass(frozen=True)
 class ModelRef:
     profile: str = field(metadata=doc("a bundled profile name (hpcserve profiles) or a path"))
     path: str = field(metadata=doc("weights directory as seen on the nodes"))
@@ -408,7 +408,7 @@ class ModelRef:
         "against a SHA-256 manifest; the engines then read the local copy"))
 
 
-@record
+@dataclass(frozen=True)
 class Engine:
     name: EngineName = field(default=engines.DEFAULT, metadata=doc("the inference engine"))
     version: str | None = field(default=None, metadata=doc(
@@ -432,7 +432,7 @@ class Engine:
     sim_decode_s_per_token: float = field(default=0.0, metadata=doc("", ge=0))
 
 
-@record
+@dataclass(frozen=True)
 class Router:
     enabled: bool = True
     placement: Literal["prefill", "own"] = field(default="prefill", metadata=doc(
@@ -452,7 +452,7 @@ class Router:
         check_secrets(self.env, "env", args=False)
 
 
-@record
+@dataclass(frozen=True)
 class Readiness:
     engine_timeout: int = field(default=5400, metadata=doc(
         "seconds for every instance to answer /health (1T-parameter loads take tens of minutes)",
@@ -463,7 +463,7 @@ class Readiness:
         "tokens the smoke request must return (0 disables the smoke request)", ge=0))
 
 
-@record
+@dataclass(frozen=True)
 class Liveness:
     """While serving: every `interval` s all instance leaders and the router are probed at once,
     each probe bounded by `timeout` s, and each engine's progress counters (its Prometheus
@@ -490,7 +490,7 @@ class Liveness:
         "sets one role's)", ge=1, le=86400))
 
 
-@record
+@dataclass(frozen=True)
 class Workload:
     """The requests the deployment is sized for: the fit report counts how many fit at once
     (default: the seed guides' benchmark, 2,000 input and 100 output tokens)."""
@@ -505,7 +505,7 @@ WAIVABLE_CHECKS = ("tools", "image", "model", "gpus", "fabric", "ib", "peer_memo
                    "memlock", "ports", "clock")
 
 
-@record
+@dataclass(frozen=True)
 class Preflight:
     """Checks run on every node at once, in the job's first step, before any engine starts: the
     job's Python and tools, the image, the model's files (the same on every node), GPUs and
@@ -533,7 +533,7 @@ class Preflight:
 BENCH_CLIENTS = tuple(CLIENTS)
 
 
-@record
+@dataclass(frozen=True)
 class Benchmark:
     """Once the deployment serves, the engine's own serving benchmark runs against the router
     from inside the allocation: one run per point of the sweep (each concurrency, at each request
@@ -584,7 +584,7 @@ class Benchmark:
                                                    f"not {vals[bad[0]]}")
 
 
-@record
+@dataclass(frozen=True)
 class Renew:
     """Instance jobs that outlive their time limit (`hpcserve scale --add`): each is rendered
     twice, and the running one submits its twin `margin` before its limit; once the twin's
@@ -598,7 +598,7 @@ class Renew:
         pattern=TIME, pattern_help="a time such as 04:00:00 or 1-00:00:00"))
 
 
-@record
+@dataclass(frozen=True)
 class Deployment:
     """One deployment: which model, on which site, with which engine and roles."""
 
@@ -661,7 +661,7 @@ class Deployment:
 
 # ---------------------------------------------------------------------------------------- profile
 
-@record
+@dataclass(frozen=True)
 class Architecture:
     family: str = field(metadata=doc("architecture family, e.g. deepseek_v3"))
     parameters_b: float = field(metadata=doc("total parameters, billions", ge=0))
@@ -737,12 +737,13 @@ class Architecture:
 def defaults_type(engine: str) -> type:
     """A profile's section for `engine`: settings for every role, then per role."""
     a = engines.get(engine)
-    return make_record(f"{a.title}Defaults", [(r, a.settings, field(default_factory=a.settings))
-                                              for r in ("common", "prefill", "decode", "worker")],
-                       module=__name__)
+    sections = [(r, a.settings, field(default_factory=a.settings))
+                for r in ("common", "prefill", "decode", "worker")]
+    return make_dataclass(f"{a.title}Defaults", sections, frozen=True,
+                          namespace={"__module__": __name__})
 
 
-@record
+@dataclass(frozen=True)
 class ProfileBase:
     """A model profile: architecture facts and engine defaults ("the model drives the deployment")."""
 
@@ -753,14 +754,15 @@ class ProfileBase:
 
 
 # One section per engine (named like the engine) with its defaults.
-Profile = make_record("Profile", [(n, defaults_type(n), field(default_factory=defaults_type(n)))
-                                 for n in engines.names()], bases=(ProfileBase,), module=__name__)
+Profile = make_dataclass("Profile", [(n, defaults_type(n), field(default_factory=defaults_type(n)))
+                                    for n in engines.names()], bases=(ProfileBase,), frozen=True,
+                         namespace={"__module__": __name__})
 Profile.__doc__ = ProfileBase.__doc__
 
 
 # ------------------------------------------------------------------------------------ resolution
 
-@record
+@dataclass(frozen=True)
 class Resolved:
     """Everything the planner needs, validated; `sources` says where each value came from."""
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import package_data
@@ -49,7 +50,6 @@ from .compile_caches import user_root
 from .errors import ConfigError
 from .templates import jinja
 from .words import Word
-from .records import record
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -76,7 +76,7 @@ _BAD_MOUNT_CHARS = re.compile(r"[,:\s]")
 _URI_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*://")  # not registry:5000/img
 
 
-@record
+@dataclass(frozen=True)
 class Mount:
     src: str
     dst: str

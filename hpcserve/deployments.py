@@ -20,11 +20,11 @@ import json
 import os
 import posixpath
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
 from .errors import HpcserveError
-from .records import asdict, record
 
 
 def index_path() -> Path:
@@ -33,7 +33,7 @@ def index_path() -> Path:
     return Path(base) / "deployments.jsonl"
 
 
-@record
+@dataclass(frozen=True)
 class Entry:
     job_id: str
     name: str
@@ -90,7 +90,7 @@ def entries() -> list[Entry]:
     for ln in lines:
         try:
             d = json.loads(ln)
-            e = Entry(**{k: d[k] for k in Entry.__record_fields__ if k in d})
+            e = Entry(**{k: d[k] for k in Entry.__dataclass_fields__ if k in d})
         except (ValueError, TypeError):
             continue
         out[(e.remote, e.job_dir or e.job_id)] = e

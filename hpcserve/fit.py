@@ -21,15 +21,15 @@ The engine's rule for the KV budget comes from its adapter (EngineAdapter.memory
 from __future__ import annotations
 
 
+from dataclasses import dataclass
 from typing import Any
 
-from .records import record
 
 # GPU memory is counted as nvidia-smi and the GPU names do (an H200's "141 GB" is 141 GiB).
 GIB = 2 ** 30
 
 
-@record
+@dataclass(frozen=True)
 class RoleFit:
     role: str
     gpus: int                    # per instance

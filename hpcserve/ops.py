@@ -13,20 +13,25 @@ import posixpath
 import re
 import tempfile
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import deployments
 from .errors import HpcserveError
-from .runtime import slurm_parsers as parsers
 from .runtime.contract import SCALE_DIR, SERVING_PHASES, TERMINAL_PHASES
+from .runtime.slurm_cluster import config_argv, parse_config
+from .runtime.slurm_jobs import ACTIVE_STATES, fold_het
+from .runtime.slurm_queue import (parse_sacct, parse_squeue_format, sacct_argv, sacct_disabled,
+                                  squeue_argv)
+from .runtime.slurm_reasons import reason_in_words
+from .runtime.slurm_scontrol import parse_scontrol_job, scontrol_argv
 from .slurm.client import parse_job_id
 from .slurm.runner import SlurmUnreachable, read_json
 from .ports import least_clashing
-from .records import field, record
 
 # Slurm's states of a job that has not ended: the parsers' one list (a job held after a requeue
 # or stopped is not over)
-ACTIVE_SLURM = parsers.ACTIVE_STATES
+ACTIVE_SLURM = ACTIVE_STATES
 # View.ended of a job that Slurm no longer lists, in its queue or its accounting
 GONE = "Slurm no longer lists the job"
 
@@ -41,7 +46,7 @@ def runner_for(remote: str | None, **ssh: Any):
 
 # ------------------------------------------------------------------------------------- submit
 
-@record(frozen=False)
+@dataclass
 class Submitted:
     job_id: str
     job_dir: str
@@ -192,8 +197,8 @@ def _submit_in_allocation(p, cfg, *, runner, remote: str | None, out: str | None
 
 def cluster_name(runner) -> str | None:
     """Slurm's ClusterName where the runner runs (None where scontrol does not say)."""
-    res = runner.run(parsers.config_argv(), check=False)
-    return parsers.parse_config(res.out).get("ClusterName") if res.rc == 0 else None
+    res = runner.run(config_argv(), check=False)
+    return parse_config(res.out).get("ClusterName") if res.rc == 0 else None
 
 
 def job_state(runner, job_dir: str) -> dict:
@@ -275,7 +280,7 @@ def check_router_python(p, runner) -> None:
 
 # ------------------------------------------------------------------------------------- status
 
-@record(frozen=False)
+@dataclass
 class View:
     job_id: str
     name: str
@@ -292,6 +297,8 @@ class View:
     health: str | None = None
     allocation: str | None = None  # in an allocation the user holds: its job id
     front: str | None = None       # an instance job: its deployment's front job directory
+    kind: str | None = None        # deployment_jobs' kind: front, instance, slot (None: not asked)
+    successor_of: str | None = None  # a renewal's successor: the job its pair was recorded as
     driver: str | None = None      # its driver process: running, gone, elsewhere
     state: dict = field(default_factory=dict)
 
@@ -341,8 +348,8 @@ class View:
 
 
 def _squeue(runner) -> dict[str, Any]:
-    res = runner.run(parsers.squeue_argv(), check=True)
-    return {j.job_id: j for j in parsers.fold_het(parsers.parse_squeue_format(res.out))}
+    res = runner.run(squeue_argv(), check=True)
+    return {j.job_id: j for j in fold_het(parse_squeue_format(res.out))}
 
 
 def status(entries: list[deployments.Entry], runner_of: Callable[[str | None], Any],
@@ -405,10 +412,10 @@ def _from_accounting(runner, views: list[View]) -> None:
     missing = [v for v in views if v.slurm_state is None and v.phase not in TERMINAL_PHASES]
     if not missing:
         return
-    res = runner.run(parsers.sacct_argv([v.job_id for v in missing]), check=False)
-    if res.rc != 0 or parsers.sacct_disabled(res):
+    res = runner.run(sacct_argv([v.job_id for v in missing]), check=False)
+    if res.rc != 0 or sacct_disabled(res):
         return
-    by_id = {j.job_id: j for j in parsers.fold_het(parsers.parse_sacct(res.out))}
+    by_id = {j.job_id: j for j in fold_het(parse_sacct(res.out))}
     for v in missing:
         j = by_id.get(v.job_id)
         if j is not None:
@@ -437,7 +444,7 @@ REASONS = {"cancelled": "cancelled", "time_limit": "stopped at the time limit"}
 def describe(v: View) -> str:
     ph = v.summary_phase
     if ph == "pending":
-        words = parsers.reason_in_words(v.reason or "")
+        words = reason_in_words(v.reason or "")
         return f"pending: {words}" if words else "pending"
     if ph == "starting" and v.engines:
         return f"starting: engines {v.engines} ready"
@@ -575,13 +582,22 @@ def grouped(views: list[View]) -> list[tuple[View, bool]]:
     return out + [(v, False) for v in views if id(v) in left]
 
 
+def _kind_words(v: View) -> str:
+    """A slot job or a renewal's successor said beside its name: its indented row alone reads
+    as an instance job `hpcserve scale` submitted."""
+    words = (["slot"] if v.kind == "slot" else []) + (
+        [f"successor of {v.successor_of}"] if v.successor_of else [])
+    return f" ({', '.join(words)})" if words else ""
+
+
 def status_table(views: list[View], instances: bool = False) -> str:
-    """One row per job, a deployment's instance jobs indented under its front; with
-    `instances`, each serving job's instance lines under its row."""
+    """One row per job, a deployment's instance, slot and successor jobs indented under its
+    front (a slot's and a successor's name marked so); with `instances`, each serving job's
+    instance lines under its row."""
     order = grouped(views)
     views = [v for v, _ in order]
     rows = [("JOB", "NAME", "SLURM", "PHASE")] + [
-        (("  " if sub else "") + v.job_id, v.name, _slurm_cell(v), describe(v))
+        (("  " if sub else "") + v.job_id, v.name + _kind_words(v), _slurm_cell(v), describe(v))
         for v, sub in order]
     head, *lines = _columns(rows)
     out = [head]
@@ -627,7 +643,7 @@ _LOG_NAME = re.compile(r"(?P<base>[^.]+)(?:\.attempt(?P<attempt>\d+))?"
                        r"\.(?:srun\.)?log")
 
 
-@record
+@dataclass(frozen=True)
 class LogName:
     base: str                 # decode-0 / router / batch-123 / hpcserve-job / discover-0
     attempt: int = 0          # which start of the instance (0 for the job's own logs)
@@ -732,7 +748,7 @@ def whoami(runner) -> str:
 def with_user(cfg, runner, remote: str | None):
     """`cfg` for the user its jobs run as: over SSH the remote account (its per-user caches'
     owner), which may be named otherwise than this machine's user (the plan's default)."""
-    from .records import replace
+    from dataclasses import replace
     return cfg if remote is None else replace(cfg, user=whoami(runner))
 
 
@@ -744,12 +760,12 @@ def resolve(job: str, remote: str | None, runner) -> deployments.Entry:
     jid = job.split("+")[0]
     if not jid.isdigit():
         raise HpcserveError(f"{job!r} is not a job id")
-    res = runner.run(parsers.scontrol_argv(jid), check=False)
+    res = runner.run(scontrol_argv(jid), check=False)
     if res.rc != 0:
         why = " | ".join((res.err or res.out).strip().splitlines()[-2:])
         raise HpcserveError(f"job {jid} is not in hpcserve's list and Slurm does not know it "
                             f"({why})")
-    recs = parsers.parse_scontrol_job(res.out)
+    recs = parse_scontrol_job(res.out)
     others = sorted({r.user for r in recs if r.user} - {me := whoami(runner)})
     if others:
         # its job directory would be theirs: `scale` or `upgrade` would render and submit

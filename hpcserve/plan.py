@@ -13,6 +13,7 @@ import getpass
 import hashlib
 import posixpath
 import re
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
 from . import bench_sweep, engines, fit
@@ -28,7 +29,6 @@ from .runtime.contract import API_KEY_VAR, RENEW_SIGNAL_NUMBER
 from .values import FromEnv
 from .words import Var, Word
 from .yamlsrc import format_path
-from .records import field, record, replace
 
 # #SBATCH options the plan itself writes: an extra directive repeating one would silently win.
 OWNED_DIRECTIVES = {
@@ -46,7 +46,7 @@ OWNED_DIRECTIVES = {
 }
 
 
-@record
+@dataclass(frozen=True)
 class Component:
     index: int
     name: str
@@ -54,7 +54,7 @@ class Component:
     directives: tuple[tuple[str, str | None], ...]
 
 
-@record
+@dataclass(frozen=True)
 class Instance:
     role: str
     index: int
@@ -91,7 +91,7 @@ class Instance:
         return dict(self.parallel).get(name)
 
 
-@record
+@dataclass(frozen=True)
 class RouterPlan:
     component: int
     node_offset: int
@@ -111,7 +111,7 @@ class RouterPlan:
     package: str | None = None     # the Python package its python must import; None: none
 
 
-@record
+@dataclass(frozen=True)
 class BenchPlan:
     """benchmark: the client's run per point, where it runs, and what the gate asks."""
 
@@ -126,7 +126,7 @@ class BenchPlan:
     spec: dict             # plan.json's benchmark block
 
 
-@record
+@dataclass(frozen=True)
 class Plan:
     name: str
     engine: str
@@ -287,14 +287,14 @@ def _secret_names(obj: Any) -> list[str]:
         return [n for v in obj.values() for n in _secret_names(v)]
     if isinstance(obj, (list, tuple)):
         return [n for v in obj for n in _secret_names(v)]
-    if hasattr(obj, "__record_fields__"):
-        return [n for f in obj.__record_fields__ for n in _secret_names(getattr(obj, f))]
+    if is_dataclass(obj):
+        return [n for f in fields(obj) for n in _secret_names(getattr(obj, f.name))]
     return []
 
 
 # ------------------------------------------------------------------------------------- the steps
 
-@record(frozen=False)
+@dataclass
 class _Draft:
     """What the steps of `build` fill in, in order."""
 

@@ -12,6 +12,7 @@ import os
 import re
 import secrets
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 from . import __version__, engines, package_data
@@ -21,7 +22,6 @@ from .engines.bench_clients import CLIENTS, BenchClient
 from .errors import HpcserveError
 from .config import SOURCE_FILE, source_text
 from .plan import Instance, Plan
-from .records import replace
 from .plan_json import dumps as spec_dumps
 from .plan_json import api_key, job_spec
 from .runtime.contract import API_KEY_FILE, SHAPE_VARS, step_prefix

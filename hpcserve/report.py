@@ -12,16 +12,16 @@ from __future__ import annotations
 import base64
 import html
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import HpcserveError
 from .slurm.runner import read_json
-from .records import record
 
 PLOTS = ("throughput.png", "latency.png")
 
 
-@record
+@dataclass(frozen=True)
 class JobBench:
     job_id: str
     name: str

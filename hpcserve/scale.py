@@ -16,12 +16,12 @@ import json
 import posixpath
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import deployments, ops, renewals
+from . import deployment_jobs, deployments, ops
 from .errors import HpcserveError
-from .records import record
 from .runtime.contract import (CANNOT_ADD, CONTROL_DIR, SCALE_DIR, SERVING_PHASES,
                                 drain_request_path)
 from .slurm.runner import read_json
@@ -29,7 +29,7 @@ from .slurm.runner import read_json
 WAIT_MARGIN_S = 30           # --wait: the drain's own timeout, and this for the stop after it
 
 
-@record
+@dataclass(frozen=True)
 class Front:
     """A deployment's front job as `hpcserve scale` needs it: its entry, plan.json, and where
     Slurm and its state.json say it stands."""
@@ -43,7 +43,7 @@ class Front:
         return sorted({i["role"] for i in self.spec.get("instances", [])})
 
 
-@record
+@dataclass(frozen=True)
 class Drain:
     """One instance picked to drain, and the job that runs it."""
 
@@ -173,7 +173,9 @@ def next_seq(runner, front_dir: str, role: str) -> int:
 def pick(f: Front, runner, role: str, count: int) -> list[Drain]:
     """`count` serving instances of `role` to drain: the newest instance job's first, the
     front's own last; one with a drain request pending is not picked again."""
-    jobs = list(reversed(renewals.instance_jobs(f.entry, runner))) + [f.entry]
+    # instance jobs only: the slots are the autoscaler's to drain
+    jobs = [j.entry for j in reversed(deployment_jobs.jobs_of(f.entry, runner).instances)] + \
+        [f.entry]
     views = {v.job_dir: v for v in ops.status(jobs[:-1], lambda _r: runner)}
     views[f.entry.job_dir] = f.view
     found = []

@@ -1,21 +1,23 @@
-"""A small typed-schema engine over records: validation with file:line errors, and JSON Schema.
+"""A small typed-schema engine over dataclasses: validation with file:line errors, and JSON Schema.
 
 Why not pydantic or msgspec: pydantic's import alone costs more than hpcserve's whole render
 budget, and msgspec's error paths drop mapping keys (`$.roles[...]`), so an error could not name the
-role or the line. This module walks the records' type hints instead (about 200 lines).
+role or the line. This module walks the dataclasses' type hints instead (about 200 lines).
 Field metadata: doc, ge, le, pattern, examples.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 import types
 import typing
+from dataclasses import MISSING, Field, fields, is_dataclass
+from functools import cache
 from typing import Any, Literal, Union
 
 from .errors import ConfigError, echo, shorten
-from .records import MISSING, Field, fields, field_types, is_record
 from .yamlsrc import Positions, format_path
 
 _NoneType = type(None)
@@ -28,6 +30,23 @@ def doc(text: str, **meta: Any) -> dict:
 
 def fields_of(cls: type) -> dict[str, Field]:
     return {f.name: f for f in fields(cls)}
+
+
+@cache
+def field_types(cls: type) -> dict[str, Any]:
+    """Each field's type, its annotation evaluated (`from __future__ import annotations` leaves
+    it a string), as `typing.get_type_hints` gives it; once per class."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+def class_doc(cls: type) -> str | None:
+    """The docstring the class was declared with: None for one declared without, whose
+    `__doc__` dataclasses fills with its signature."""
+    text = cls.__doc__
+    if text and text == cls.__name__ + str(inspect.signature(cls)).replace(" -> None", ""):
+        return None
+    return text
 
 
 def _is_union(tp: Any) -> bool:
@@ -46,7 +65,7 @@ def type_name(tp: Any) -> str:
         return f"a list of {type_name(typing.get_args(tp)[0])}"
     if origin is dict:
         return "a mapping"
-    if is_record(tp):
+    if is_dataclass(tp):
         return "a mapping"
     return {str: "a string", int: "an integer", float: "a number", bool: "true or false",
             dict: "a mapping", list: "a list"}.get(
@@ -155,7 +174,7 @@ class Validator:
                 self._check_key_pattern(k, meta, path + (k,))
                 out[k] = self.convert(v, vt, path + (k,))
             return out
-        if is_record(tp):
+        if is_dataclass(tp):
             return self.build(tp, value, path)
         return self._scalar(value, tp, path, meta)
 
@@ -164,7 +183,7 @@ class Validator:
         origin = typing.get_origin(tp)
         if origin is list:
             return isinstance(value, list)
-        if origin is dict or is_record(tp):
+        if origin is dict or is_dataclass(tp):
             return isinstance(value, dict)
         if origin is Literal:
             return not isinstance(value, (dict, list))
@@ -246,7 +265,7 @@ def _about(f: Field) -> str:
 
 
 class FieldProblem(Exception):
-    """Raised by a record's validate() to point at one of its own fields."""
+    """Raised by a dataclass's validate() to point at one of its own fields."""
 
     def __init__(self, subpath: str | tuple, message: str):
         self.subpath = (subpath,) if isinstance(subpath, str) else subpath
@@ -264,7 +283,7 @@ def json_schema(root: type, title: str) -> dict:
 
 
 def schema_ref(tp: Any, defs: dict) -> dict:
-    """The schema of `tp` (a $ref for a record), adding what it needs to `defs`."""
+    """The schema of `tp` (a $ref for a dataclass), adding what it needs to `defs`."""
     return _schema_of(tp, defs, {})
 
 
@@ -292,7 +311,7 @@ def _schema_of(tp: Any, defs: dict, meta: dict) -> dict:
         if "key_pattern" in meta:
             s["propertyNames"] = {"pattern": "^" + meta["key_pattern"] + "$"}
         return s
-    if is_record(tp):
+    if is_dataclass(tp):
         name = tp.__name__
         if name not in defs:
             defs[name] = {}  # placeholder against recursion
@@ -305,8 +324,9 @@ def _schema_of(tp: Any, defs: dict, meta: dict) -> dict:
                 elif f.default is not MISSING and _jsonable(f.default):
                     props[f.name]["default"] = f.default
             d = {"type": "object", "properties": props, "additionalProperties": False}
-            if tp.__doc__:
-                d["description"] = " ".join(tp.__doc__.split())
+            described = class_doc(tp)
+            if described:
+                d["description"] = " ".join(described.split())
             if required:
                 d["required"] = required
             defs[name] = d

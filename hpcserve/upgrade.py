@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import posixpath
 import time
+from dataclasses import dataclass
 from typing import Callable
 
-from . import config, deployments, engines, ops, renewals, scale
+from . import config, deployment_jobs, deployments, engines, ops, scale
 from .errors import HpcserveError
-from .records import record
 from .engines.flags import vkey
 from .runtime.contract import SERVING_PHASES, TERMINAL_PHASES
 from .slurm.runner import read_json
@@ -37,7 +37,7 @@ SETTABLE = ("engine.version", "engine.image")
 POLL_S = 1.0    # s between two looks at a surge job's state
 
 
-@record
+@dataclass(frozen=True)
 class Old:
     """One serving instance to replace, and the job that runs it."""
 
@@ -110,7 +110,7 @@ def olds(f: scale.Front, runner, new: config.Resolved) -> list[Old]:
     """Every serving instance of the deployment not at the new release: the front's own first,
     then each instance job's, oldest first."""
     # a renewing instance job's pair: whichever job runs each of its directories now
-    jobs = [f.entry] + renewals.instance_jobs(f.entry, runner)
+    jobs = [f.entry] + [j.entry for j in deployment_jobs.jobs_of(f.entry, runner).instances]
     views = {v.job_dir: v for v in ops.status(jobs[1:], lambda _r: runner)} if jobs[1:] else {}
     views[f.entry.job_dir] = f.view
     want = release(new)

@@ -1,23 +1,23 @@
 """Value types and name patterns shared by the configuration and the engine adapters.
 
-They live apart from config.py because the engines' settings records use them while config.py
+They live apart from config.py because the engines' settings classes use them while config.py
 imports the engines (to know their vocabularies): neither may import the other's module first.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Union
 
 from .schema import FieldProblem, doc
-from .records import field, record
 
 NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}"
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 FLAG_NAME = r"[a-z0-9][a-z0-9-]*"
 
 
-@record
+@dataclass(frozen=True)
 class FromEnv:
     """A value read at run time from the submitting environment (sbatch exports it to the job):
     how secrets are given, by name, so that no file of the job directory ever holds them."""

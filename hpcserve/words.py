@@ -9,12 +9,11 @@ interpreted by the shell.
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from typing import Union
 
-from .records import record
 
-
-@record
+@dataclass(frozen=True)
 class Var:
     name: str
     unset_ok: bool = False  # empty where the variable is not set (under `set -u` too)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import re
 import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .errors import ConfigError, echo, escape, shorten
-from .records import field, record
 
 try:  # the C composer is several times faster on large files
     from yaml import CSafeLoader as _Loader
@@ -28,13 +28,13 @@ CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 Path_ = tuple  # a value's path: keys (str) and list indexes (int)
 
 
-@record
+@dataclass(frozen=True)
 class Origin:
     file: str
     line: int | None = None
 
 
-@record(frozen=False)
+@dataclass
 class Positions:
     """Where each value of a loaded document came from."""
 

@@ -4,7 +4,7 @@ config, plan, render and the in-job runtime call these interfaces and never name
 engine is one module here (its adapter) plus its simulated stand-in under hpcserve/sim/.
 
 An adapter owns, for its engine:
-- its settings vocabulary (a record of named settings; a model profile's section of the same
+- its settings vocabulary (a dataclass of named settings; a model profile's section of the same
   name holds its defaults) and its flag matrix per release (engines/flags.py);
 - topology validation: from an instance's GPUs and nodes and the merged settings, the parallel
   layout (`layout`), or a FlagError naming the setting that cannot work;
@@ -25,6 +25,7 @@ cpus_per_task and srun_args reach the Slurm request.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -33,7 +34,6 @@ from ..schema import doc
 from ..values import ENV_NAME, FLAG_NAME, check_secrets
 from ..words import Var, Word
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, arg_words, check_not_empty
-from ..records import field, record
 
 SIM_DIR = package_data.path("sim")
 
@@ -118,7 +118,7 @@ def tp_pp(ctx: "RoleContext", why: str = "") -> tuple[int, int]:
 
 
 class SettingsBase:
-    """Mixin of every engine's settings record: secrets only by name, in args and env."""
+    """Mixin of every engine's settings dataclass: secrets only by name, in args and env."""
 
     def validate(self) -> None:
         check_secrets(getattr(self, "args"), "args", args=True)
@@ -127,10 +127,10 @@ class SettingsBase:
 
 def setting_names(settings_cls: type) -> tuple[str, ...]:
     """The named settings of a vocabulary (everything but the raw `args` and `env`)."""
-    return tuple(n for n in settings_cls.__record_fields__ if n not in ("args", "env"))
+    return tuple(f.name for f in fields(settings_cls) if f.name not in ("args", "env"))
 
 
-@record
+@dataclass(frozen=True)
 class PortRequest:
     """A port an instance needs on each of its nodes, from the plan's one registry.
 
@@ -146,7 +146,7 @@ class PortRequest:
     label: str | None = None
 
 
-@record
+@dataclass(frozen=True)
 class RoleContext:
     """One role of the deployment as the adapter sees it: the planner's topology facts and the
     settings merged from the profile's section and the role."""
@@ -162,7 +162,7 @@ class RoleContext:
     node: Any = None              # the site's node facts (GPUs, CPU cores, NUMA, memory)
 
 
-@record
+@dataclass(frozen=True)
 class Layout:
     """The parallel layout the adapter chose for every instance of a role."""
 
@@ -180,7 +180,7 @@ class Layout:
         return dict(self.parallel).get(name)
 
 
-@record
+@dataclass(frozen=True)
 class MemoryBudget:
     """What the engine leaves for the KV cache on one GPU, and the rule with its numbers."""
 
@@ -194,7 +194,7 @@ def kv_dtype_bytes(value: Any) -> float:
     return 1.0 if value and str(value).lower().startswith("fp8") else 2.0
 
 
-@record
+@dataclass(frozen=True)
 class Net:
     """What the launch needs of the site's network: the IB device word for the engine's own
     flag (a Var when discovered on the node), whether there are HCAs at all."""
@@ -204,7 +204,7 @@ class Net:
     iface: Word | None = None  # the interface engines bind (site.network.interface, resolved)
 
 
-@record
+@dataclass(frozen=True)
 class Launch:
     argv: tuple[Word, ...]                      # the same on every node of the instance
     rank_argv: tuple[tuple[Word, ...], ...] = ()  # per node rank: what that rank adds
@@ -217,7 +217,7 @@ class Launch:
     files: tuple[tuple[str, str], ...] = ()
 
 
-@record
+@dataclass(frozen=True)
 class RouterReadiness:
     """How the orchestrator knows the router routes to every worker: GET `path` answers 200 and
     the JSON numbers at the dotted paths `count` add up to at least the expected workers."""
@@ -226,7 +226,7 @@ class RouterReadiness:
     count: tuple[str, ...]
 
 
-@record
+@dataclass(frozen=True)
 class CacheVar:
     """A compile or JIT cache that the engine's release reads from an environment variable.
     hpcserve points `var` at <cache_dir>/<model>/<engine>-<release>/<gpu type>/<name> so that it
@@ -240,7 +240,7 @@ class CacheVar:
     probe: str = ""
 
 
-@record
+@dataclass(frozen=True)
 class Metrics:
     """The engine's Prometheus metrics, read while serving to tell a hung engine from a busy
     one: `progress` counters move while it works; `pending` gauges count the requests it
@@ -362,7 +362,7 @@ class NoRouter(RouterAdapter):
 class EngineAdapter:
     name: str                # engine.name in a deployment, and the profile section
     title: str               # "SGLang"
-    settings: type           # the settings vocabulary (a record, SettingsBase)
+    settings: type           # the settings vocabulary (a dataclass, SettingsBase)
     matrix: FlagMatrix
     vocabulary: Vocabulary
     router: RouterAdapter

@@ -15,16 +15,16 @@ as a bearer token (sglang/benchmark/serving.py, vllm/benchmarks/lib/endpoint_req
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from ..words import Word
-from ..records import record
 
 # What the report shows of each latency, and the client's own name for it.
 STATS = ("mean", "median", "p90", "p99")
 METRICS = ("ttft", "tpot", "itl", "e2e")
 
 
-@record
+@dataclass(frozen=True)
 class BenchPoint:
     """One run of the client: requests in flight at once, the arrival rate, how many."""
 
@@ -38,7 +38,7 @@ class BenchPoint:
         return f"c{self.concurrency}{rate}"
 
 
-@record
+@dataclass(frozen=True)
 class BenchRun:
     """What every client is told: the same workload, whoever's client runs it."""
 

@@ -11,13 +11,13 @@ replaces it).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Mapping
 
 from .. import package_data
 from ..errors import echo
 from ..words import Var, Word
-from ..records import record
 
 DATA = package_data.path("engines", "data")
 
@@ -52,7 +52,7 @@ def _load(filename: str) -> dict:
         return json.load(f)["versions"]
 
 
-@record
+@dataclass(frozen=True)
 class Release:
     engine: str           # the engine's title, for messages ("SGLang")
     version: str          # as configured
@@ -72,7 +72,7 @@ class Release:
         return vkey(self.data_version) >= vkey(version)
 
 
-@record
+@dataclass(frozen=True)
 class FlagMatrix:
     title: str      # "SGLang"
     filename: str   # under engines/data/
@@ -163,7 +163,7 @@ def flags_of(words: list[Word]) -> list[str]:
 Spelling = Callable[[Any], list]
 
 
-@record
+@dataclass(frozen=True)
 class Vocabulary:
     """How an engine spells its named settings (in argv order) and guards its raw `args`."""
 

@@ -19,6 +19,7 @@ Two ways people run it, two adapters:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ..schema import doc
@@ -32,7 +33,6 @@ from .sglang import LEGACY as SGLANG_LEGACY
 from .sglang import OWNED as SGLANG_OWNED
 from .sglang import SPELLINGS as SGLANG_SPELLINGS
 from .sglang import SGLang, SGLangSettings
-from ..records import field, record
 
 # What kt-kernel accepts as --kt-method (kt-kernel python/experts.py, KTransformers 0.7.0).
 KT_METHODS = ("AMXINT4", "AMXINT8", "RAWINT4", "FP8", "FP8_PERCHANNEL", "BF16", "LLAMAFILE",
@@ -44,7 +44,7 @@ METHOD_BYTES = {"AMXINT4": 0.5, "AMXINT8": 1.0, "RAWINT4": 0.5, "FP8": 1.0,
                 "LLAMAFILE": 0.5625}   # LLAMAFILE: GGUF Q4_K, 4.5 bits per weight
 
 
-@record
+@dataclass(frozen=True)
 class KTSettings(SGLangSettings):
     """SGLang's settings plus the kt-kernel CPU expert settings."""
 
@@ -159,7 +159,7 @@ ADAPTER = KTransformers()
 
 # ------------------------------------------------------------------------- the legacy server
 
-@record
+@dataclass(frozen=True)
 class LegacySettings(SettingsBase):
     """Settings of the legacy `ktransformers/server/main.py` (KTransformers 0.2.0 to 0.4.1)."""
 

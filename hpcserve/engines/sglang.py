@@ -9,6 +9,7 @@ them, with the release range that has them and the named setting that replaces t
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ..schema import doc
@@ -19,7 +20,6 @@ from .base import (CacheVar, EngineAdapter, Launch, Layout, MemoryBudget, Metric
                    kv_dtype_bytes, tp_pp, tp_words)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 from .facts import SGLANG as SGLANG_FACTS, moving
-from ..records import field, record
 
 ENGINE_PORT = 30000
 BOOTSTRAP_PORT = 8998
@@ -27,7 +27,7 @@ DIST_INIT_PORT = 5757
 NCCL_PORT = 31000
 
 
-@record
+@dataclass(frozen=True)
 class SGLangSettings(SettingsBase):
     """SGLang settings that a model profile defaults and a deployment role overrides.
 

@@ -24,6 +24,7 @@ How it runs (TensorRT-LLM docs, "trtllm-serve" and "Disaggregated Serving"):
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import yaml
@@ -36,14 +37,13 @@ from .base import (EngineAdapter, Launch, Layout, MemoryBudget, NoRouter, PortRe
                    env_field, kv_dtype_bytes, tp_pp, tp_words)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 from .facts import TRTLLM as TRTLLM_FACTS
-from ..records import field, record
 
 HTTP_PORT = 8200          # not trtllm-serve's 8000, which the router in front usually takes
 TRTLLM_FLAG = r"[a-z0-9][a-z0-9_-]*"   # click options are spelled with underscores
 LLM_API_DIR = "llm-api"   # in the job directory: one options file per role
 
 
-@record
+@dataclass(frozen=True)
 class TRTLLMSettings(SettingsBase):
     """TensorRT-LLM settings that a model profile defaults and a deployment role overrides.
     Named settings become `trtllm-serve` options or keys of the LLM API options file;

@@ -22,6 +22,7 @@ Layouts (vLLM's docs: "Data Parallel Deployment", "Multi-Node Serving", "NixlCon
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ..schema import doc
@@ -32,7 +33,6 @@ from .base import (CacheVar, EngineAdapter, Launch, Layout, MemoryBudget, Metric
                    derived_tp, env_field, kv_dtype_bytes, tp_words)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt
 from .facts import VLLM as VLLM_FACTS, moving
-from ..records import field, record
 
 PARALLEL = ("pp", "dp")   # tp is the instance's GPUs / (pp x dp) unless set
 
@@ -45,7 +45,7 @@ MOONCAKE_PORT = 8998      # VLLM_MOONCAKE_BOOTSTRAP_PORT's default
 CONNECTORS = {"nixl": "NixlConnector", "mooncake": "MooncakeConnector"}
 
 
-@record
+@dataclass(frozen=True)
 class VLLMSettings(SettingsBase):
     """vLLM settings that a model profile defaults and a deployment role overrides; hpcserve
     spells them for the configured release. `args` pass as they are, once the release is known

@@ -6,7 +6,7 @@ command, its exit code and what it printed.
 
 Slurm's commands that ask slurmctld are asked again, a bounded number of times with growing
 waits, while Slurm says the controller did not answer (busy or restarting: see
-runtime/slurm_parsers.py); one it still does not answer then is SlurmUnreachable, one line,
+runtime/slurm_controller.py); one it still does not answer then is SlurmUnreachable, one line,
 whether the caller checks the exit code or not: no caller may read an outage as an answer (a job
 Slurm does not know, a deployment that ended).
 """
@@ -21,18 +21,19 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import HpcserveError
-from ..runtime import slurm_parsers as parsers
-from ..records import record
+from ..runtime.slurm_controller import (RETRY_DELAYS_S, RETRY_WINDOW_S, controller_unreachable,
+                                        not_configured, request_not_delivered, retry_delay)
 
 # The commands that ask slurmctld (srun is not among them: it runs a step, which may have started
 # when it fails, and `hpcserve bench` reports its exit itself).
 SLURM_COMMANDS = frozenset({"squeue", "sacct", "scontrol", "sinfo", "scancel", "sbatch"})
 
 
-@record
+@dataclass(frozen=True)
 class Result:
     argv: tuple[str, ...]
     rc: int
@@ -100,8 +101,8 @@ class Runner:
     A runner provides run_once() (one try) and may set _where (' on HOST')."""
 
     _where = ""
-    retry_delays = parsers.RETRY_DELAYS_S
-    retry_window = parsers.RETRY_WINDOW_S
+    retry_delays = RETRY_DELAYS_S
+    retry_window = RETRY_WINDOW_S
     sleep = staticmethod(time.sleep)     # tests replace these, so that they do not wait
     clock = staticmethod(time.monotonic)
 
@@ -114,14 +115,14 @@ class Runner:
             res = self.run_once(argv, check=False, timeout=timeout, env=env)
             tries += 1
             said = res.err + "\n" + res.out
-            if res.rc != 0 and parsers.not_configured(said):
+            if res.rc != 0 and not_configured(said):
                 raise SlurmNotConfigured(res, self._where)
-            if res.rc == 0 or not parsers.controller_unreachable(said):
+            if res.rc == 0 or not controller_unreachable(said):
                 break
             elapsed = self.clock() - t0
             if not _may_send_again(argv, said):
                 raise SlurmUnreachable(res, tries, elapsed, _MAYBE_SUBMITTED, self._where)
-            delay = parsers.retry_delay(tries, elapsed, self.retry_delays, self.retry_window)
+            delay = retry_delay(tries, elapsed, self.retry_delays, self.retry_window)
             if delay is None:
                 raise SlurmUnreachable(res, tries, elapsed, where=self._where)
             self.sleep(delay)
@@ -139,7 +140,7 @@ def _may_send_again(argv, said: str) -> bool:
     (sbatch --test-only submits nothing)."""
     if posixpath.basename(str(argv[0])) != "sbatch" or "--test-only" in argv:
         return True
-    return parsers.request_not_delivered(said)
+    return request_not_delivered(said)
 
 
 def read_json(runner, path: str):

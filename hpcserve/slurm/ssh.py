@@ -30,11 +30,11 @@ import socket
 import stat
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..errors import HpcserveError
 from .runner import CommandError, Result, Runner
-from ..records import record
 
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -60,7 +60,7 @@ class _Timeout(Exception):
     """A command outlived its timeout (internal; reported as an HpcserveError)."""
 
 
-@record
+@dataclass(frozen=True)
 class Endpoint:
     user: str
     host: str

@@ -5,6 +5,7 @@ code the deployment runs as its user, so what the other user made at this user's
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import os
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 import yaml
 
 from adversarykit import OTHER, as_other, shared  # noqa: F401  (shared: a fixture)
-from hpcserve import config, plan, records, render
+from hpcserve import config, plan, render
 
 ROOT = Path(__file__).resolve().parents[2]
 ME = getpass.getuser()
@@ -61,7 +62,7 @@ def test_a_compile_cache_another_user_made_at_this_users_place_stops_the_engine(
            "roles": {"worker": {"nodes": 1}}, "router": {"enabled": False}}
     (tmp_path / "d.yaml").write_text(yaml.safe_dump(doc))
     job = tmp_path / "job"
-    p = plan.build(records.replace(config.load(tmp_path / "d.yaml"), user=ME))
+    p = plan.build(dataclasses.replace(config.load(tmp_path / "d.yaml"), user=ME))
     render.write_job(render.render_files(p, str(job)), job)
     (job / "run").mkdir(exist_ok=True)
     (job / "run" / "worker-0.nodes").write_text("0 n1 127.0.0.1 lo -\n")

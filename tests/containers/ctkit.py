@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import resource
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from hpcserve import config, plan, records, render
+from hpcserve import config, plan, render
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKES = ROOT / "tests" / "fakes"
@@ -46,7 +46,7 @@ USER = "alice"   # the cluster user: the per-user image cache's name in the gold
 
 
 def plan_for(sets: list[str]):
-    return plan.build(records.replace(config.load(DEMO, [*DEMO_SETS, *sets]), user=USER))
+    return plan.build(replace(config.load(DEMO, [*DEMO_SETS, *sets]), user=USER))
 
 
 @dataclass

@@ -5,6 +5,7 @@ PID, per namespace)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import pwd
@@ -22,7 +23,7 @@ from typing import Any, Callable, Iterator
 import jsonschema
 import yaml
 
-from hpcserve import config, plan, records
+from hpcserve import config, plan
 from hpcserve.render import render_files, write_job
 from hpcserve.runtime.contract import STATE_SCHEMA
 
@@ -163,7 +164,7 @@ def submitter(cluster: Any, tmp_path: Path, site_python: Path) -> Iterator[Calla
         dep = _on_nodes_python(dep, nodes_python)
         f = tmp_path / f"{dep['name']}.yaml"
         f.write_text(yaml.safe_dump(dep))
-        p = plan.build(records.replace(config.load(f), user=OWNER))
+        p = plan.build(dataclasses.replace(config.load(f), user=OWNER))
         job_dir = owners_jobs(cluster) / f"{dep['name']}-{len(jobs)}-{time.time_ns()}"
         write_job(render_files(p, str(job_dir)), job_dir)
         if edit:

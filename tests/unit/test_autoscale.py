@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from hpcserve import deployments, ports, slot_jobs
+from hpcserve import deployment_jobs, deployments, ports
 from hpcserve.cli import main
 from hpcserve.plan_json import SCHEMA
 from hpcserve.runtime.contract import STATE_SCHEMA
@@ -109,7 +109,7 @@ def test_status_and_cancel_find_the_slot_jobs_in_the_front_s_state(tmp_path):
     jsonschema.validate(st, STATE_SCHEMA)
     (tmp_path / "state.json").write_text(json.dumps(st))
     from hpcserve.slurm.runner import LocalRunner
-    got = slot_jobs.slot_jobs(front, LocalRunner())
+    got = [j.entry for j in deployment_jobs.jobs_of(front, LocalRunner()).slots]
     assert [(e.job_id, e.job_dir, e.front) for e in got] == \
         [("9", f"{tmp_path}/scale/decode-s1", str(tmp_path))]  # an ended slot is not listed
 
@@ -181,5 +181,6 @@ def test_status_and_cancel_find_a_renewing_slot_s_successor_the_front_has_not_re
     (a / "state.json").write_text(json.dumps({"job_id": "9", "phase": "serving", "renew": {
         "twin_dir": str(b), "successor_job_id": "12"}}))
     from hpcserve.slurm.runner import LocalRunner
-    got = slot_jobs.slot_jobs(front, LocalRunner())
-    assert [(e.job_id, e.job_dir) for e in got] == [("9", str(a)), ("12", str(b))]
+    got = deployment_jobs.jobs_of(front, LocalRunner()).slots
+    assert [(j.entry.job_id, j.entry.job_dir, j.successor_of) for j in got] == \
+        [("9", str(a), None), ("12", str(b), "9")]

@@ -5,6 +5,7 @@ runtime's parser."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcserve import config, plan, records, render
+from hpcserve import config, plan, render
 from hpcserve.errors import ConfigError
 from hpcserve.runtime import caches
 
@@ -34,7 +35,7 @@ def _deployment(tmp_path: Path, cache_dir, engine=("vllm", "0.32.0"), env=None) 
 
 
 def test_each_cache_variable_is_keyed_by_user_model_release_and_gpu(tmp_path):
-    cfg = records.replace(config.load(_deployment(tmp_path, str(tmp_path / "c"))), user="alice")
+    cfg = dataclasses.replace(config.load(_deployment(tmp_path, str(tmp_path / "c"))), user="alice")
     p = plan.build(cfg)
     # the user's own part of the site's cache directory: kernels are code the engine runs
     base = f"{tmp_path}/c/alice/tiny-llama/vllm-0.32.0/H100_SXM"
@@ -127,7 +128,7 @@ def test_status_says_how_many_caches_were_warm_and_where_they_live():
 
 def _job_with_caches(tmp_path: Path, cache: Path) -> Path:
     job = tmp_path / "job"
-    cfg = records.replace(config.load(_deployment(tmp_path, str(cache))), user="alice")
+    cfg = dataclasses.replace(config.load(_deployment(tmp_path, str(cache))), user="alice")
     render.write_job(render.render_files(plan.build(cfg), str(job)), job)
     (job / "run").mkdir(exist_ok=True)
     (job / "run" / "worker-0.nodes").write_text("0 n1 127.0.0.1 lo -\n")

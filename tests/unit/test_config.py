@@ -289,3 +289,15 @@ def test_image_cache_refusals_and_a_whole_pin_accepted():
     for bad in ({"dir": "/i", "owner": "$(id)"}, {"dir": "/i b", "owner": "svc"}):
         with pytest.raises(ConfigError):
             Validator(pos).build(config.Site, {"container": {"image_cache": bad}}, ())
+
+
+def test_the_configuration_and_plan_are_frozen():
+    import dataclasses
+
+    from hpcserve import plan
+    c = config.load(ROOT / "examples" / "demo.yaml")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.name = "other"
+    p = plan.build(c)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.instances[0].nodes = 99

@@ -8,7 +8,7 @@ import pytest
 
 from hpcserve import deployments, ops
 from hpcserve.errors import HpcserveError
-from hpcserve.runtime import slurm_parsers as parsers
+from hpcserve.runtime.slurm_cluster import config_argv
 from hpcserve.slurm.runner import Result
 
 
@@ -60,7 +60,7 @@ class QueueRunner:
 
     def run(self, argv, check=True, **kw):
         self.calls.append(argv[:3])
-        if argv[:3] == parsers.config_argv():
+        if argv[:3] == config_argv():
             return Result(tuple(argv), 0, f"ClusterName             = {self.cluster}\n", "")
         if argv[0] == "squeue":
             line = "1|1|RUNNING|None|node1|1|local|root|0:05|10:00|9:55|N/A|N/A|N/A|dep"
@@ -80,7 +80,7 @@ def test_slurm_s_job_1_is_shown_for_the_newest_submission_of_its_cluster_only():
     assert views["/jobs/dep-c"].slurm_state == "RUNNING"
     assert views["/jobs/dep-a"].slurm_state is None
     assert views["/jobs/dep-b"].slurm_state is None
-    assert runner.calls.count(parsers.config_argv()) == 1
+    assert runner.calls.count(config_argv()) == 1
 
 
 def test_an_id_another_job_of_the_user_got_is_not_this_deployment_s():
@@ -93,7 +93,7 @@ def test_the_cluster_is_asked_only_where_the_index_names_several():
     runner = QueueRunner("devB")
     ops.status([entry("1", "dep-a", "devB", 1.0), entry("2", "dep-b", "devB", 2.0)],
                lambda _r: runner)
-    assert parsers.config_argv() not in runner.calls
+    assert config_argv() not in runner.calls
 
 
 def test_a_submission_is_recorded_under_the_indexs_lock_in_a_file_of_its_users_alone(

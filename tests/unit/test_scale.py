@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -18,7 +19,6 @@ from click.testing import CliRunner
 from hpcserve import config, deployments, ops, plan, ports, scale
 from hpcserve.cli import main
 from hpcserve.plan_json import SCHEMA, job_spec
-from hpcserve.records import replace
 from hpcserve.render import render_files, write_job
 from hpcserve.runtime.contract import STATE_SCHEMA
 from hpcserve.slurm.runner import LocalRunner, Result

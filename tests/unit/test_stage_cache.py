@@ -5,6 +5,7 @@ recently used out, never one in use). The staging itself, on 4 nodes: tests/jobs
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcserve import config, plan, records
+from hpcserve import config, plan
 from hpcserve.errors import ConfigError
 from hpcserve.runtime import stage_cache as sc
 from unitkit import write_yaml
@@ -32,7 +33,7 @@ def dep(tmp_path, site: str = SITE, stage: str = "true"):
 
 
 def test_the_engines_get_the_staged_path_and_plan_json_says_where_from(tmp_path):
-    p = plan.build(records.replace(config.load(dep(tmp_path)), user="alice"))
+    p = plan.build(dataclasses.replace(config.load(dep(tmp_path)), user="alice"))
     assert p.stage["source"] == "/m/tiny" and p.stage["max_bytes"] == 10 * 10 ** 9
     # in the user's own part of the site's stage directory
     assert p.stage["dir"] == "/local/stage/alice"
@@ -174,7 +175,7 @@ def test_a_copy_is_on_disk_before_it_is_renamed_into_place_and_marked_complete(
     """The order that makes a marker trustworthy after a crash: every file and directory of
     the copy fsynced, then the rename, the cache directory fsynced, then the marker (itself
     fsynced before its rename). Recorded by wrapping os.fsync/os.rename/os.replace."""
-    from hpcserve.runtime import stage
+    from hpcserve.runtime import stage_link
     cache = sc.Cache(str(tmp_path / "stage"), 1 << 30)
     os.makedirs(cache.dir)
     partial = cache.path("m-0123456789", ".partial-1")
@@ -191,7 +192,7 @@ def test_a_copy_is_on_disk_before_it_is_renamed_into_place_and_marked_complete(
         monkeypatch.setattr(os, n, lambda a, b, _n=n: (events.append((_n, str(b))),
                                                        real[_n](a, b))[1])
     for rel in ("a.bin", "sub/b.bin"):
-        with stage._out(partial, rel) as w:
+        with stage_link._out(partial, rel) as w:
             w.write(b"x")
     cache.install("m-0123456789", partial, {"version": 1, "source": "/m", "files": [
         ["a.bin", 1, None], ["sub/b.bin", 1, None]]})

@@ -1,5 +1,5 @@
 """Helpers for the pure-layer tests: configs as dicts, rendering, sbatch's own #SBATCH parser,
-stub commands that record their argv, and a walk over the config records.
+stub commands that record their argv, and a walk over the config dataclasses.
 
 Imported by tests/unit/conftest.py (which puts this directory on sys.path) and the test modules.
 """
@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any, Iterator, Union
 
 import yaml
-
-from hpcserve import records
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -312,12 +310,12 @@ def _members(tp: Any) -> tuple:
 
 
 def leaf_fields(cls: type, prefix: tuple = (), roles: tuple = ("prefill", "decode")) -> Iterator[Leaf]:
-    """Every non-record field below `cls` (Deployment.site walks Site, roles walks Role per
-    role name, optional records are walked)."""
+    """Every non-dataclass field below `cls` (Deployment.site walks Site, roles walks Role per
+    role name, optional dataclasses are walked)."""
     from hpcserve import engines
     from hpcserve.config import Deployment, Site, role_type
     hints = typing.get_type_hints(cls)
-    for f in records.fields(cls):
+    for f in dataclasses.fields(cls):
         tp = hints[f.name]
         path = prefix + (f.name,)
         if cls is Deployment and f.name == "site":
@@ -328,10 +326,10 @@ def leaf_fields(cls: type, prefix: tuple = (), roles: tuple = ("prefill", "decod
                 yield from leaf_fields(role_type(engines.DEFAULT), path + (r,), roles)
             continue
         mem = _members(tp)
-        if len(mem) == 1 and records.is_record(mem[0]):
+        if len(mem) == 1 and dataclasses.is_dataclass(mem[0]):
             yield from leaf_fields(mem[0], path, roles)
             continue
-        if typing.get_origin(tp) is dict and records.is_record(typing.get_args(tp)[1]):
+        if typing.get_origin(tp) is dict and dataclasses.is_dataclass(typing.get_args(tp)[1]):
             for r in roles:
                 yield from leaf_fields(typing.get_args(tp)[1], path + (r,), roles)
             continue
