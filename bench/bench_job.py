@@ -28,9 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hpcserve import config, plan  # noqa: E402
+from hpcserve.author import config, plan  # noqa: E402
 from hpcserve.devcluster.cluster import DevCluster  # noqa: E402
-from hpcserve.render import render_files, write_job  # noqa: E402
+from hpcserve.author.render import render_files, write_job  # noqa: E402
 
 # decode's failures end the deployment (what the death, hang and crash figures measure):
 # recovery, on by default, would start the instance again instead (bench_recovery.py measures that)

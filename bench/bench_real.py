@@ -45,9 +45,9 @@ from typing import Iterator
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hpcserve import config, plan  # noqa: E402
+from hpcserve.author import config, plan  # noqa: E402
 from hpcserve.devcluster.cluster import DevCluster  # noqa: E402
-from hpcserve.words import show  # noqa: E402
+from hpcserve.author.words import show  # noqa: E402
 
 HOST, PORT, ROUTER_PORT, ROUTER_METRICS_PORT = "127.0.0.1", 18733, 18734, 18735
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))

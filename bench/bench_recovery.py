@@ -45,9 +45,9 @@ from pathlib import Path
 
 from bench_job import sim_pid, state, wait  # bench/ is sys.path[0]; it puts the checkout on it
 
-from hpcserve import config, plan  # noqa: E402
+from hpcserve.author import config, plan  # noqa: E402
 from hpcserve.devcluster.cluster import DevCluster  # noqa: E402
-from hpcserve.render import render_files, write_job  # noqa: E402
+from hpcserve.author.render import render_files, write_job  # noqa: E402
 
 DEPLOY = """
 name: bench-recovery

@@ -193,9 +193,9 @@ def main() -> None:
     if sys.argv[1:2] == ["--inner"]:
         return inner(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]),
                      sys.argv[6].split(","))
-    from hpcserve import config, plan
+    from hpcserve.author import config, plan
     from hpcserve.devcluster.cluster import DevCluster
-    from hpcserve.render import render_files, write_job
+    from hpcserve.author.render import render_files, write_job
     args = sys.argv[1:]
     mibps = 0
     if "--shared-mibps" in args:

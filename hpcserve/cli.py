@@ -90,7 +90,7 @@ class Ssh:
 
     def runner(self, remote: str | None):
         """Slurm's commands here (remote None) or over SSH on `remote`, with these options."""
-        from .ops import runner_for
+        from .operate.ops import runner_for
         return runner_for(remote, jump=self.jump,
                           key_filenames=list(self.identity) or None,
                           known_hosts=self.known_hosts)
@@ -141,7 +141,7 @@ _set_opt = click.option("--set", "sets", multiple=True, metavar="KEY.PATH=VALUE"
 def _plan(file: str, sets: tuple[str, ...]):
     """The plan, its warnings on stderr first: before a table, a path or JSON, where they are
     read (an engine release checked against another one's flags is one)."""
-    from . import config, plan
+    from .author import config, plan
     p = plan.build(config.load(file, sets))
     for w in p.warnings:
         click.echo(f"hpcserve: warning: {w}", err=True)
@@ -167,7 +167,7 @@ def render(file: str, sets: tuple[str, ...], out: str | None) -> None:
     Example:
       hpcserve render examples/demo.yaml --out /tmp/demo-job
     """
-    from .render import render_files, write_job
+    from .author.render import render_files, write_job
     p = _plan(file, sets)
     target = Path(out) if out else _default_out(p, p.jobs_dir)
     # the parent resolved, never the directory itself: a link there is a path that exists
@@ -194,10 +194,10 @@ def plan_cmd(file: str, sets: tuple[str, ...], as_json: bool, as_argv: bool) -> 
     """
     p = _plan(file, sets)
     if as_json:
-        from .plan_json import job_spec
+        from .author.plan_json import job_spec
         click.echo(json.dumps(job_spec(p, "<job-dir>"), indent=1))
         return
-    from .table import plan_argv, plan_text
+    from .author.table import plan_argv, plan_text
     click.echo(plan_argv(p) if as_argv else plan_text(p))
 
 
@@ -212,7 +212,7 @@ def schema(which: str) -> None:
     Example:
       hpcserve schema deployment > hpcserve-deployment.schema.json
     """
-    from .config import schemas
+    from .author.config import schemas
     s = schemas()
     click.echo(json.dumps(s if which == "all" else s[which], indent=1))
 
@@ -225,7 +225,7 @@ def profiles() -> None:
     Example:
       hpcserve profiles
     """
-    from .config import BUNDLED_PROFILES, load_profile
+    from .author.config import BUNDLED_PROFILES, load_profile
     for f in sorted(BUNDLED_PROFILES.glob("*.yaml")):
         prof, _ = load_profile(f.stem)
         click.echo(f"{prof.name:20} {prof.description}")
@@ -259,7 +259,7 @@ def submit(file, sets, out, dry_run, check, follow, wait, in_allocation, foregro
       salloc -N 4 --no-kill --time 2-0   # in its shell: hpcserve submit deploy.yaml --in-allocation
       # last line of your batch script:  hpcserve submit --in-allocation --foreground deploy.yaml
     """
-    from . import ops
+    from .operate import ops
     if foreground and not in_allocation:
         raise click.UsageError("--foreground goes with --in-allocation (a job of its own runs "
                                "in Slurm's queue, not here)")
@@ -279,14 +279,14 @@ def submit(file, sets, out, dry_run, check, follow, wait, in_allocation, foregro
         click.echo(f"API key: {res.api_key_file} (yours alone to read); clients send it as "
                    "`Authorization: Bearer <key>`")
     if foreground:
-        from .in_allocation import run_in_place
+        from .operate.in_allocation import run_in_place
         sys.exit(run_in_place(res.driver, lambda: ops.follow(
             res.entry, runner, echo=click.echo, quiet=wait) if follow or wait else None))
     if res.driver is not None:
-        from .in_allocation import detach
+        from .operate.in_allocation import detach
         detach(res.driver)
     if not (follow or wait):
-        from .deployments import reference
+        from .operate.deployments import reference
         r = f"--remote {remote} " if remote else ""
         ref = reference(res.entry)
         click.echo(f"follow it with: hpcserve {r}status {ref}   (logs: hpcserve {r}logs {ref})")
@@ -297,7 +297,7 @@ def submit(file, sets, out, dry_run, check, follow, wait, in_allocation, foregro
 def _short_job(file, sets, what: str, **only) -> tuple:
     """`preflight` and `stage`: FILE's allocation as a job that starts no engine, followed to
     its end. (exit code, its state.json)."""
-    from . import ops
+    from .operate import ops
     ssh = _ssh()
     remote = ssh.remote
     runner = ssh.runner(remote)
@@ -305,7 +305,7 @@ def _short_job(file, sets, what: str, **only) -> tuple:
                      check=False, warn=lambda w: click.echo(f"hpcserve: warning: {w}", err=True),
                      **only)
     if res.driver is not None:
-        from .in_allocation import detach
+        from .operate.in_allocation import detach
         detach(res.driver)
         click.echo(f"started {what} in allocation {res.job_id}: {res.job_dir}", err=True)
     else:
@@ -369,7 +369,7 @@ def stage(file, sets, as_json, in_allocation):
     if as_json:
         click.echo(json.dumps(result, indent=1))
     elif result:
-        from .table import columns
+        from .author.table import columns
         rows = [("node", "outcome", "bytes read from the shared path", "took s", "detail")]
         rows += [(node, r["outcome"], f"{r.get('read_shared', 0):,}", str(r.get("took_s", "-")),
                   r.get("detail") or "") for node, r in result["nodes"].items()]
@@ -392,7 +392,7 @@ def status(jobs, as_json, probe, follow):
       hpcserve status 12345 --probe
       hpcserve --remote me@login.example.org status
     """
-    from . import deployment_jobs, deployments, ops
+    from .operate import deployment_jobs, deployments, ops
     ssh = _ssh()
     remote = ssh.remote
     runners = {}
@@ -441,7 +441,7 @@ def list_cmd(as_json, show_all):
     Example:
       hpcserve list --all
     """
-    from . import deployment_jobs, deployments, ops
+    from .operate import deployment_jobs, deployments, ops
     ssh = _ssh()
     remote = ssh.remote
     from .runtime.contract import TERMINAL_PHASES
@@ -487,7 +487,7 @@ def logs(job, role, instance, node, attempt, follow, lines):
       hpcserve logs 12345 --role decode --node 0 -f
     """
     import time
-    from . import ops
+    from .operate import ops
     ssh = _ssh()
     remote = ssh.remote
     e = ops.resolve(job, remote, ssh.runner(ssh.remote))
@@ -518,7 +518,7 @@ def logs(job, role, instance, node, attempt, follow, lines):
 
 def _attempts_there(runner, e, role, instance, node, attempt) -> str:
     """Where --attempt matched nothing: the attempts that have logs, so the next try hits."""
-    from . import ops
+    from .operate import ops
     if attempt is None:
         return ""
     have = sorted({ops.LogName.of(posixpath.basename(f)).attempt
@@ -582,7 +582,7 @@ def bench(job, concurrency, rate, prompts, input_tokens, output_tokens, warmup, 
       hpcserve --remote me@login.example.org bench 12345 --in-allocation
     """
     import time
-    from . import bench_ops, ops
+    from .operate import bench_ops, ops
     from .runtime.bench import one_line
     ssh = _ssh()
     remote = ssh.remote
@@ -628,8 +628,8 @@ def report(jobs, as_json, out):
     Example:
       hpcserve report 12345 12399 --out kimi-report
     """
-    from . import ops
-    from . import report as rep
+    from .operate import ops
+    from .operate import report as rep
     if not as_json:
         rep.need_matplotlib()
     ssh = _ssh()
@@ -668,7 +668,7 @@ def scale(job, role, add, remove, drain_timeout, wait):
       hpcserve scale 12345 --role decode --add 2
       hpcserve --remote me@login.example.org scale 12345 --role decode --remove 1 --wait
     """
-    from . import scale as sc
+    from .operate import scale as sc
     if (add is None) == (remove is None):
         raise HpcserveError("give one of --add N or --remove N")
     if (add if add is not None else remove) < 1:
@@ -716,8 +716,8 @@ def upgrade(job, sets, drain_timeout, start_timeout):
       hpcserve upgrade 12345 --set engine.version=0.5.23
       hpcserve --remote me@login.example.org upgrade 12345 --set engine.image=/images/sgl.sqsh
     """
-    from . import scale as sc
-    from . import upgrade as up
+    from .operate import scale as sc
+    from .operate import upgrade as up
     up.check_sets(sets)
     ssh = _ssh()
     f = sc.front(job, ssh.remote, ssh.runner(ssh.remote), None)
@@ -741,7 +741,7 @@ def cancel(job, wait):
     Example:
       hpcserve cancel 12345 --wait
     """
-    from . import deployment_jobs, ops
+    from .operate import deployment_jobs, ops
     from .runtime.contract import TERMINAL_PHASES
     ssh = _ssh()
     e = ops.resolve(job, ssh.remote, ssh.runner(ssh.remote))

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import package_data
-from ..schema import doc
-from ..values import ENV_NAME, FLAG_NAME, check_secrets
-from ..words import Var, Word
+from ..author.schema import doc
+from ..author.values import ENV_NAME, FLAG_NAME, check_secrets
+from ..author.words import Var, Word
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, arg_words, check_not_empty
 
 SIM_DIR = package_data.path("sim")

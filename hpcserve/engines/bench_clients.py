@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..words import Word
+from ..author.words import Word
 
 # What the report shows of each latency, and the client's own name for it.
 STATS = ("mean", "median", "p90", "p99")

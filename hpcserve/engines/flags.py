@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 from .. import package_data
 from ..errors import echo
-from ..words import Var, Word
+from ..author.words import Var, Word
 
 DATA = package_data.path("engines", "data")
 

@@ -22,9 +22,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..schema import doc
-from ..values import ArgValue, EnvValue
-from ..words import Var, Word
+from ..author.schema import doc
+from ..author.values import ArgValue, EnvValue
+from ..author.words import Var, Word
 from .base import (EngineAdapter, Launch, Layout, NoRouter, PortRequest, RoleContext,
                    SettingsBase, args_field, env_field)
 from .flags import FlagError, FlagMatrix, Release, Vocabulary, fmt

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..schema import doc
-from ..values import ArgValue, EnvValue
-from ..words import Var, Word
+from ..author.schema import doc
+from ..author.values import ArgValue, EnvValue
+from ..author.words import Var, Word
 from .base import (CacheVar, EngineAdapter, Launch, Layout, MemoryBudget, Metrics, PortRequest,
                    RoleContext, RouterAdapter, RouterReadiness, SettingsBase, args_field, env_field,
                    kv_dtype_bytes, tp_pp, tp_words)

@@ -29,9 +29,9 @@ from typing import Any, Literal
 
 import yaml
 
-from ..schema import doc
-from ..values import ArgValue, EnvValue
-from ..words import Var, Word
+from ..author.schema import doc
+from ..author.values import ArgValue, EnvValue
+from ..author.words import Var, Word
 from .base import (EngineAdapter, Launch, Layout, MemoryBudget, NoRouter, PortRequest,
                    RoleContext, RouterAdapter, RouterReadiness, SettingsBase, args_field,
                    env_field, kv_dtype_bytes, tp_pp, tp_words)

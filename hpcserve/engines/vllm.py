@@ -25,9 +25,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..schema import doc
-from ..values import ArgValue, EnvValue
-from ..words import Var, Word
+from ..author.schema import doc
+from ..author.values import ArgValue, EnvValue
+from ..author.words import Var, Word
 from .base import (CacheVar, EngineAdapter, Launch, Layout, MemoryBudget, Metrics, PortRequest,
                    RoleContext, RouterAdapter, RouterReadiness, SettingsBase, args_field,
                    derived_tp, env_field, kv_dtype_bytes, tp_words)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from adversarykit import OTHER, as_other, shared  # noqa: F401  (shared: a fixture)
-from hpcserve import config, plan, render
+from hpcserve.author import config, plan, render
 
 ROOT = Path(__file__).resolve().parents[2]
 ME = getpass.getuser()

@@ -8,7 +8,7 @@ import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from hpcserve import config, plan, render
+from hpcserve.author import config, plan, render
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKES = ROOT / "tests" / "fakes"

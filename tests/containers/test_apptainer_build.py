@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ctkit import ROOT, USER, Fakes, plan_for
-from hpcserve import render
+from hpcserve.author import render
 from hpcserve.runtime import job as jobmod
 
 HELPER = ROOT / "containers" / "apptainer-build.sh"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ctkit import GOLDEN, GOLDEN_JOB_DIR, plan_for
-from hpcserve import render
+from hpcserve.author import render
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("HPCSERVE_UPDATE_GOLDEN") == "1"

@@ -1,4 +1,4 @@
-"""hpcserve.containers without running anything: srun flags, task prefixes, mounts, images."""
+"""hpcserve.author.containers without running anything: srun flags, task prefixes, mounts, images."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from ctkit import GOLDEN, ROOT, plan_for
-from hpcserve import containers, render
+from hpcserve.author import containers, render
 from hpcserve.errors import ConfigError
 
 JD = "/shared/jobs/demo-1"
 
 
 def containers_spec(p) -> str:
-    from hpcserve.plan_json import dumps, job_spec
+    from hpcserve.author.plan_json import dumps, job_spec
     return dumps(job_spec(p, JD))
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import engines_venv
-from hpcserve import config, plan
-from hpcserve.words import show
+from hpcserve.author import config, plan
+from hpcserve.author.words import show
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECK = Path(__file__).resolve().parent / "sglang_bench_check.py"

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpcserve import config, plan
+from hpcserve.author import config, plan
 from hpcserve.engines import facts
 from hpcserve.engines.ktransformers import LEGACY_ADAPTER
-from hpcserve.words import show
+from hpcserve.author.words import show
 
 pytestmark = pytest.mark.engine_parser
 

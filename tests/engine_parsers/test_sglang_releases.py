@@ -22,7 +22,7 @@ import pytest
 from conftest import SGLANG_RELEASES
 from test_generated_argv import EXAMPLES, _argvs
 
-from hpcserve import config, plan
+from hpcserve.author import config, plan
 from hpcserve.engines import sglang
 from hpcserve.engines.flags import FlagMatrix, vkey
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcserve import config, plan
-from hpcserve.words import show
+from hpcserve.author import config, plan
+from hpcserve.author.words import show
 
 pytestmark = pytest.mark.engine_parser
 

@@ -39,8 +39,8 @@ def job_dir_for(stem: str) -> str:
 def render_example(example: Path) -> dict[str, tuple[str, int]]:
     from dataclasses import replace
 
-    from hpcserve import config, plan
-    from hpcserve.render import render_files
+    from hpcserve.author import config, plan
+    from hpcserve.author.render import render_files
     # the cluster user fixed, so that the per-user cache paths read the same for whoever runs this
     cfg = replace(config.load(example), user=GOLDEN_USER)
     return render_files(plan.build(cfg), job_dir_for(example.stem))

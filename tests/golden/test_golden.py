@@ -57,7 +57,7 @@ def test_job_directory_matches_golden(stem, rendered, update_golden):
 
 @pytest.mark.parametrize("stem", STEMS)
 def test_copied_runtime_files_equal_their_sources(stem, rendered):
-    from hpcserve import config, plan
+    from hpcserve.author import config, plan
     files = rendered[stem]
     p = plan.build(config.load(next(e for e in EXAMPLES if e.stem == stem)))
     assert set(RUNTIME) <= set(files), "every job directory carries its whole runtime"

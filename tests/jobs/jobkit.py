@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterator
 import jsonschema
 import yaml
 
-from hpcserve import config, plan
-from hpcserve.render import render_files, write_job
+from hpcserve.author import config, plan
+from hpcserve.author.render import render_files, write_job
 from hpcserve.runtime.contract import STATE_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[2]

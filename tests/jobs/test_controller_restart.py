@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcserve import deployments
+from hpcserve.operate import deployments
 from jobkit import chat, deployment, hand_over, wait_no_job_processes
 
 pytestmark = pytest.mark.slurm

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcserve.render import runtime_files
+from hpcserve.author.render import runtime_files
 from hpcserve.runtime import discovery
 
 pytestmark = pytest.mark.slurm

@@ -20,7 +20,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from hpcserve import config, plan, render
+from hpcserve.author import config, plan, render
 from hpcserve.runtime import contract, discovery, ownport
 from hpcserve.runtime import drain as drainmod
 from hpcserve.runtime import liveness as livenessmod

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcserve import config
+from hpcserve.author import config
 from hpcserve.runtime.contract import SCALED_IN
 from jobkit import Job, Load, deployment, until
 from test_attach import FAST, _listed, _worker_url, cli  # noqa: F401  (cli: a fixture on this module's front)

@@ -15,7 +15,7 @@ import pytest
 
 from hpcserve import engines
 from hpcserve.runtime.workers import KINDS, RouterWorkers, WorkerApiError
-from hpcserve.words import show
+from hpcserve.author.words import show
 from simlib import (ROUTER_CMD, VLLM_ROUTER_CMD, free_port, http, wait_router_ready,
                     wait_status)
 

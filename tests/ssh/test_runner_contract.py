@@ -206,7 +206,7 @@ def test_expand_path(runner: Any, tmp_path: Path, request: pytest.FixtureRequest
 def test_write_atomically_makes_the_directory_and_leaves_no_temporary_file(runner: Any,
                                                                           tmp_path: Path) -> None:
     # `hpcserve scale --remove` writes its drain requests so, here and over SSH alike
-    from hpcserve.scale import write_atomically
+    from hpcserve.operate.scale import write_atomically
     target = tmp_path / "run" / "control" / "drain-decode-1.json"
     text = '{"timeout_s": 30, "why": "it\'s $HOME; `x`"}\n'
     write_atomically(runner, str(target), text)

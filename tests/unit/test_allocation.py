@@ -15,9 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpcserve import bench_ops, config, in_allocation as ia, plan as planner
-from hpcserve.plan_json import job_spec
-from hpcserve.render import render_files
+from hpcserve.operate import bench_ops, in_allocation as ia
+from hpcserve.author import config, plan as planner
+from hpcserve.author.plan_json import job_spec
+from hpcserve.author.render import render_files
 from hpcserve.runtime import file_sd
 from hpcserve.runtime.allocation import (PREFLIGHT_SECONDS, SHAPE_VARS, Held, InAllocation,
                                          gpus_asked, held, misfit, node_map, own_steps,

@@ -13,9 +13,10 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from hpcserve import deployment_jobs, deployments, ports
+from hpcserve.operate import deployment_jobs, deployments
+from hpcserve.author import ports
 from hpcserve.cli import main
-from hpcserve.plan_json import SCHEMA
+from hpcserve.author.plan_json import SCHEMA
 from hpcserve.runtime.contract import STATE_SCHEMA
 from unitkit import load_plan
 
@@ -77,7 +78,7 @@ def test_slots_are_rendered_under_scale_with_ports_clear_of_the_front_and_each_o
         mine = ports.plan_ports(slot)
         assert not mine & seen, (mine, seen)
         seen |= mine
-    from hpcserve.render import render_files
+    from hpcserve.author.render import render_files
     files = render_files(p, "/jobs/demo")
     spec = json.loads(files["plan.json"][0])
     jsonschema.validate(spec, SCHEMA)
@@ -153,7 +154,7 @@ def test_with_renew_each_slot_is_rendered_as_a_pair_that_names_its_twin():
         mine = ports.plan_ports(slot)
         assert not mine & seen, (mine, seen)
         seen |= mine
-    from hpcserve.render import render_files
+    from hpcserve.author.render import render_files
     files = render_files(p, "/jobs/demo")
     spec = json.loads(files["plan.json"][0])
     assert spec["autoscale"]["decode"]["slots"] == ["/jobs/demo/scale/decode-s1",

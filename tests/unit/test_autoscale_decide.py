@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcserve.render import render_files
+from hpcserve.author.render import render_files
 from hpcserve.runtime.autoscale_decide import capacity, decide
 from unitkit import load_plan
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcserve import report
+from hpcserve.operate import report
 from hpcserve.engines.bench_clients import CLIENTS
 from hpcserve.runtime import bench
 
@@ -110,7 +110,7 @@ def test_report_rows_are_per_node_and_per_gpu_and_the_plot_draws_them(tmp_path):
 def listed(monkeypatch, tmp_path: Path, job_id: str, name: str, jd: Path) -> None:
     """The job in hpcserve's own list of deployments (the one `submit` writes), for commands
     run from here on."""
-    from hpcserve import deployments
+    from hpcserve.operate import deployments
     monkeypatch.setenv("HPCSERVE_STATE_DIR", str(tmp_path / "state"))
     deployments.record(deployments.Entry(job_id, name, str(jd)))
 

@@ -9,8 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpcserve import bench_ops, config, plan
-from hpcserve.render import render_files, write_job
+from hpcserve.operate import bench_ops
+from hpcserve.author import config, plan
+from hpcserve.author.render import render_files, write_job
 from hpcserve.slurm.runner import LocalRunner
 from unitkit import small_pd, write_yaml
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from hpcserve.config import Deployment
+from hpcserve.author.config import Deployment
 from unitkit import Leaf, del_path, leaf_fields, set_path, string_carrying, write_yaml
 
 F_P0, F_P1 = "launch/prefill-0.sh", "launch/prefill-1.sh"

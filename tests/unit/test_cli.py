@@ -72,7 +72,7 @@ def test_schema_validates_bundled_sites_and_profiles(schemas, path):
     (("env",), {"BAD-NAME": 1}),
 ])
 def test_schema_rejects_what_the_loader_rejects(schemas, tmp_path, path, value):
-    from hpcserve import config
+    from hpcserve.author import config
     from hpcserve.errors import ConfigError
     doc = small_pd()
     cur = doc

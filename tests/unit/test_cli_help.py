@@ -13,7 +13,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from hpcserve import ops
+from hpcserve.operate import ops
 from hpcserve.cli import SECTIONS, main
 
 SSH_OPTIONS = {"--remote", "--jump", "--identity", "--known-hosts"}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcserve import config, plan, render
+from hpcserve.author import config, plan, render
 from hpcserve.errors import ConfigError
 from hpcserve.runtime import caches
 
@@ -113,7 +113,7 @@ def test_the_launch_script_reports_each_cache_cold_then_warm(tmp_path):
 
 
 def test_status_says_how_many_caches_were_warm_and_where_they_live():
-    from hpcserve.ops import View, caches_line, status_table
+    from hpcserve.operate.ops import View, caches_line, status_table
     v = View("7", "d", "/j", None)
     v.state = {}
     assert caches_line(v) is None                      # a site that keeps no caches

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from hpcserve import config
+from hpcserve.author import config
 from hpcserve.errors import ConfigError
-from hpcserve.schema import Validator
-from hpcserve.yamlsrc import Origin, Positions, load_text
+from hpcserve.author.schema import Validator
+from hpcserve.author.yamlsrc import Origin, Positions, load_text
 from unitkit import ROOT, small_pd, write_yaml
 
 # ----------------------------------------------------------------------------- yamlsrc positions
@@ -294,7 +294,7 @@ def test_image_cache_refusals_and_a_whole_pin_accepted():
 def test_the_configuration_and_plan_are_frozen():
     import dataclasses
 
-    from hpcserve import plan
+    from hpcserve.author import plan
     c = config.load(ROOT / "examples" / "demo.yaml")
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.name = "other"

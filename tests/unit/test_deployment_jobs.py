@@ -12,7 +12,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from hpcserve import deployment_jobs, deployments
+from hpcserve.operate import deployment_jobs, deployments
 from hpcserve.cli import main
 from hpcserve.slurm.runner import LocalRunner
 from test_scale import NOW, front, one_error, state  # noqa: F401 - fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpcserve import deployments, ops
+from hpcserve.operate import deployments, ops
 from hpcserve.errors import HpcserveError
 from hpcserve.runtime.slurm_cluster import config_argv
 from hpcserve.slurm.runner import Result

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcserve import config, engines, plan
-from hpcserve.words import show
+from hpcserve.author import config, plan
+from hpcserve import engines
+from hpcserve.author.words import show
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

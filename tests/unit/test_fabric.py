@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from hpcserve import config, plan
+from hpcserve.author import config, plan
 from hpcserve.errors import ConfigError
 from unitkit import EXAMPLES, render, sbatch_components, sbatch_options, write_yaml
 

@@ -10,7 +10,7 @@ import stat
 import subprocess
 from types import SimpleNamespace
 
-from hpcserve import plan_json
+from hpcserve.author import plan_json
 from hpcserve.runtime.file_sd import FileSD, file_name, target_groups
 from unitkit import ROOT, load_plan, small_pd, write_yaml
 

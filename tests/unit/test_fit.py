@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from hpcserve import fit
-from hpcserve.config import load_profile
+from hpcserve.author import fit
+from hpcserve.author.config import load_profile
 from hpcserve.errors import ConfigError
 from unitkit import ROOT, load_plan, plan_of, small_site, write_yaml
 

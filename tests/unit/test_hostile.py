@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcserve.config import Deployment
+from hpcserve.author.config import Deployment
 from hpcserve.errors import ConfigError
 from unitkit import (Leaf, install_stubs, leaf_fields, make_stub, read_stub_log,
                      sbatch_components, sbatch_options, set_path, small_pd, string_carrying,
@@ -151,8 +151,8 @@ class Run:
 
     def build(self):
         """Render with every hostile value the config accepts; those it refuses are recorded."""
-        from hpcserve import config, plan
-        from hpcserve.render import render_files
+        from hpcserve.author import config, plan
+        from hpcserve.author.render import render_files
         active = list(self.values)
         f = self.root / "deploy.yaml"
         self.job = self.root / "job"
@@ -176,8 +176,8 @@ class Run:
             if field == d or field.startswith(d + ".") or field.startswith(d + "["):
                 return dotted[d]
         # The error does not name a hostile field: find the one whose value causes it.
-        from hpcserve import config, plan
-        from hpcserve.render import render_files
+        from hpcserve.author import config, plan
+        from hpcserve.author.render import render_files
         f = self.root / "probe.yaml"
         for p in active:
             write_yaml(f, self.doc_with([p]))
@@ -189,7 +189,7 @@ class Run:
         raise AssertionError(f"ConfigError not caused by a hostile value: {e}")
 
     def execute(self):
-        from hpcserve.render import write_job
+        from hpcserve.author.render import write_job
         for p in COMMANDS & set(self.active):
             make_stub(Path(self.values[p][0]))
         self.bin = install_stubs(self.root / "bin")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from hpcserve import config, plan
-from hpcserve.render import render_files, write_job
+from hpcserve.author import config, plan
+from hpcserve.author.render import render_files, write_job
 
 DEP = {"name": "ib", "site": {"base": "local", "network": {"interface": "auto", "ib_devices": "auto"}},
        "model": {"profile": "kimi-k2-instruct", "path": "/models/k2"}, "engine": {"simulate": True},

@@ -93,7 +93,7 @@ D_NODES = [(r, f"gpu-d{r:02d}", f"10.20.0.{31 + r}", "ib0", HCAS) for r in range
 def job(tmp_path_factory):
     """The example rendered and written at a real directory (JOB_DIR is baked in at render time),
     with the run/ files the runtime writes after address discovery."""
-    from hpcserve.render import render_files, write_job
+    from hpcserve.author.render import render_files, write_job
     from unitkit import load_plan
     base = tmp_path_factory.mktemp("kimi")
     jd = base / "job"

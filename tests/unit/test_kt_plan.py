@@ -13,8 +13,8 @@ import pytest
 
 from hpcserve.engines import ktransformers as kt
 from hpcserve.errors import ConfigError
-from hpcserve.render import render_files
-from hpcserve.words import show
+from hpcserve.author.render import render_files
+from hpcserve.author.words import show
 from unitkit import ROOT, plan_of, sbatch_components, small_site
 
 CPU_NODE = {"gpus": 8, "gpu_memory_gb": 141, "cpu_cores": 64, "cpus": 128, "numa_nodes": 2,
@@ -144,7 +144,7 @@ def legacy_parser(version: str) -> argparse.ArgumentParser:
 
 
 def test_the_seed_command_parses_with_the_release_parser():
-    from hpcserve import config, plan
+    from hpcserve.author import config, plan
     p = plan.build(config.load(LEGACY))
     (inst,) = p.instances
     ns = legacy_parser("0.4.1").parse_args([show(w, {"NODE_IP": "10.0.0.5"})

@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 
 from hpcserve.errors import ConfigError
-from hpcserve.plan import PortRegistry
-from hpcserve.words import Var, show
+from hpcserve.author.plan import PortRegistry
+from hpcserve.author.words import Var, show
 from unitkit import ROOT, plan_of, render, small_pd, write_yaml
 
 KIMI_4P12D = ROOT / "examples" / "kimi-k2-instruct-4p12d.yaml"
@@ -323,7 +323,7 @@ def test_model_path_must_be_mountable(tmp_path, runtime):
 
 
 def test_a_port_shift_moves_every_port_the_file_does_not_set(tmp_path):
-    from hpcserve import config, plan as planner
+    from hpcserve.author import config, plan as planner
     doc = small_pd()
     doc["roles"]["decode"]["dist_init_port"] = 42000
     doc["router"] = {"prometheus_port": 29500}

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from hpcserve import config, plan
+from hpcserve.author import config, plan
 from hpcserve.cli import main
-from hpcserve.words import show
+from hpcserve.author.words import show
 from unitkit import EXAMPLES, ROOT
 
 GOLDEN = ROOT / "tests" / "golden"
@@ -109,7 +109,7 @@ def test_plan_argv_has_every_nodes_whole_command(example):
 
 def test_a_long_option_folds_between_shell_words_never_inside_a_quoted_value():
     import shlex
-    from hpcserve.table import _fold
+    from hpcserve.author.table import _fold
     value = shlex.quote('{"max_loras": 4, "lora_modules": ["' + "a" * 40 + '", "' + "b" * 40
                         + '"], "x": 1}')
     line = f"--json-arg {value} --other 'two words' plain"

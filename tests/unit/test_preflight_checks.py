@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from hpcserve import config, plan
+from hpcserve.author import config, plan
 from hpcserve.errors import ConfigError
 from hpcserve.runtime import preflight as pf
 from hpcserve.runtime import preflight_checks as pc

@@ -15,9 +15,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from hpcserve import config, ops
+from hpcserve.author import config
+from hpcserve.operate import ops
 from hpcserve.cli import main
-from hpcserve.plan_json import SCHEMA
+from hpcserve.author.plan_json import SCHEMA
 from test_scale import DEMO, NOW, Cluster, front, one_error, state  # noqa: F401 - fixture
 
 RENEW = {"margin": "40s", "time_limit": "00:01:00"}

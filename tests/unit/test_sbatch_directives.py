@@ -26,7 +26,7 @@ def _components(text: str) -> list[dict[str, list]]:
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.stem for e in EXAMPLES])
 def test_components_ask_for_the_configured_resources(example):
-    from hpcserve import config
+    from hpcserve.author import config
     cfg = config.load(example)
     slurm, dep = cfg.site.slurm, cfg.deployment
     plan = load_plan(example)

@@ -16,10 +16,11 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from hpcserve import config, deployments, ops, plan, ports, scale
+from hpcserve.author import config, plan, ports
+from hpcserve.operate import deployments, ops, scale
 from hpcserve.cli import main
-from hpcserve.plan_json import SCHEMA, job_spec
-from hpcserve.render import render_files, write_job
+from hpcserve.author.plan_json import SCHEMA, job_spec
+from hpcserve.author.render import render_files, write_job
 from hpcserve.runtime.contract import STATE_SCHEMA
 from hpcserve.slurm.runner import LocalRunner, Result
 

@@ -10,7 +10,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from hpcserve import config, plan, render
+from hpcserve.author import config, plan, render
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -74,7 +74,7 @@ def test_a_router_config_file_is_written_in_the_task_with_the_discovered_address
     # How a front server that reads its workers from a file (trtllm-serve disaggregated -c) fits
     # the seam: the adapter gives lines, the router's launch script writes them after discovery.
     from hpcserve.engines import sglang
-    from hpcserve.render import render_files, write_job
+    from hpcserve.author.render import render_files, write_job
     from unitkit import ROOT, load_plan, read_stub_log, run_bash, stub_env
 
     class FileRouter(sglang.SGLangRouter):

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpcserve import config, plan
+from hpcserve.author import config, plan
 from hpcserve.errors import ConfigError
-from hpcserve.render import render_files, write_job
+from hpcserve.author.render import render_files, write_job
 
 DEP = {
     "name": "sec", "site": "local", "model": {"profile": "kimi-k2-instruct", "path": "/models/k2"},
@@ -126,8 +126,8 @@ def test_a_secret_argument_of_a_program_that_is_not_pythons_is_refused():
     """trtllm-serve cannot be run under secret_argv.py: its secret would be on the command
     line, so the render refuses it, naming flag and variable (never a value)."""
     from hpcserve.errors import HpcserveError
-    from hpcserve.render import secret_argv
-    from hpcserve.words import Var
+    from hpcserve.author.render import secret_argv
+    from hpcserve.author.words import Var
     argv = ("--port", "8000", "--api-key", (Var("K", secret=True),))
     cmd, kept, env = secret_argv(["python3", "-m", "m"], argv, "x")
     assert cmd == ["python3", (Var("JOB_DIR"), "/hpcserve_runtime/secret_argv.py"), "-m", "m"]
@@ -217,7 +217,7 @@ def test_a_benchmark_run_from_outside_the_job_reads_the_key_from_its_file(tmp_pa
     to the client as OPENAI_API_KEY, the bearer token both clients send; one it cannot read
     stops the run before any point, saying which file."""
     from hpcserve.engines.bench_clients import CLIENTS, BenchPoint
-    from hpcserve.render import bench_launch_script
+    from hpcserve.author.render import bench_launch_script
     key_file = tmp_path / "api-key"
     key_file.write_text("k-bench-42\n")
     key_file.chmod(0o600)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hpcserve import deployments, ops
+from hpcserve.operate import deployments, ops
 from hpcserve.cli import main
 from hpcserve.runtime.slurm_controller import (RETRY_DELAYS_S, RETRY_WINDOW_S,
                                                controller_unreachable, not_configured, retry_delay)

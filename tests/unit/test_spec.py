@@ -13,10 +13,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from hpcserve import plan_json
+from hpcserve.author import plan_json
 from hpcserve.runtime import contract
 from hpcserve.runtime.contract import SPEC_VERSION
-from hpcserve.render import write_job
+from hpcserve.author.render import write_job
 from unitkit import EXAMPLES, ROOT, install_stubs, read_stub_log, render
 
 
@@ -31,8 +31,8 @@ def test_every_rendered_plan_json_is_a_valid_spec(example):
 def test_plan_json_of_a_fabric_site_and_of_an_allocation_is_a_valid_spec(variant):
     """The optional parts no example reaches: a site with NVLink domains (its preflight block
     names the domain) and a job run inside an allocation the user holds."""
-    from hpcserve import config, plan as planner
-    from hpcserve.render import render_files
+    from hpcserve.author import config, plan as planner
+    from hpcserve.author.render import render_files
     # GB200: 4 GPUs a node, so half the tensor-parallel size of the 8-GPU example
     sets = ("site=gb200-nvl72", "roles.prefill.tp=16", "roles.prefill.attn_dp=16",
             "roles.decode.tp=48", "roles.decode.attn_dp=48") if variant == "fabric" else ()

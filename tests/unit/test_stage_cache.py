@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcserve import config, plan
+from hpcserve.author import config, plan
 from hpcserve.errors import ConfigError
 from hpcserve.runtime import stage_cache as sc
 from unitkit import write_yaml

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from hpcserve.engines import get as engine
-from hpcserve.ops import View, startup_line
+from hpcserve.operate.ops import View, startup_line
 from hpcserve.runtime.startup import EngineLog, Startup, phases_between
 
 
@@ -167,7 +167,7 @@ def test_the_report_draws_the_start_up_beside_the_throughput(tmp_path):
     each as long as its seconds; a job without phases draws no start-up chart."""
     import xml.etree.ElementTree as ET
 
-    from hpcserve import report
+    from hpcserve.operate import report
     su = {"total_s": 10.0, "unknown_s": 3.0, "phases": {
         "job_setup": 1.0, "preflight": 2.0, "engine_load": None, "engine_warmup": None,
         "router_registration": 4.0}}

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from hpcserve import deployments, ops
+from hpcserve.operate import deployments, ops
 from hpcserve.cli import main
 from hpcserve.runtime.contract import STATE_SCHEMA
 from hpcserve.slurm.runner import LocalRunner, Result

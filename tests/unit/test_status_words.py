@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpcserve import ops
+from hpcserve.operate import ops
 from hpcserve.runtime.logs import last_error
 
 

@@ -14,8 +14,8 @@ import yaml
 
 from hpcserve.engines import trtllm
 from hpcserve.errors import ConfigError
-from hpcserve.render import render_files
-from hpcserve.words import show
+from hpcserve.author.render import render_files
+from hpcserve.author.words import show
 from unitkit import ROOT, plan_of, sbatch_components, small_site
 
 TABLE = trtllm.ADAPTER.matrix.versions()["1.3.0rc3"]
@@ -56,7 +56,7 @@ VALS = {"NODE_IP": "10.0.0.1", "JOB_DIR": "/jobs/j"}
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_every_argv_parses_with_the_release_option_table(example):
-    from hpcserve import config, plan
+    from hpcserve.author import config, plan
     p = plan.build(config.load(example))
     for inst in p.instances:
         v = parse([show(w, VALS) for w in inst.argv])
@@ -70,7 +70,7 @@ def test_every_argv_parses_with_the_release_option_table(example):
 
 
 def test_the_seed_example_keeps_the_guides_values():
-    from hpcserve import config, plan
+    from hpcserve.author import config, plan
     p = plan.build(config.load(EXAMPLES[0]))
     (inst,) = p.instances
     v = parse([show(w, VALS) for w in inst.argv])
@@ -86,7 +86,7 @@ def test_the_seed_example_keeps_the_guides_values():
 
 
 def test_options_files_hold_only_the_release_fields():
-    from hpcserve import config, plan
+    from hpcserve.author import config, plan
     fields = set(TABLE["llm_api"]["fields"])
     p = plan.build(config.load(EXAMPLES[1]))
     files = dict(p.files)
@@ -101,7 +101,7 @@ def test_options_files_hold_only_the_release_fields():
 def test_front_server_config_as_the_router_task_writes_it(tmp_path):
     """Run the rendered router script's printf with the discovered addresses: the file is the
     disaggregated server's grammar, and its command has the deployment's start timeout."""
-    from hpcserve import config, plan
+    from hpcserve.author import config, plan
     p = plan.build(config.load(EXAMPLES[1]))
     jd = tmp_path / "job"
     files = render_files(p, str(jd))

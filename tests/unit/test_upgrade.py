@@ -11,9 +11,11 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from hpcserve import config, deployments, engines, plan, upgrade
+from hpcserve.author import config, plan
+from hpcserve.operate import deployments, upgrade
+from hpcserve import engines
 from hpcserve.cli import main
-from hpcserve.render import render_files, write_job
+from hpcserve.author.render import render_files, write_job
 from test_scale import DEMO, NOW, Cluster, front, one_error, ops, state, written  # noqa: F401
 
 WORKERS = DEMO.read_text().split("roles:")[0] + "roles:\n  worker:\n    instances: 1\n" \

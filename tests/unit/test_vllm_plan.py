@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcserve.config import role_type
+from hpcserve.author.config import role_type
 from hpcserve.errors import ConfigError
-from hpcserve.schema import fields_of
-from hpcserve.words import show
+from hpcserve.author.schema import fields_of
+from hpcserve.author.words import show
 from unitkit import (ROOT, plan_of, read_stub_log, run_bash, small_site, stub_env, write_nodes)
 
 HCAS = "mlx5_0"
@@ -27,7 +27,7 @@ def vllm_doc(roles: dict, **over) -> dict:
 
 def _ranks_run(tmp_path, stubs, plan, inst_name: str) -> list[list[str]]:
     """Write the job, run launch/<inst>.sh on every node of the instance; each node's argv."""
-    from hpcserve.render import render_files, write_job
+    from hpcserve.author.render import render_files, write_job
     bindir, log = stubs
     jd = tmp_path / "job"
     write_job(render_files(plan, str(jd)), jd)

@@ -75,7 +75,7 @@ def small_pd(runtime: str = "none") -> dict:
 
 
 def load_plan(file: Path | str, sets: tuple[str, ...] | list[str] = ()):
-    from hpcserve import config, plan
+    from hpcserve.author import config, plan
     return plan.build(config.load(file, sets))
 
 
@@ -84,7 +84,7 @@ def plan_of(tmp: Path, doc: dict, name: str = "deploy.yaml", sets: tuple = ()):
 
 
 def render(file: Path | str, job_dir: str, sets: tuple = ()) -> dict[str, tuple[str, int]]:
-    from hpcserve.render import render_files
+    from hpcserve.author.render import render_files
     return render_files(load_plan(file, sets), job_dir)
 
 
@@ -313,7 +313,7 @@ def leaf_fields(cls: type, prefix: tuple = (), roles: tuple = ("prefill", "decod
     """Every non-dataclass field below `cls` (Deployment.site walks Site, roles walks Role per
     role name, optional dataclasses are walked)."""
     from hpcserve import engines
-    from hpcserve.config import Deployment, Site, role_type
+    from hpcserve.author.config import Deployment, Site, role_type
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]

@@ -15,14 +15,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import engines
-from .bench_sweep import spec, sweep
-from .engines.bench_clients import CLIENTS, BenchClient
-from .errors import HpcserveError
-from .render import bench_launch_script
-from .runtime.contract import SHAPE_VARS, step_prefix
-from .slurm.runner import read_json
-from .words import Var
+from .. import engines
+from ..author.bench_sweep import spec, sweep
+from ..engines.bench_clients import CLIENTS, BenchClient
+from ..errors import HpcserveError
+from ..author.render import bench_launch_script
+from ..runtime.contract import SHAPE_VARS, step_prefix
+from ..slurm.runner import read_json
+from ..author.words import Var
 
 
 RUNS_DIR = "bench-runs"   # in the job directory: one folder per `hpcserve bench` run
@@ -165,7 +165,7 @@ def step_argv(prep: Prepared, job_id: str) -> list[str]:
 
 def verdict(prep: Prepared, runner) -> dict:
     """The gate on the run's files, read through the runner (the job directory may be remote)."""
-    from .runtime import bench
+    from ..runtime import bench
     with tempfile.TemporaryDirectory() as tmp:
         for p in prep.spec["points"]:
             for name in (p["file"], f"{p['label']}.run.json"):
@@ -179,7 +179,7 @@ def run_script(script: str, bench_dir: str, spec_: dict) -> dict:
     """What the small job runs on its node (submitit calls it there): the launch script, then
     the gate on its results; submitit brings the returned verdict back to the command."""
     import subprocess
-    from .runtime import bench
+    from ..runtime import bench
     subprocess.run(["bash", script], check=False)
     return bench.evaluate(bench_dir, spec_)
 

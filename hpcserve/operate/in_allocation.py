@@ -23,10 +23,10 @@ import subprocess
 import time
 from typing import Callable
 
-from .errors import HpcserveError
-from .runtime import allocation, file_sd
-from .runtime.contract import TERMINAL_PHASES
-from .runtime.slurm_queue import parse_steps, steps_argv
+from ..errors import HpcserveError
+from ..runtime import allocation, file_sd
+from ..runtime.contract import TERMINAL_PHASES
+from ..runtime.slurm_queue import parse_steps, steps_argv
 
 DRIVER = posixpath.join("run", "driver.json")
 

@@ -1,7 +1,7 @@
 """The demo: a real local Slurm cluster, simulated Kimi-K2 on SGLang behind the real sglang-router
 (or, with --real, a real vLLM on this machine's CPUs behind the real vllm-router).
 
-`./scripts/demo` runs `python -m hpcserve.demo`: starts the dev cluster, does what
+`./scripts/demo` runs `python -m hpcserve.devcluster.demo`: starts the dev cluster, does what
 `hpcserve submit examples/demo.yaml` does (render, plain sbatch), waits until the job serves,
 sends a chat request through the router, prints the answer and `hpcserve status`, then runs
 `hpcserve cancel` and stops the cluster (--keep leaves both running). `--real` does the same with
@@ -21,11 +21,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-from . import config, deployments, ops, package_data, plan
-from .devcluster.cluster import DevCluster
-from .errors import HpcserveError
-from .runtime.contract import API_KEY_FILE
-from .slurm.runner import LocalRunner
+from ..author import config, plan
+from ..operate import deployments, ops
+from .. import package_data
+from .cluster import DevCluster
+from ..errors import HpcserveError
+from ..runtime.contract import API_KEY_FILE
+from ..slurm.runner import LocalRunner
 
 ROOT = package_data.path().parent  # the checkout: the demo's deployments are its examples/
 
@@ -61,7 +63,7 @@ def write_tiny_model(file: str) -> None:
 def show_benchmark(entry, job_dir: Path, runner) -> None:
     """The deployment's benchmark: step, which started once it served: its verdict, then
     `hpcserve report` (the table, and the plots and page in the job's report/)."""
-    from . import report
+    from ..operate import report
     print("   the benchmark (its engine's own client, one run per point) runs beside it...")
     end = time.time() + 600
     while "passed" not in (json.loads((job_dir / "state.json").read_text()).get("benchmark")

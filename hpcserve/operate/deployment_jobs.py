@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from . import deployments, ops
-from .slurm.runner import read_json
+from ..slurm.runner import read_json
 
 FRONT, INSTANCE, SLOT = "front", "instance", "slot"
 

@@ -17,17 +17,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import deployments
-from .errors import HpcserveError
-from .runtime.contract import SCALE_DIR, SERVING_PHASES, TERMINAL_PHASES
-from .runtime.slurm_cluster import config_argv, parse_config
-from .runtime.slurm_jobs import ACTIVE_STATES, fold_het
-from .runtime.slurm_queue import (parse_sacct, parse_squeue_format, sacct_argv, sacct_disabled,
+from ..errors import HpcserveError
+from ..runtime.contract import SCALE_DIR, SERVING_PHASES, TERMINAL_PHASES
+from ..runtime.slurm_cluster import config_argv, parse_config
+from ..runtime.slurm_jobs import ACTIVE_STATES, fold_het
+from ..runtime.slurm_queue import (parse_sacct, parse_squeue_format, sacct_argv, sacct_disabled,
                                   squeue_argv)
-from .runtime.slurm_reasons import reason_in_words
-from .runtime.slurm_scontrol import parse_scontrol_job, scontrol_argv
-from .slurm.client import parse_job_id
-from .slurm.runner import SlurmUnreachable, read_json
-from .ports import least_clashing
+from ..runtime.slurm_reasons import reason_in_words
+from ..runtime.slurm_scontrol import parse_scontrol_job, scontrol_argv
+from ..slurm.client import parse_job_id
+from ..slurm.runner import SlurmUnreachable, read_json
+from ..author.ports import least_clashing
 
 # Slurm's states of a job that has not ended: the parsers' one list (a job held after a requeue
 # or stopped is not over)
@@ -38,9 +38,9 @@ GONE = "Slurm no longer lists the job"
 
 def runner_for(remote: str | None, **ssh: Any):
     if not remote:
-        from .slurm.runner import LocalRunner
+        from ..slurm.runner import LocalRunner
         return LocalRunner()
-    from .slurm.ssh import SSHRunner
+    from ..slurm.ssh import SSHRunner
     return SSHRunner(remote, **{k: v for k, v in ssh.items() if v is not None})
 
 
@@ -61,8 +61,8 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
            dry_run: bool, check: bool, warn: Callable[[str], None] = lambda _w: None,
            preflight_only: bool = False, in_allocation: bool = False,
            stage_only: bool = False) -> Submitted | str:
-    from . import config, plan as planner
-    from .render import write_job
+    from ..author import config, plan as planner
+    from ..author.render import write_job
     cfg = with_user(config.load(file, sets), runner, remote)
     if stage_only:
         cfg = planner.with_stage(cfg)
@@ -111,7 +111,7 @@ def submit(file: str, sets: tuple[str, ...], *, runner, remote: str | None, out:
 
 
 def _api_key_file(p, job_dir: str) -> str | None:
-    from .plan_json import api_key
+    from ..author.plan_json import api_key
     return (api_key(p, job_dir) or {}).get("file")
 
 
@@ -134,7 +134,7 @@ def submit_files(name: str, files: dict, job_dir: str, *, runner, remote: str | 
 
 def write_files(files: dict, job_dir: str, *, runner, remote: str | None) -> None:
     """A rendered job directory written where the runner runs (here, or copied over SSH)."""
-    from .render import write_job
+    from ..author.render import write_job
     if remote is None:
         write_job(files, job_dir)
     else:
@@ -147,7 +147,7 @@ def _rendered(p, cfg, *, runner, remote: str | None, out: str | None,
     """(plan, job directory, its files) for a submission; a live one (not --dry-run or --check)
     is first moved clear of this user's other deployments' ports and has its router's python
     checked. The plan's warnings are said once it is known to go ahead."""
-    from .render import render_files
+    from ..author.render import render_files
     if live and not cfg.site.slurm.exclusive:
         p = shape(clear_of_my_other_deployments(p, cfg, runner, remote, warn))
     job_dir = _job_dir(p, runner, out, preflight_only)
@@ -176,8 +176,8 @@ def _submit_in_allocation(p, cfg, *, runner, remote: str | None, out: str | None
     """The job started as a background process of the allocation this shell is in, once it is
     known to fit there (in_allocation.py)."""
     from . import in_allocation as ia
-    from .plan_json import job_spec
-    from .render import write_job
+    from ..author.plan_json import job_spec
+    from ..author.render import write_job
     if remote is not None:
         raise HpcserveError("--in-allocation runs in the allocation's own shell, not with --remote")
     alloc = ia.allocation_here()
@@ -243,7 +243,7 @@ def clear_of_my_other_deployments(p, cfg, runner, remote: str | None, warn):
     would clash on a node both get. Move this one's ports (those its file does not set) by the
     smallest multiple of PORT_SHIFT_STEP that clears the ports the others use (or most of them,
     where the file itself sets one that is taken)."""
-    from . import plan as planner
+    from ..author import plan as planner
     shifts = [k * planner.PORT_SHIFT_STEP for k in range(planner.PORT_SHIFTS)]
     best, best_shift = least_clashing(
         ((s, planner.build(cfg, port_shift=s) if s else p) for s in shifts),

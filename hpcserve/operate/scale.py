@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Callable
 
 from . import deployment_jobs, deployments, ops
-from .errors import HpcserveError
-from .runtime.contract import (CANNOT_ADD, CONTROL_DIR, SCALE_DIR, SERVING_PHASES,
+from ..errors import HpcserveError
+from ..runtime.contract import (CANNOT_ADD, CONTROL_DIR, SCALE_DIR, SERVING_PHASES,
                                 drain_request_path)
-from .slurm.runner import read_json
+from ..slurm.runner import read_json
 
 WAIT_MARGIN_S = 30           # --wait: the drain's own timeout, and this for the stop after it
 
@@ -105,8 +105,8 @@ def instance_job(cfg, role: str, count: int, seq: int, attach: dict, front_dir: 
     <front>/scale/<role>-<label>/ (label: seq unless given; seq picks its port block): one
     directory, or with the deployment's renew: the pair of it and its twin <role>-<label>b/
     (plan.instance_plans). Every caller that renders an instance job plans it there."""
-    from . import plan as planner
-    from .render import render_files
+    from ..author import plan as planner
+    from ..author.render import render_files
     root = posixpath.join(front_dir, SCALE_DIR)
     out = []
     for name, p in planner.instance_plans(cfg, role, count, seq, attach, taken, label):
@@ -148,7 +148,7 @@ def attach_of(f: Front) -> dict:
 def source_config(f: Front, runner, sets: tuple[str, ...] = ()):
     """The deployment as submitted, rebuilt from the front's deployment.yaml (`sets`: --set
     values applied to it)."""
-    from . import config
+    from ..author import config
     where = posixpath.join(f.entry.job_dir, config.SOURCE_FILE)
     text = runner.read_text(where)
     if text is None:

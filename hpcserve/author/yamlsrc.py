@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError, echo, escape, shorten
+from ..errors import ConfigError, echo, escape, shorten
 
 try:  # the C composer is several times faster on large files
     from yaml import CSafeLoader as _Loader

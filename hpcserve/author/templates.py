@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import shlex
 
-from . import package_data
+from .. import package_data
 from .words import quote
 
 TEMPLATES = package_data.path("sbatch_templates")

@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import HpcserveError
-from .slurm.runner import read_json
+from ..errors import HpcserveError
+from ..slurm.runner import read_json
 
 PLOTS = ("throughput.png", "latency.png")
 

@@ -17,7 +17,7 @@ from dataclasses import MISSING, Field, fields, is_dataclass
 from functools import cache
 from typing import Any, Literal, Union
 
-from .errors import ConfigError, echo, shorten
+from ..errors import ConfigError, echo, shorten
 from .yamlsrc import Positions, format_path
 
 _NoneType = type(None)

@@ -45,9 +45,9 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import package_data
+from .. import package_data
 from .compile_caches import user_root
-from .errors import ConfigError
+from ..errors import ConfigError
 from .templates import jinja
 from .words import Word
 

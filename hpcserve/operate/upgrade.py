@@ -27,11 +27,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from . import config, deployment_jobs, deployments, engines, ops, scale
-from .errors import HpcserveError
-from .engines.flags import vkey
-from .runtime.contract import SERVING_PHASES, TERMINAL_PHASES
-from .slurm.runner import read_json
+from ..author import config
+from . import deployment_jobs, deployments, ops, scale
+from .. import engines
+from ..errors import HpcserveError
+from ..engines.flags import vkey
+from ..runtime.contract import SERVING_PHASES, TERMINAL_PHASES
+from ..slurm.runner import read_json
 
 SETTABLE = ("engine.version", "engine.image")
 POLL_S = 1.0    # s between two looks at a surge job's state
@@ -69,7 +71,7 @@ def release(cfg: config.Resolved) -> tuple[str, str | None]:
 def target(f: scale.Front, runner, sets: tuple[str, ...]) -> config.Resolved:
     """The deployment at its new release: refused (one line) for a release the engine adapter
     does not know, no change, or prefill and decode releases that cannot talk to each other."""
-    from . import plan as planner
+    from ..author import plan as planner
     old, new = scale.source_config(f, runner), scale.source_config(f, runner, sets)
     adapter = engines.get(new.deployment.engine.name)
     (v_old, i_old), (v_new, i_new) = release(old), release(new)

@@ -15,7 +15,7 @@ import posixpath
 from dataclasses import dataclass, replace
 
 from .ports import plan_ports
-from .runtime.contract import CANNOT_ADD, SCALE_DIR
+from ..runtime.contract import CANNOT_ADD, SCALE_DIR
 
 SLOT_PREFIX = "s"   # <role>-s<k>: a slot, beside `hpcserve scale`'s <role>-<seq>
 

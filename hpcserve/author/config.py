@@ -15,10 +15,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from . import engines, package_data
-from .engines.base import setting_names
-from .engines.bench_clients import CLIENTS
-from .errors import ConfigError, echo, escape, shorten
+from .. import engines, package_data
+from ..engines.base import setting_names
+from ..engines.bench_clients import CLIENTS
+from ..errors import ConfigError, echo, escape, shorten
 from .schema import FieldProblem, Validator, doc, json_schema, schema_ref
 from .values import ENV_NAME, FLAG_NAME, NAME, ArgValue, EnvValue, check_secrets, looks_secret
 from .yamlsrc import Origin, Positions, check_string, format_path, load_file, load_text

@@ -6,7 +6,7 @@ JOB` (bench_ops.py) a run against a deployment that already serves.
 
 from __future__ import annotations
 
-from .engines.bench_clients import BenchClient, BenchPoint, BenchRun
+from ..engines.bench_clients import BenchClient, BenchPoint, BenchRun
 from .words import Var, Word
 
 

@@ -15,16 +15,16 @@ import shlex
 from dataclasses import replace
 from pathlib import Path
 
-from . import __version__, engines, package_data
+from .. import __version__, engines, package_data
 from .compile_caches import CACHE_REPORTS, user_root
 from .containers import container_files, wrap_task
-from .engines.bench_clients import CLIENTS, BenchClient
-from .errors import HpcserveError
+from ..engines.bench_clients import CLIENTS, BenchClient
+from ..errors import HpcserveError
 from .config import SOURCE_FILE, source_text
 from .plan import Instance, Plan
 from .plan_json import dumps as spec_dumps
 from .plan_json import api_key, job_spec
-from .runtime.contract import API_KEY_FILE, SHAPE_VARS, step_prefix
+from ..runtime.contract import API_KEY_FILE, SHAPE_VARS, step_prefix
 from .templates import jinja
 from .words import Var, Word, argv_lines, quote, show
 

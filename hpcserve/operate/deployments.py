@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
-from .errors import HpcserveError
+from ..errors import HpcserveError
 
 
 def index_path() -> Path:

@@ -20,9 +20,9 @@ import json
 import posixpath
 from typing import Any
 
-from . import __version__
+from .. import __version__
 from .containers import apptainer_image, enroot_image, image_import
-from .runtime.contract import API_KEY_FILE, API_KEY_VAR, SPEC, SPEC_VERSION, WORKERS_APIS
+from ..runtime.contract import API_KEY_FILE, API_KEY_VAR, SPEC, SPEC_VERSION, WORKERS_APIS
 from .words import Var, Word
 
 

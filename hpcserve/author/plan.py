@@ -16,16 +16,17 @@ import re
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
-from . import bench_sweep, engines, fit
+from . import bench_sweep, fit
+from .. import engines
 from .autoscale import with_slots
 from .compile_caches import plan_caches, user_root
 from .config import Resolved, merged_settings
-from .engines.base import EngineAdapter, Layout, Net, RoleContext, gpus_from
-from .engines.bench_clients import CLIENTS, BenchPoint
-from .engines.flags import FlagError, Release
-from .errors import ConfigError
+from ..engines.base import EngineAdapter, Layout, Net, RoleContext, gpus_from
+from ..engines.bench_clients import CLIENTS, BenchPoint
+from ..engines.flags import FlagError, Release
+from ..errors import ConfigError
 from .ports import clear_ports, plan_ports
-from .runtime.contract import API_KEY_VAR, RENEW_SIGNAL_NUMBER
+from ..runtime.contract import API_KEY_VAR, RENEW_SIGNAL_NUMBER
 from .values import FromEnv
 from .words import Var, Word
 from .yamlsrc import format_path
