@@ -15,7 +15,7 @@ import posixpath
 from dataclasses import dataclass, replace
 
 from .ports import plan_ports
-from ..runtime.contract import CANNOT_ADD, SCALE_DIR
+from ..runtime.contract import AUTOSCALE_SIGNALS, CANNOT_ADD, SCALE_DIR
 
 SLOT_PREFIX = "s"   # <role>-s<k>: a slot, beside `hpcserve scale`'s <role>-<seq>
 
@@ -26,7 +26,7 @@ class RoleScaling:
 
     min: int
     max: int
-    signal: str                  # config.AUTOSCALE_SIGNALS
+    signal: str                  # runtime.contract.AUTOSCALE_SIGNALS
     metrics: tuple[str, ...]     # the engine's metric names of that signal
     target: float
     cool_down_s: float
@@ -49,8 +49,9 @@ def signal_metrics(metrics, signal: str) -> tuple[str, ...]:
     """The engine's metric names for `signal` (engines.base.Metrics; () where it has none)."""
     if metrics is None:
         return ()
-    return tuple({"queued": metrics.queued, "running": metrics.pending,
-                  "kv_usage": metrics.kv_usage}[signal])
+    # the Metrics fields in AUTOSCALE_SIGNALS' order: queued, running (pending), kv_usage
+    return tuple(dict(zip(AUTOSCALE_SIGNALS, (metrics.queued, metrics.pending,
+                                               metrics.kv_usage)))[signal])
 
 
 def with_slots(cfg, front, err, instance_plans):
@@ -101,7 +102,7 @@ def _check(cfg, front, role: str, a, _err) -> None:
     if not signal_metrics(front.metrics, a.signal):
         raise _err(cfg, at + ("signal",), f"{front.engine_title} exposes no {a.signal} metric "
                                           "hpcserve reads; this engine's signals: " + (", ".join(
-                                              s for s in ("queued", "running", "kv_usage")
+                                              s for s in AUTOSCALE_SIGNALS
                                               if signal_metrics(front.metrics, s)) or "none"))
     r = front.router
     if r is None:

@@ -19,6 +19,7 @@ from .. import engines, package_data
 from ..engines.base import setting_names
 from ..engines.bench_clients import CLIENTS
 from ..errors import ConfigError, echo, escape, shorten
+from ..runtime.contract import AUTOSCALE_SIGNALS
 from .schema import FieldProblem, Validator, doc, json_schema, schema_ref
 from .values import ENV_NAME, FLAG_NAME, NAME, ArgValue, EnvValue, check_secrets, looks_secret
 from .yamlsrc import Origin, Positions, check_string, format_path, load_file, load_text
@@ -309,9 +310,6 @@ class Recovery:
         "deployment fails when fewer serve and no restart is left", ge=0, le=100_000))
 
 
-# autoscale.signal: what the orchestrator reads per serving instance from its engine's own
-# Prometheus metrics (the names per engine: engines/*.py Metrics).
-AUTOSCALE_SIGNALS = ("queued", "running", "kv_usage")
 def duration_s(v: float | str) -> float:
     """Seconds of a DURATION field (a number of seconds, 90s / 15m / 1.5h, or a Slurm time
     [D-]HH:MM:SS, as TIME); whole seconds as an int, so plan.json says 900, not 900.0."""

@@ -22,7 +22,8 @@ from typing import Any
 
 from .. import __version__
 from .containers import apptainer_image, enroot_image, image_import
-from ..runtime.contract import API_KEY_FILE, API_KEY_VAR, SPEC, SPEC_VERSION, WORKERS_APIS
+from ..runtime.contract import (API_KEY_FILE, API_KEY_VAR, AUTOSCALE_SIGNALS, SPEC, SPEC_VERSION,
+                                WORKERS_APIS)
 from .words import Var, Word
 
 
@@ -293,7 +294,7 @@ SCHEMA = {
             "deployment": _STR})]},
         "autoscale": {"anyOf": [{"type": "null"}, {"type": "object", "additionalProperties": _obj({
             "min": _INT, "max": _INT,
-            "signal": _obj({"kind": {"enum": ["queued", "running", "kv_usage"]},
+            "signal": _obj({"kind": {"enum": list(AUTOSCALE_SIGNALS)},
                             "metrics": {"type": "array", "items": _STR}}),
             "target": {"type": "number"}, "cool_down_s": {"type": "number"},
             "interval_s": {"type": "number"}, "drain_timeout_s": {"type": "number"},

@@ -1,4 +1,10 @@
-"""The engine adapters hpcserve knows, by `engine.name`; the rest of hpcserve asks here."""
+"""The engine adapters hpcserve knows, by `engine.name`; the rest of hpcserve asks here.
+
+To add an engine: its adapter module here (an EngineAdapter and its RouterAdapter, base.py),
+registered below; its flag table in data/ (extracted from the release by tools/); what hpcserve
+relies on of its release in facts.py; a strict stand-in in hpcserve/sim/; a recipe in
+containers/. Nothing outside this folder and sim/ names an engine (tests/unit/test_seam.py).
+"""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ reads, and is tested, on its own (tests/unit/test_autoscale_decide.py).
 
 from __future__ import annotations
 
+from .contract import KV_USAGE
 from .probes import samples, scrape
 
 
@@ -21,7 +22,7 @@ def signal_value(url: str, kind: str, names: list, timeout: float,
     if text is None:  # a bad reply: not read this round
         return None
     got = samples(text, names)
-    if kind == "kv_usage":
+    if kind == KV_USAGE:
         return max(got, default=0.0)
     return sum(got)
 

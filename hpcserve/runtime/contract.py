@@ -63,6 +63,12 @@ PHASES = ("pending", "starting", "engines_ready", "router_ready", "serving", "de
 # speaks each): over its worker API (a queued job, or a direct call), removing only, or by a
 # restart with the new set.
 WORKERS_APIS = ("queued", "direct", "remove-only", "restart")
+# autoscale.signal: what the orchestrator reads per serving instance from its engine's own
+# Prometheus gauges (the names per engine: engines/*.py Metrics): requests waiting, requests
+# running, the KV cache's share in use (the fullest scheduler's). Declared once: the
+# configuration offers these, plan.json's schema admits them, the runtime reads them.
+AUTOSCALE_SIGNALS = ("queued", "running", "kv_usage")
+KV_USAGE = "kv_usage"   # a share, not a count: the largest over schedulers, not their sum
 # Why a router's worker API cannot take a new worker while it runs (runtime/workers.py says
 # which router release answers how): `hpcserve scale --add` and autoscale refuse those.
 CANNOT_ADD = {"remove-only": "it takes workers out while it runs, but adds one only by a "
