@@ -21,11 +21,9 @@ the steps, Slurm, state.json, the log). tests/unit/test_concern_cycles.py keeps 
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import signal
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -35,11 +33,11 @@ from .attach import LEAVE_S, Attach
 from .autoscale import Autoscaler
 from .autoscale_slots import slots_alone
 from .bench_step import BenchStep
-from .contract import SCALED_IN, SpecError, load_spec
-from .discovery import Discovery, cmd_discover, discover_args
+from .contract import SCALED_IN, load_spec
+from .discovery import Discovery
 from .drain import Drains
 from .events import Events, InstanceFailed, NodeLost, RouterRestartAsked
-from .failures import (BENCHMARK_FAILED, INCOMPATIBLE, NODE_LOST, ROUTER_RESTART_FAILED, Stop,
+from .failures import (BENCHMARK_FAILED, NODE_LOST, ROUTER_RESTART_FAILED, Stop,
                        step_identity)
 from .file_sd import FileSD
 from .instances import Instances
@@ -393,30 +391,3 @@ class Job:
                 (stop.failure or {}).get("reason") != NODE_LOST:
             return sig.phase, sig.reason, sig.failure
         return stop.phase, stop.reason, stop.failure
-
-
-def refuse(job_dir: str, why: str) -> int:
-    """An incompatible job directory: say so in state.json and the log, start nothing."""
-    sys.stderr.write(f"hpcserve_runtime: {why}\n")
-    try:
-        State(job_dir).update("failed", reason=why, finished_at=round(now(), 3),
-                              failure={"reason": INCOMPATIBLE})
-    except OSError:
-        pass
-    return 2
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m hpcserve_runtime")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="orchestrate the deployment (called by job.sbatch)")
-    r.add_argument("job_dir")
-    discover_args(sub.add_parser("discover", help="print this node's address line"))
-    a = ap.parse_args(argv)
-    if a.cmd == "discover":
-        return cmd_discover(a)
-    try:
-        job = Job(a.job_dir)
-    except SpecError as e:
-        return refuse(a.job_dir, str(e))
-    return job.run()
