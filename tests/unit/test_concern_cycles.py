@@ -23,7 +23,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from test_import_cycles import cycles
+from test_import_cycles import _tree, cycles
 
 ROOT = Path(__file__).resolve().parents[2]
 HUB = ("hpcserve/runtime/job.py", "Job")
@@ -127,14 +127,6 @@ def test_the_runtime_concerns_call_each_other_in_no_circle():
     found = cycles(graph)
     assert not found, "concerns that reach each other through the job:\n  " + \
         "\n  ".join(found)
-
-
-def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        p = tmp_path / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text, encoding="utf-8")
-    return tmp_path
 
 
 HUB_SRC = """
