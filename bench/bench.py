@@ -47,7 +47,7 @@ def report(label: str, samples: list[float], target: float | None = None) -> Non
 def bench_render() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for label, f, target in (
-                ("hpcserve render examples/kimi-k2-instruct-4p12d.yaml", "examples/kimi-k2-instruct-4p12d.yaml", 0.3),
+                ("hpcserve render examples/kimi-k2-instruct-4p12d.yaml", "examples/kimi-k2-instruct-4p12d.yaml", 0.5),
                 ("hpcserve render bench/synthetic-1024.yaml (1,024 nodes)", "bench/synthetic-1024.yaml", 1.0)):
             n = [0]
 

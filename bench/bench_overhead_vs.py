@@ -96,7 +96,7 @@ def main() -> None:
     print(f"serving: {rev} {sorted(r['serving'] for r in results[rev])}\n"
           f"         this checkout {sorted(r['serving'] for r in results['this checkout'])}\n"
           f"ratio (this checkout / {rev}): {med['this checkout'] / med[rev]:.2f}  "
-          f"(target: this checkout < 1.0 s)\n"
+          f"(bound kept by issue 36: this checkout well under 1.5 s)\n"
           f"reproduce: .venv/bin/python bench/bench_overhead_vs.py {rev} {runs}")
 
 
