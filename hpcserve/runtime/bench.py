@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import os
 import time
-import urllib.request
+
+from .probes import DIRECT
 
 STATS = ("mean", "median", "p90", "p99")
 
@@ -133,11 +134,10 @@ def scrape(targets: list, metrics_dir: str, timeout: float = 2.0) -> None:
     """One scrape of each (name, url) Prometheus endpoint, appended to metrics/NAME.prom after a
     '# hpcserve-scrape UNIX_TIME' line; what did not answer is noted there instead."""
     os.makedirs(metrics_dir, exist_ok=True)
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     for name, url in targets:
         at = time.time()
         try:
-            with opener.open(url, timeout=timeout) as r:
+            with DIRECT.open(url, timeout=timeout) as r:  # no proxy (probes.py)
                 body = r.read().decode("utf-8", "replace")
         except Exception as e:  # noqa: BLE001 - whatever it was, it is noted, not raised
             body = f"# hpcserve-scrape-error {url}: {e}\n"

@@ -19,7 +19,7 @@ SMOKE_TIMEOUT = 120.0  # s, a whole smoke request (the router's, or one instance
 # sbatch exports the submitter's environment, http_proxy/HTTP_PROXY included, and urlopen would
 # send /health, /readiness and the smoke request to that site proxy, which cannot reach (or must
 # not see) the allocation's nodes.
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the one opener
 
 
 def http_json(url: str, body: dict | None = None, timeout: float = 2.0,
@@ -27,7 +27,7 @@ def http_json(url: str, body: dict | None = None, timeout: float = 2.0,
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data,
                                  headers={"Content-Type": "application/json", **(headers or {})})
-    with _DIRECT.open(req, timeout=timeout) as r:
+    with DIRECT.open(req, timeout=timeout) as r:
         raw = r.read()
         return r.status, (json.loads(raw) if raw.strip() else None)
 
@@ -36,7 +36,7 @@ def probe(url: str, timeout: float) -> tuple[str | None, str]:
     """(None, "") when `url` answers 2xx/3xx/4xx within `timeout`; else the kind of failure:
     hung (no answer in time), unreachable (refused, no route) or unhealthy (an error status)."""
     try:
-        with _DIRECT.open(urllib.request.Request(url), timeout=timeout) as r:
+        with DIRECT.open(urllib.request.Request(url), timeout=timeout) as r:
             r.read(65536)
         return None, ""
     except urllib.error.HTTPError as e:
@@ -77,7 +77,7 @@ def scrape(url: str, timeout: float, headers: dict | None = None) -> str | None:
     deployment's key in `headers` (router_auth): SGLang asks it of its gauges (/v1/loads),
     not of /metrics."""
     try:
-        with _DIRECT.open(urllib.request.Request(url, headers=headers or {}),
+        with DIRECT.open(urllib.request.Request(url, headers=headers or {}),
                           timeout=timeout) as r:
             return r.read(4 << 20).decode(errors="replace")
     except (OSError, ValueError, urllib.error.URLError, http.client.HTTPException):

@@ -30,14 +30,13 @@ import urllib.parse
 import urllib.request
 
 from .contract import WORKERS_APIS as KINDS  # declared with plan.json's other keys
+from .probes import DIRECT
 
 # "queued": the worker_type of each hpcserve role (sglang-router's GET /workers says "regular"
 # in plain mode).
 WORKER_TYPES = {"prefill": "prefill", "decode": "decode", "worker": "regular"}
 POLL_S = 0.02  # a queued change is done within tens of ms (0.3.2)
 
-# As health.py: the submitter's http_proxy must not see the allocation's nodes.
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class WorkerApiError(Exception):
@@ -188,7 +187,7 @@ class RouterWorkers:
                                      headers={"Content-Type": "application/json",
                                               **self.headers})
         try:
-            with _DIRECT.open(req, timeout=timeout or self.timeout) as r:
+            with DIRECT.open(req, timeout=timeout or self.timeout) as r:  # no proxy (probes.py)
                 raw = r.read()
         except urllib.error.HTTPError as e:
             if e.code in also_ok:
