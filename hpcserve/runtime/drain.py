@@ -29,6 +29,7 @@ from concurrent.futures import Future
 from .contract import CONTROL_DIR, DRAIN_PREFIX, DRAIN_SUFFIX, drain_request_path
 from .probes import metrics_of, metrics_totals
 from .state import now
+from .stopper import STOPPING
 from .table import DRAINING, REMOVED, SERVING
 
 POLL_S = 0.2     # s between reads of a draining engine's pending gauges
@@ -154,7 +155,7 @@ class Drains:
 
     def _settling(self, d: Drain, rec) -> None:
         job = self.job
-        if rec.stage == "stopping" or d.name not in job.steps:  # it ended meanwhile
+        if rec.stage == STOPPING or d.name not in job.steps:  # it ended meanwhile
             return self._stop(d, rec)
         if d.task is not None:
             if not d.task.done():
@@ -187,10 +188,10 @@ class Drains:
         d.stage = "stopping"
         # the engine's graceful stop, as the teardown's (a hung engine's KILL does not apply)
         sig = self.job.instances.spec(d.name).get("stop_signal", "TERM")
-        self.job.recovery.stop_step(rec, sig)
+        self.job.stopper.stop(rec, sig)
 
     def _stopping(self, d: Drain, rec) -> None:
-        if rec.stage == "stopping":  # recovery's tick ends the step (KILL after a grace)
+        if rec.stage == STOPPING:  # the stopper's tick ends the step (KILL after a grace)
             return
         del self.under_way[d.name]
         self.job.table.end_attempt(rec, "drained", None, now())

@@ -54,6 +54,7 @@ from .stage_batch import Staging
 from .state import State, now
 from .startup import Startup
 from .steps import Steps
+from .stopper import Stopper
 from .supervise import Supervisor
 from .table import REMOVED, Table
 from .teardown import Teardown
@@ -86,6 +87,7 @@ class Job:
         self.supervisor = Supervisor(self)
         self.slurm = Slurm(self.job_id, pause=self.supervisor.pause)
         self.allocation = InAllocation(self)
+        self.stopper = Stopper(self)
         # the concerns, in the order of the timeline
         self.discovery = Discovery(self)
         self.readiness = Readiness(self)
@@ -217,6 +219,7 @@ class Job:
             self.drains.scan()
             self._next_scan = now() + SCAN_S
         self.handle(self.events.take())
+        self.stopper.tick()                   # the steps being ended: done, or KILLed
         self.recovery.tick()                  # each failed instance one stage forward
         self.reconcile.poll()                 # the router's worker list as it should be
         self.renewal.tick()                   # a successor job before the time limit

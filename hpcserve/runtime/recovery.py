@@ -6,8 +6,8 @@ lost, its port was taken) no longer ends the job. The instance goes through thes
 tick at a time, so that the others are probed and served meanwhile:
 
   out:        taken out of the router first (its worker API), so no new request reaches it;
-  stopping:   its step ended through Slurm (an instance of several nodes, or one MPI world,
-              stops and restarts as one);
+  stopping:   its step ended through Slurm (stopper.py; an instance of several nodes, or one
+              MPI world, stops and restarts as one);
   waiting:    the role's backoff (doubling with each restart of the instance);
   starting:   a new attempt as a new named step, on its nodes or with a spare node in the place
               of a lost one; its leader must answer its health path as its own process;
@@ -32,14 +32,11 @@ import os
 
 from . import caches
 from .events import RouterRestartAsked
-from .failures import (HUNG, NODE_LOST, PORT_TAKEN, READINESS_TIMEOUT, REGISTRATION_FAILED,
-                       SMOKE_FAILED, Stop, step_identity)
+from .failures import (NODE_LOST, PORT_TAKEN, READINESS_TIMEOUT, REGISTRATION_FAILED, SMOKE_FAILED,
+                       Stop, step_identity)
 from .probes import probe
 from .state import now
 from .table import DRAINING, FAILED, OUT, REMOVED, RESTARTING, SERVING, Rec
-
-STOP_WAIT_S = 10.0   # s an old attempt's step may take to end after its signal, then KILL
-
 
 class Recovery:
     """The restart machine: one failed instance through its stages, one tick at a time. Its
@@ -48,12 +45,13 @@ class Recovery:
     def __init__(self, job):
         self.job = job
         self.table, self.membership, self.events = job.table, job.membership, job.events
+        self.stopper = job.stopper
         self.pool = job.pool
         self.drained: set[str] = set()
 
     # -- a failure
     def failed(self, name: str, reason: str, failure: dict) -> None:
-        """Instance `name` failed (`reason`: "exited with code 137", HUNG, NODE_LOST...):
+        """Instance `name` failed (`reason`: "exited with code 137", "hung", "node lost"...):
         out of the router at once, its step stopped; restarted later by tick()."""
         rec = self.table.recs[name]
         lost = self._lost_nodes(failure)
@@ -66,7 +64,7 @@ class Recovery:
         self.table.end_attempt(rec, reason, failure, at)
         if rec.status == DRAINING:  # out of the router already, and not to be restarted
             job.log(f"{name} {reason} while draining")
-            self.stop_step(rec)
+            self.stopper.stop(rec)
             return
         where = f" on node {failure['node']}" if failure.get("node") else ""
         job.log(f"{name} {reason}{where}: taking it out")
@@ -76,7 +74,7 @@ class Recovery:
         if not rec.taken_out:
             self.membership.deregister(rec)
         rec.taken_out = False
-        self.stop_step(rec)
+        self.stopper.stop(rec)
         pol = job.plan["recovery"][rec.role]
         if not pol["restart"] or rec.restarts >= pol["max_restarts"]:
             spent = (f"its {pol['max_restarts']} restart(s) are spent" if pol["restart"]
@@ -106,24 +104,10 @@ class Recovery:
         if not self.table.active:
             return
         for rec in list(self.table.recs.values()):
-            if rec.status in (OUT, RESTARTING) or rec.stage == "stopping":
+            if rec.status in (OUT, RESTARTING):  # its step's end is stopper.py's
                 step = getattr(self, f"_{rec.stage}", None)
                 if step:
                     step(rec)
-
-    def _stopping(self, rec: Rec) -> None:
-        old = rec.old
-        if old is None or old.poll() is not None:
-            rec.old = None
-            rec.stage = "waiting" if rec.status == OUT else None
-            return
-        if now() > rec.deadline:
-            self.job.log(f"{rec.name}: attempt {rec.attempt} did not end: SIGKILL to its srun")
-            try:
-                old.kill()
-            except OSError:
-                pass
-            rec.deadline = now() + STOP_WAIT_S
 
     def _waiting(self, rec: Rec) -> None:
         if now() < (rec.next_try_at or 0):
@@ -244,23 +228,6 @@ class Recovery:
     def _lost_nodes(failure: dict) -> set[str]:
         return {failure["node"]} if failure.get("reason") == NODE_LOST and \
             failure.get("node") else set()
-
-    def stop_step(self, rec: Rec, sig: str | None = None) -> None:
-        """Its step ended through Slurm (by step id; through its srun client on a lost node):
-        `sig`, else KILL for a hung engine (it answers no TERM), TERM for any other."""
-        job = self.job
-        rec.task = None
-        if rec.name not in job.steps:
-            return
-        proc = job.steps[rec.name]
-        if proc.poll() is None:
-            lost = job.supervisor.lost_steps if rec.lost else set()
-            sig = sig or ("KILL" if rec.why_first == HUNG else "TERM")
-            job.steps.signal([rec.name], sig,
-                             job.step_ids(errors=Exception), lost, job.slurm, job.log)
-        rec.old = job.steps.retire(rec.name)
-        rec.deadline = now() + STOP_WAIT_S
-        rec.stage = "stopping"
 
     def _judge(self, rec: Rec, failure: dict) -> None:
         """The deployment fails once a role is below its minimum with nothing left to restart."""
