@@ -95,6 +95,17 @@ class Ssh:
                           key_filenames=list(self.identity) or None,
                           known_hosts=self.known_hosts)
 
+    def runners(self):
+        """runner_of(remote): one runner per login host (None: this one's, --remote), however
+        many jobs it serves."""
+        made = {}
+
+        def runner_of(r: str | None):
+            if r not in made:
+                made[r] = self.runner(r or self.remote)
+            return made[r]
+        return runner_of
+
 
 def _ssh() -> Ssh:
     return click.get_current_context().find_object(Ssh) or Ssh()
@@ -395,19 +406,14 @@ def status(jobs, as_json, probe, follow):
     from .operate import deployment_jobs, deployments, ops
     ssh = _ssh()
     remote = ssh.remote
-    runners = {}
-
-    def runner_of(r):
-        if r not in runners:
-            runners[r] = ssh.runner(r or ssh.remote)
-        return runners[r]
-
+    runner_of = ssh.runners()
+    index = deployments.entries()
     if jobs:
         entries = [ops.resolve(j, remote, runner_of(remote)) for j in jobs]
     else:
-        entries = [e for e in deployments.entries() if not remote or e.remote == remote]
+        entries = [e for e in index if not remote or e.remote == remote]
     # each front with its instance jobs, slot jobs and successors
-    found = deployment_jobs.of_entries(entries, runner_of)
+    found = deployment_jobs.of_entries(entries, runner_of, index)
     if follow:
         if len(found) != 1:
             raise HpcserveError("--follow takes exactly one job")
@@ -445,16 +451,11 @@ def list_cmd(as_json, show_all):
     ssh = _ssh()
     remote = ssh.remote
     from .runtime.contract import TERMINAL_PHASES
-    runners = {}
-
-    def runner_of(r):  # one connection per login host, however many jobs it serves
-        if r not in runners:
-            runners[r] = ssh.runner(r or ssh.remote)
-        return runners[r]
-
+    runner_of = ssh.runners()
+    index = deployments.entries()
     # each front with its instance jobs, slot jobs and successors
     found = deployment_jobs.of_entries(
-        [e for e in deployments.entries() if not remote or e.remote == remote], runner_of)
+        [e for e in index if not remote or e.remote == remote], runner_of, index)
     views = deployment_jobs.views(found, runner_of)
     if not show_all:
         views = [v for v in views if v.summary_phase not in TERMINAL_PHASES and not v.ended]

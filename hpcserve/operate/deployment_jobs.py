@@ -18,7 +18,7 @@ A deployment is its front job (as submitted) and the jobs that joined it:
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
 from . import deployments, ops
@@ -75,13 +75,13 @@ def pair_now(entry: deployments.Entry, runner, kind: str = INSTANCE) -> list[Job
     return list(_now([Job(entry, kind)], runner))
 
 
-def of_entries(entries: Iterable[deployments.Entry],
-               runner_of: Callable[[str | None], Any]) -> list[Job]:
+def of_entries(entries: Iterable[deployments.Entry], runner_of: Callable[[str | None], Any],
+               index: Iterable[deployments.Entry] | None = None) -> list[Job]:
     """Every job of the deployments among `entries` (`status`, `list`): each front followed by
     its members; an instance job whose front is not among them (its pair as it runs now) where
     it was. A job reached twice is listed once."""
     entries = list(entries)
-    index = deployments.entries()
+    index = list(deployments.entries() if index is None else index)  # read once
     fronts = {(e.remote, e.job_dir.rstrip("/")) for e in entries if not e.front}
     out: list[Job] = []
     seen: set[tuple] = set()
@@ -137,16 +137,10 @@ def _now(jobs: Iterable[Job], runner) -> tuple[Job, ...]:
             out.append(j)
             continue
         ids = _newest_jobs([e.job_dir, renew["twin_dir"]], runner, {e.job_dir: e.job_id})
-        out += [Job(_moved(e, jid, d), j.kind, e.job_id if _newer(jid, e.job_id) else None)
+        out += [Job(replace(e, job_id=jid, job_dir=d), j.kind,
+                    e.job_id if _newer(jid, e.job_id) else None)
                 for d, jid in ids.items()]
     return tuple(out)
-
-
-def _moved(e: deployments.Entry, job_id: str, job_dir: str) -> deployments.Entry:
-    """`e` as the job `job_id` in `job_dir` (the same name, front and cluster)."""
-    return deployments.Entry(job_id=job_id, name=e.name, job_dir=job_dir, remote=e.remote,
-                             submitted_at=e.submitted_at, cluster=e.cluster,
-                             allocation=e.allocation, front=e.front)
 
 
 def _newer(a: str, b: str) -> bool:
