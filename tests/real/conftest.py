@@ -25,8 +25,9 @@ def owners_cache(dev_cluster) -> None:
     """The inductor compile cache that the real tier's deployments keep between jobs, made the
     jobs' user's (their job directories: jobkit.owners_jobs)."""
     d = Path(dev_cluster.state_dir).parent / "inductor-cache"
-    d.mkdir(mode=0o755, exist_ok=True)
+    d.mkdir(mode=0o700, exist_ok=True)   # in the session's own folder (tests/conftest.py)
     shutil.chown(d, OWNER, OWNER)
+    d.chmod(0o700)  # theirs alone, also one an earlier run made 0755
 
 
 @pytest.fixture(scope="session")
