@@ -47,6 +47,7 @@ from bench_job import sim_pid, state, wait  # bench/ is sys.path[0]; it puts the
 
 from hpcserve.author import config, plan  # noqa: E402
 from hpcserve.devcluster.cluster import DevCluster  # noqa: E402
+from hpcserve.runtime.contract import API_KEY_FILE  # noqa: E402
 from hpcserve.author.render import render_files, write_job  # noqa: E402
 
 DEPLOY = """
@@ -115,12 +116,20 @@ def log_at(d: Path, pattern: str, t0: float) -> float | None:
     return None
 
 
+def api_headers(job_dir: Path) -> dict:
+    """The deployment's API key (made at submit into its job directory, secret/api-key: this
+    bench runs as root) as its router asks for it, on requests and on its worker API alike."""
+    key = (Path(job_dir) / API_KEY_FILE).read_text().strip()
+    return {"Authorization": f"Bearer {key}"}
+
+
 class Load:
     """Chat requests through the router from `clients` threads, one after another each: every
     request's start, end and error (None when it returned its tokens)."""
 
-    def __init__(self, url: str, clients: int):
+    def __init__(self, url: str, clients: int, headers: dict):
         self.url = url + "/v1/chat/completions"
+        self.headers = {"Content-Type": "application/json", **headers}
         self.results: list[tuple[float, float, str | None]] = []
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
@@ -141,7 +150,7 @@ class Load:
         while not self._stop.is_set():
             t0 = time.time()
             try:
-                req = urllib.request.Request(self.url, body, {"Content-Type": "application/json"})
+                req = urllib.request.Request(self.url, body, self.headers)
                 with _DIRECT.open(req, timeout=20) as r:
                     got = json.load(r)["usage"]["completion_tokens"]
                 err = None if got == TOKENS else f"{got} tokens"
@@ -184,9 +193,10 @@ def gone(pid: int) -> bool:
         return True
 
 
-def router_lists(router: str, worker: str) -> bool | None:
+def router_lists(router: str, worker: str, headers: dict) -> bool | None:
     try:
-        with _DIRECT.open(router + "/workers", timeout=1) as r:
+        with _DIRECT.open(urllib.request.Request(router + "/workers", headers=headers),
+                          timeout=1) as r:
             return worker in [w["url"] for w in json.load(r)["workers"]]
     except Exception:  # no answer: cannot tell
         return None
@@ -230,15 +240,16 @@ def one_run(cluster: DevCluster, env: dict, tmp: Path, n: int) -> dict:
     pid, srun = sim_pid(cluster, victim_node), srun_pid(d, VICTIM)
     router = st["endpoint"]
     worker = url().rsplit("/", 1)[0]
-    assert router_lists(router, worker), "the router does not list " + worker
-    with Load(router, CLIENTS) as load:
+    auth = api_headers(d)
+    assert router_lists(router, worker, auth), "the router does not list " + worker
+    with Load(router, CLIENTS, auth) as load:
         time.sleep(2)
         t_kill = time.time()
         os.kill(pid, signal.SIGKILL)
         watch = Watch({"srun_exited": lambda: gone(srun),
-                       "unlisted": lambda: router_lists(router, worker) is False,
+                       "unlisted": lambda: router_lists(router, worker, auth) is False,
                        "health": lambda: answers(url()),
-                       "listed": lambda: router_lists(router, worker) is True})
+                       "listed": lambda: router_lists(router, worker, auth) is True})
         st = wait(lambda: (s := state(d)).get("instances", {}).get(VICTIM, {}).get("attempt") == 1
                   and s["instances"][VICTIM]["status"] == "serving" and s, 60)
         watch.join(10)

@@ -108,9 +108,9 @@ def main() -> None:
     ids: list[str] = []
     try:
         env = started(cluster, tmp)
-        front, router = start_front(
+        front, router, auth = start_front(
             env, tmp, DEPLOY.replace("name: bench-scale", "name: bench-renew") + RENEW)
-        with Load(router, CLIENTS) as load:
+        with Load(router, CLIENTS, auth) as load:
             _, _, said = cli(env, "scale", front, "--role", "decode", "--add", "1")
             m = re.search(r"submitted job (\d+).*\njob directory: (\S+)", said)
             jid, d = m.group(1), Path(m.group(2))

@@ -35,11 +35,12 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from datetime import datetime
 from pathlib import Path
 
 from bench_job import state, wait  # bench/ is sys.path[0]; it puts the checkout on it
-from bench_recovery import _DIRECT, Load, machine
+from bench_recovery import _DIRECT, Load, api_headers, machine
 
 from hpcserve.devcluster.cluster import DevCluster  # noqa: E402
 
@@ -70,9 +71,10 @@ exit $rc
 """
 
 
-def workers(router: str) -> list[str] | None:
+def workers(router: str, auth: dict) -> list[str] | None:
     try:
-        with _DIRECT.open(router + "/workers", timeout=1) as r:
+        with _DIRECT.open(urllib.request.Request(router + "/workers", headers=auth),
+                          timeout=1) as r:
             return [w["url"] for w in json.load(r)["workers"]]
     except Exception:  # no answer this time: cannot tell
         return None
@@ -136,12 +138,13 @@ def squeue_gone(env: dict, jid: str) -> bool:
                               text=True).stdout.strip()
 
 
-def scale_out(env: dict, front: str, router: str, shim_log: Path) -> tuple[dict, Path, str]:
-    before = set(workers(router) or ())
+def scale_out(env: dict, front: str, router: str, auth: dict,
+              shim_log: Path) -> tuple[dict, Path, str]:
+    before = set(workers(router, auth) or ())
     new = {}
 
     def listed() -> bool:
-        urls = set(workers(router) or ()) - before
+        urls = set(workers(router, auth) or ()) - before
         new["url"] = next(iter(urls), None)
         return bool(urls)
     job = {}
@@ -173,9 +176,9 @@ def scale_out(env: dict, front: str, router: str, shim_log: Path) -> tuple[dict,
     return r, d, jid
 
 
-def scale_in(env: dict, front: str, router: str, inst: Path, jid: str) -> dict:
+def scale_in(env: dict, front: str, router: str, auth: dict, inst: Path, jid: str) -> dict:
     url = worker_url(inst)
-    poll = Poll({"out": lambda: url not in (workers(router) or [url]),
+    poll = Poll({"out": lambda: url not in (workers(router, auth) or [url]),
                  "removed": lambda: state(inst).get("instances", {}).get("decode-0", {})
                  .get("status") == "removed"})
     t0, t_cli, _ = cli(env, "scale", front, "--role", "decode", "--remove", "1",
@@ -199,8 +202,9 @@ def log_text(d: Path) -> str:
     return p.read_text(errors="replace") if p.exists() else "(no job log)"
 
 
-def start_front(env: dict, tmp: Path, deploy: str = DEPLOY) -> tuple[str, str]:
-    """(job id, endpoint) of the front job of `deploy`, once it serves."""
+def start_front(env: dict, tmp: Path, deploy: str = DEPLOY) -> tuple[str, str, dict]:
+    """(job id, endpoint, its API key's header) of the front job of `deploy`, once it
+    serves."""
     f = tmp / "deploy.yaml"
     f.write_text(deploy)
     _, _, out = cli(env, "submit", str(f), "-o", str(tmp / "front"))
@@ -209,7 +213,7 @@ def start_front(env: dict, tmp: Path, deploy: str = DEPLOY) -> tuple[str, str]:
         "serving", "failed") else None, 60)
     if st["phase"] != "serving":
         raise SystemExit(f"the front job failed:\n{log_text(tmp / 'front')}")
-    return jid, st["endpoint"]
+    return jid, st["endpoint"], api_headers(tmp / "front")
 
 
 def shimmed(env: dict, tmp: Path) -> Path:
@@ -292,12 +296,12 @@ def main() -> None:
     try:
         env = started(cluster, tmp)
         shim_log = shimmed(env, tmp)
-        front, router = start_front(env, tmp)
-        with Load(router, CLIENTS) as load:
+        front, router, auth = start_front(env, tmp)
+        with Load(router, CLIENTS, auth) as load:
             time.sleep(1)  # steady load before the first run
             for i in range(runs):
-                r, inst, jid = scale_out(env, front, router, shim_log)
-                r.update(scale_in(env, front, router, inst, jid))
+                r, inst, jid = scale_out(env, front, router, auth, shim_log)
+                r.update(scale_in(env, front, router, auth, inst, jid))
                 out.append(r)
                 print(f"run {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()),
                       flush=True)

@@ -48,12 +48,12 @@ def release_of(url: str) -> str:
         return json.load(r)["version"]
 
 
-def one(env: dict, front: str, router: str, to: str, load: Load) -> dict:
+def one(env: dict, front: str, router: str, auth: dict, to: str, load: Load) -> dict:
     n0 = len(load.results)
     t0, t1, out = cli(env, "upgrade", front, "--set", f"engine.version={to}",
                       "--drain-timeout", "30", "--start-timeout", "60")
     during = [r for r in load.results[n0:] if r[0] <= t1]
-    listed = workers(router) or []
+    listed = workers(router, auth) or []
     got = {u: release_of(u) for u in listed}
     if len(got) != WORKERS or set(got.values()) != {to}:
         raise SystemExit(f"after the upgrade to {to} the router lists {got}\n{out}")
@@ -69,11 +69,11 @@ def main() -> None:
     out: list[dict] = []
     try:
         env = started(cluster, tmp)
-        front, router = start_front(env, tmp, deployment())
-        with Load(router, CLIENTS) as load:
+        front, router, auth = start_front(env, tmp, deployment())
+        with Load(router, CLIENTS, auth) as load:
             time.sleep(1)  # steady load before the first upgrade
             for i in range(upgrades):
-                r = one(env, front, router, RELEASES[(i + 1) % 2], load)
+                r = one(env, front, router, auth, RELEASES[(i + 1) % 2], load)
                 out.append(r)
                 print(f"upgrade {i + 1} to {RELEASES[(i + 1) % 2]}: " +
                       ", ".join(f"{k} {v:.3f}" for k, v in r.items()), flush=True)
