@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from bench_job import wait  # bench/ is sys.path[0]; it puts the checkout on it
@@ -43,8 +44,10 @@ def deployment() -> str:
                      f"roles: {{worker: {{nodes: 1, instances: {WORKERS}}}}}")
 
 
-def release_of(url: str) -> str:
-    with _DIRECT.open(url + "/get_server_info", timeout=5) as r:
+def release_of(url: str, auth: dict) -> str:
+    """The engine's release, asked of the engine itself (it wants the deployment's key too)."""
+    with _DIRECT.open(urllib.request.Request(url + "/get_server_info", headers=auth),
+                      timeout=5) as r:
         return json.load(r)["version"]
 
 
@@ -54,7 +57,7 @@ def one(env: dict, front: str, router: str, auth: dict, to: str, load: Load) -> 
                       "--drain-timeout", "30", "--start-timeout", "60")
     during = [r for r in load.results[n0:] if r[0] <= t1]
     listed = workers(router, auth) or []
-    got = {u: release_of(u) for u in listed}
+    got = {u: release_of(u, auth) for u in listed}
     if len(got) != WORKERS or set(got.values()) != {to}:
         raise SystemExit(f"after the upgrade to {to} the router lists {got}\n{out}")
     return {"total": t1 - t0, "per_instance": (t1 - t0) / WORKERS, "sent": len(during),
