@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import statistics
 import subprocess
@@ -48,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 from hpcserve.author import config, plan  # noqa: E402
 from hpcserve.devcluster.cluster import DevCluster  # noqa: E402
 from hpcserve.author.words import show  # noqa: E402
+from hpcserve.runtime.contract import API_KEY_FILE, API_KEY_VAR  # noqa: E402
 
 HOST, PORT, ROUTER_PORT, ROUTER_METRICS_PORT = "127.0.0.1", 18733, 18734, 18735
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -90,18 +92,22 @@ def wait_until(what: str, ok, timeout: float) -> None:
         time.sleep(0.05)
 
 
-def chat(url: str) -> None:
-    """One chat request that must return tokens (what hpcserve's smoke request asks)."""
+def chat(url: str, key: str) -> None:
+    """One chat request that must return tokens (what hpcserve's smoke request asks), with the
+    side's API key (through hpcserve: the one made at submit)."""
     body = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
     req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
+                                 {"Content-Type": "application/json",
+                                  "Authorization": f"Bearer {key}"})
     with _DIRECT.open(req, timeout=300) as r:
         if not json.loads(r.read())["usage"]["completion_tokens"]:
             raise SystemExit(f"{url}: a chat request returned no tokens")
 
 
-def load(python: str, url: str, model: str, env: dict) -> float:
-    """Output tokens/s of one `vllm bench serve` run against `url`."""
+def load(python: str, url: str, model: str, env: dict, key: str) -> float:
+    """Output tokens/s of one `vllm bench serve` run against `url` (which sends OPENAI_API_KEY
+    as its bearer token: vllm/benchmarks/lib/endpoint_request_func.py, _get_headers)."""
+    env = {**env, "OPENAI_API_KEY": key}
     out = subprocess.run(
         [python, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "openai",
          "--base-url", url, "--model", "tiny", "--tokenizer", model, "--dataset-name", "random",
@@ -135,15 +141,17 @@ def _replace(argv: list[str], flag: str, value: str) -> None:
     argv[argv.index(flag) + 1] = value
 
 
-def engine_argv(p, python: str) -> list[str]:
-    argv = [show(w, {"NODE_IP": HOST}) for w in p.instances[0].argv]
+def engine_argv(p, python: str, key: str) -> list[str]:
+    # the deployment's API key, as hpcserve gives it (by hand on the command line: a throwaway
+    # key of this bench's, on this machine)
+    argv = [show(w, {"NODE_IP": HOST, API_KEY_VAR: key}) for w in p.instances[0].argv]
     _replace(argv, "--port", str(PORT))
     return [python, "-m", "vllm.entrypoints.cli.main", *argv]
 
 
-def router_argv(p) -> list[str]:
+def router_argv(p, key: str) -> list[str]:
     """hpcserve's vllm-router command and flags, pointed at the engine on this host."""
-    argv = [show(w, {"WORKER_0_IP": HOST}) for w in p.router.argv]
+    argv = [show(w, {"WORKER_0_IP": HOST, API_KEY_VAR: key}) for w in p.router.argv]
     argv[argv.index("--worker-urls") + 1] = f"http://{HOST}:{PORT}"
     for flag, value in (("--host", HOST), ("--port", str(ROUTER_PORT)),
                         ("--prometheus-host", HOST), ("--prometheus-port", str(ROUTER_METRICS_PORT))):
@@ -168,22 +176,23 @@ def router_ready(p, url: str) -> bool:
 
 
 @contextmanager
-def by_hand(p, python: str, env: dict, router: bool) -> Iterator[tuple[float, str]]:
-    """(start-up seconds, the URL to load) of the engine started by hand, the router in front
-    when `router`."""
+def by_hand(p, python: str, env: dict, router: bool) -> Iterator[tuple[float, str, str]]:
+    """(start-up seconds, the URL to load, its API key) of the engine started by hand, the
+    router in front when `router`."""
+    key = secrets.token_hex(16)
     engine, front = f"http://{HOST}:{PORT}", f"http://{HOST}:{ROUTER_PORT}"
     with ExitStack() as procs, tempfile.TemporaryDirectory() as tmp:
         t0 = time.time()
-        procs.enter_context(process(engine_argv(p, python), {**env, **{
+        procs.enter_context(process(engine_argv(p, python, key), {**env, **{
             k: show(v, {"NODE_IP": HOST}) for k, v in p.instances[0].env}, "TMPDIR": tmp}))
         wait_until(f"{engine}/health", lambda: get_json(engine + "/health") is not None, 600)
         url = engine
         if router:
-            procs.enter_context(process(router_argv(p), {**env, **dict(p.router.env)}))
+            procs.enter_context(process(router_argv(p, key), {**env, **dict(p.router.env)}))
             wait_until(f"{front} readiness", lambda: router_ready(p, front), 120)
             url = front
-        chat(url)
-        yield time.time() - t0, url
+        chat(url, key)
+        yield time.time() - t0, url, key
 
 
 @contextmanager
@@ -201,9 +210,9 @@ def test_cluster() -> Iterator[DevCluster]:
 
 
 @contextmanager
-def through_hpcserve(cluster: DevCluster, file: Path) -> Iterator[tuple[float, str]]:
-    """(submit -> serving seconds, the router's endpoint) of the deployment submitted to the
-    test cluster, cancelled (and waited for) on the way out."""
+def through_hpcserve(cluster: DevCluster, file: Path) -> Iterator[tuple[float, str, str]]:
+    """(submit -> serving seconds, the router's endpoint, the deployment's API key) of the
+    deployment submitted to the test cluster, cancelled (and waited for) on the way out."""
     cenv = {**cluster.client_env(), "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
             "HPCSERVE_STATE_DIR": str(file.parent / "state")}
     hs = [str(ROOT / ".venv" / "bin" / "hpcserve")]
@@ -219,7 +228,8 @@ def through_hpcserve(cluster: DevCluster, file: Path) -> Iterator[tuple[float, s
                                           capture_output=True, text=True).stdout)
         if st["phase"] != "serving":
             raise SystemExit(f"the deployment did not serve: {st}")
-        yield startup, st["endpoint"]
+        key = (Path(st["job_dir"]) / API_KEY_FILE).read_text().strip()
+        yield startup, st["endpoint"], key
     finally:
         subprocess.run(hs + ["cancel", m.group(1), "--wait"], env=cenv, capture_output=True,
                        timeout=300)
@@ -238,10 +248,10 @@ def measure(p, file: Path, python: str, model: str, env: dict, rounds: int) -> d
         for _ in range(rounds):
             for side in SIDES:
                 with (through_hpcserve(cluster, file) if side == "hpcserve" else
-                      by_hand(p, python, env, router=side == "hand+router")) as (t, url):
+                      by_hand(p, python, env, router=side == "hand+router")) as (t, url, key):
                     start[side].append(t)
-                    chat(url)
-                    rates[side].append(load(python, url, model, env))
+                    chat(url, key)
+                    rates[side].append(load(python, url, model, env, key))
     return {"start": start, "rates": rates}
 
 
