@@ -39,6 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from hpcserve.runtime.stage_link import new_key  # noqa: E402
+
 BASE = Path("/tmp/hpcserve-bench-stage")
 NODES = ("node1", "node2", "node3", "node4")
 
@@ -174,7 +176,8 @@ def inner(job_dir: str, model: str, stage_dir: str, runs: int, caches: list) -> 
             elif way == "chain":
                 run = os.path.join(job_dir, "run", "stage")
                 shutil.rmtree(run, ignore_errors=True)
-                os.makedirs(run)
+                os.makedirs(run, mode=0o700)
+                new_key(os.path.join(run, "key"))  # as the batch side makes it (stage_batch.py)
                 Path(run, "chain").write_text(chain)
                 t, _ = timed(["bash", os.path.join(job_dir, "steps", "stage-0.sh")], env)
                 reps = [json.load(open(p)) for p in Path(run, "report").glob("*.json")]
