@@ -280,6 +280,9 @@ class SimFault:
             "empty: answers with 0 output tokens; kv_lost: a prefill that hands its KV to no "
             "decode (both after after_requests requests answered as usual)"))
     after: float = field(default=0.0, metadata=doc("seconds after start", ge=0))
+    on_signal: bool = field(default=False, metadata=doc(
+        "exit, hang, slow: wait for SIGUSR1 to the engine process instead of `after` seconds "
+        "(a test fires the fault once the deployment serves, however slow the machine)"))
     after_requests: int = field(default=0, metadata=doc(
         "empty, kv_lost: generation requests answered as usual first", ge=0))
     delay: float = field(default=8.0, metadata=doc("slow: seconds each health probe takes",

@@ -342,8 +342,9 @@ def _sim_env(plan: Plan, inst: Instance) -> list[tuple[str, Word]]:
         ("HPCSERVE_SIM_VERSION", plan.version)]  # what it reports: a rolling upgrade's proof
     f = inst.fault
     if f is not None:
-        spec = {"exit": f"exit:{f.exit_code}:{f.after:g}", "hang": f"hang:{f.after:g}",
-                "slow": f"slow:{f.delay:g}:{f.after:g}",
+        after = "SIGUSR1" if f.on_signal else f"{f.after:g}"
+        spec = {"exit": f"exit:{f.exit_code}:{after}", "hang": f"hang:{after}",
+                "slow": f"slow:{f.delay:g}:{after}",
                 "unhealthy": "unhealthy", "empty": f"empty:{f.after_requests}",
                 "kv_lost": f"kv-lost:{f.after_requests}"}[f.kind]
         out.append(("HPCSERVE_SIM_FAULT", spec))

@@ -17,7 +17,10 @@ Shared knobs (environment):
                                      first line): the deployment's engine.version, so a rolling
                                      upgrade can be shown to start the new release (default:
                                      the newest release the stand-in was written against)
-  HPCSERVE_SIM_FAULT                 one fault (AFTER_S counts from process start):
+  HPCSERVE_SIM_FAULT                 one fault (AFTER_S counts from process start; the word
+                                     SIGUSR1 in its place waits for that signal instead, so a
+                                     test fires the fault once the deployment serves, however
+                                     long the machine took to get there):
     exit:CODE:AFTER_S     the process exits with CODE, saying goodbye to no peer
     hang:AFTER_S          the engine core wedges: no request progresses, counters stand still and
                           SIGTERM is ignored; what still answers is the engine's own: SGLang's
@@ -41,6 +44,7 @@ import hmac
 import importlib.util
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -420,15 +424,17 @@ class EngineBase:
 
     def _arm(self, parts):
         if parts[0] == "exit" and len(parts) == 3:
-            code, after = int(parts[1]), float(parts[2])
-            self._after(after, lambda: self.fault_exit(code))
+            code = int(parts[1])
+            self._after(parts[2], lambda: self.fault_exit(code))
         elif parts[0] == "hang" and len(parts) == 2:
-            self._after(float(parts[1]), self.fault_hang)
+            self._after(parts[1], self.fault_hang)
         elif parts[0] == "slow" and len(parts) in (2, 3):
-            delay, after = float(parts[1]), float(parts[2]) if len(parts) == 3 else 0.0
-            if delay < 0 or after < 0:
+            delay = float(parts[1])
+            if delay < 0:
                 raise ValueError
-            self.slow = (START + after, delay)
+            self.slow = (float("inf"), delay)  # until the signal or the time below
+            self._after(parts[2] if len(parts) == 3 else "0",
+                        lambda: setattr(self, "slow", (time.monotonic(), delay)))
         elif parts[0] in ("empty", "kv-lost") and len(parts) == 2:
             self.request_faults[parts[0]] = int(parts[1])
         elif parts == ["unhealthy"]:
@@ -493,7 +499,16 @@ class EngineBase:
         after = self.request_faults.get(kind)
         return after is not None and self.requests > after
 
-    def _after(self, delay, fn):
+    def _after(self, when, fn):
+        """Run fn WHEN seconds after process start, or once SIGUSR1 arrives (in a thread of its
+        own: a hang tells the leader over a socket, which a signal handler must not do)."""
+        if when == "SIGUSR1":
+            signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(target=fn,
+                                                                      daemon=True).start())
+            return
+        delay = float(when)
+        if delay < 0:
+            raise ValueError
         t = threading.Timer(max(0.0, delay - (time.monotonic() - START)), fn)
         t.daemon = True
         t.start()

@@ -12,6 +12,7 @@ import pwd
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -329,6 +330,31 @@ def find_pid(cluster: Any, node: str, pattern: str) -> int:
             return pid
     raise AssertionError(f"no process matching {pattern!r} on {node}: "
                          + "; ".join(cmdline(p) for p in node_processes(cluster)[node]))
+
+
+def fire_fault(cluster: Any, node: str, attempt: int = 0) -> int:
+    """SIGUSR1 to the simulated engine's process on `node` in instance attempt `attempt`: a
+    sim_fault with on_signal fires now, when the test knows the deployment serves, instead of
+    at a time from start that a loaded machine may not have reached serving by. Returns its PID
+    (its python, never a wrapper shell, which SIGUSR1 would end)."""
+    for pid in sorted(node_processes(cluster)[node]):
+        argv = cmdline(pid).split()
+        if not argv or not Path(argv[0]).name.startswith("python") \
+                or not any(a.endswith("hpcserve_sim.py") for a in argv):
+            continue
+        if _environ(pid).get("HPCSERVE_ATTEMPT", "0") == str(attempt):
+            os.kill(pid, signal.SIGUSR1)
+            return pid
+    raise AssertionError(f"no simulated engine of attempt {attempt} on {node}: "
+                         + "; ".join(cmdline(p) for p in node_processes(cluster)[node]))
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(kv.decode(errors="replace").partition("=")[::2] for kv in raw.split(b"\0") if kv)
 
 
 def wait_no_job_processes(cluster: Any, timeout: float) -> float:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jobkit import NO_RESTART, deployment, find_pid, wait_no_job_processes
+from jobkit import NO_RESTART, deployment, find_pid, fire_fault, wait_no_job_processes
 
 pytestmark = pytest.mark.slurm
 
@@ -114,15 +114,17 @@ def test_a_rank_that_exits_0_while_serving_fails_its_instance_naming_the_node(su
     --kill-on-bad-exit does not act on that, its --wait does, and the job names that rank."""
     dep = deployment(1, 2, name="t-exit0")
     dep["roles"]["decode"].update(NO_RESTART)
-    dep["roles"]["decode"]["sim_fault"] = {"kind": "exit", "exit_code": 0, "after": 8, "ranks": [1]}
+    dep["roles"]["decode"]["sim_fault"] = {"kind": "exit", "exit_code": 0, "on_signal": True,
+                                           "ranks": [1]}
     # and, as vLLM's API server on node rank 0 did, the leader does not notice
     dep["env"] = {"HPCSERVE_SIM_PEER_LOSS_DELAY": 600}
     job = submit(dep)
     st = job.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", job.logs()
+    victim = job.node_rows("decode-0")[1][1]
+    fire_fault(dev_cluster, victim)
     st = job.wait({"failed", "cancelled", "done"}, 30)
     f = st["failure"]
-    victim = job.node_rows("decode-0")[1][1]
     assert st["phase"] == "failed", st
     assert (f["role"], f["instance"], f["node"], f["node_rank"], f["exit_code"]) == \
         ("decode", 0, victim, 1, 0), f

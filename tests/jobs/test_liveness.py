@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from jobkit import NO_RESTART, deployment, find_pid, wait_no_job_processes
+from jobkit import NO_RESTART, deployment, find_pid, fire_fault, wait_no_job_processes
 
 pytestmark = pytest.mark.slurm
 
@@ -26,7 +26,7 @@ def test_a_hung_decode_leader_ends_the_deployment_as_hung(submit, dev_cluster, h
     dep = deployment(1, 2, name=f"t-hung-{how}", liveness=FAST)
     dep["roles"]["decode"].update(NO_RESTART)
     if how == "fault":
-        dep["roles"]["decode"]["sim_fault"] = {"kind": "hang", "after": 6, "ranks": [0]}
+        dep["roles"]["decode"]["sim_fault"] = {"kind": "hang", "on_signal": True, "ranks": [0]}
     job = submit(dep)
     st = job.wait({"serving", "failed", "cancelled"}, 60)
     assert st["phase"] == "serving", job.logs()
@@ -34,6 +34,8 @@ def test_a_hung_decode_leader_ends_the_deployment_as_hung(submit, dev_cluster, h
     t0 = time.time()
     if how == "sigstop":
         os.kill(find_pid(dev_cluster, leader[1], r"hpcserve_sim\.py"), signal.SIGSTOP)
+    else:
+        fire_fault(dev_cluster, leader[1])
     st = job.wait({"failed", "cancelled", "done"}, 30)
     f = st["failure"]
     assert st["phase"] == "failed" and f["reason"] == "hung", st

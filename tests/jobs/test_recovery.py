@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from jobkit import (Load, chat, deployment, find_pid, requests_in, scrape, until,
+from jobkit import (Load, chat, deployment, find_pid, fire_fault, requests_in, scrape, until,
                     wait_no_job_processes)
 
 pytestmark = pytest.mark.slurm
@@ -223,9 +223,17 @@ def test_an_instance_that_spends_its_restarts_fails_the_deployment_with_every_at
         submit, dev_cluster):
     dep = deployment(1, 1, name="t-heal-budget", liveness=FAST)
     dep["roles"]["decode"].update(recovery={"max_restarts": 2, "backoff_s": 0.2},
-                                  sim_fault={"kind": "exit", "after": 6, "exit_code": 42})
+                                  sim_fault={"kind": "exit", "on_signal": True, "exit_code": 42})
     job = submit(dep)
-    st = job.wait({"failed", "cancelled", "done"}, 120)
+    st = job.wait({"serving", "failed", "cancelled"}, 60)
+    assert st["phase"] == "serving", job.logs()
+    for attempt in range(3):  # each attempt crashes once it serves: the first, then 2 restarts
+        until(f"decode-0 serving in attempt {attempt}",
+              lambda: (job.state()["instances"]["decode-0"]["status"],
+                       job.state()["instances"]["decode-0"]["attempt"]) == ("serving", attempt),
+              60, why=lambda: json.dumps(job.state()["instances"]["decode-0"]))
+        fire_fault(dev_cluster, job.node_rows("decode-0")[0][1], attempt)
+    st = job.wait({"failed", "cancelled", "done"}, 60)
     d0 = st["instances"]["decode-0"]
     assert st["phase"] == "failed" and d0["status"] == "failed", st
     assert [a["attempt"] for a in d0["attempts"]] == [0, 1, 2], d0
@@ -278,14 +286,15 @@ def test_a_dead_rank_restarts_its_whole_mpi_world(submit, dev_cluster):
 
 
 def test_an_engine_slow_under_load_with_progress_is_never_replaced(submit, dev_cluster):
-    # default liveness: its health answers after 8 s, past the 5 s probe timeout, from 15 s on,
-    # while its counters move under load
+    # default liveness: its health answers after 8 s, past the 5 s probe timeout, from once it
+    # serves on, while its counters move under load
     dep = deployment(1, 1, name="t-heal-busy",
                      engine={"name": "sglang", "version": "0.5.23", "simulate": True,
                              "sim_decode_s_per_token": 0.02})
-    dep["roles"]["decode"]["sim_fault"] = {"kind": "slow", "delay": 8, "after": 15}
+    dep["roles"]["decode"]["sim_fault"] = {"kind": "slow", "delay": 8, "on_signal": True}
     job = submit(dep)
     st = _serving(job)
+    fire_fault(dev_cluster, job.node_rows("decode-0")[0][1])
     log_path = job.dir / "logs" / "hpcserve-job.log"
     with Load(st["endpoint"], clients=2, tokens=40, key=job.key) as load:
         # the slow fault in force, its first probe timed out, then five more rounds of 3 s +

@@ -223,6 +223,11 @@ VARIANT: dict[tuple, tuple[Any, list, dict]] = {
     ("roles", "decode", "sim_fault", "after_requests"): (
         6, [(F_D0, "HPCSERVE_SIM_FAULT=empty:6\n")],
         {("roles", "decode", "sim_fault", "kind"): "empty"}),
+    # a fault fired by a signal has no time after start (it shadows `after`)
+    ("roles", "prefill", "sim_fault", "on_signal"): (
+        True, [(F_P1, "HPCSERVE_SIM_FAULT=exit:66:SIGUSR1\n")], {}),
+    ("roles", "decode", "sim_fault", "on_signal"): (
+        True, [(F_D0, "HPCSERVE_SIM_FAULT=exit:77:SIGUSR1\n")], {}),
     # only the slow fault has a delay
     ("roles", "prefill", "sim_fault", "delay"): (
         4.5, [(F_P1, "HPCSERVE_SIM_FAULT=slow:4.5:")],
