@@ -154,7 +154,6 @@ def inner(job_dir: str, model: str, stage_dir: str, runs: int, caches: list) -> 
     cache is the shared path's (one per node with --shared-mibps)."""
     env = dict(os.environ)
     srun = ["srun", "--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "--overlap"]
-    spec = json.load(open(os.path.join(job_dir, "plan.json")))["stage"]
     total = sum(f.stat().st_size for f in Path(model).rglob("*") if f.is_file())
     lines = subprocess.run(srun + ["bash", "-c", f"cd {job_dir} && python3 -m hpcserve_runtime "
                                                  "discover --iface eth0"],

@@ -144,7 +144,7 @@ def _srun(plan: Plan, component: int, nodes: int | None, name: str, *, nodelist:
     # (".attempt2"; empty for the first start) so that Slurm names its step apart from the
     # attempt before it, which may still be ending on a lost node.
     # In an allocation the user holds, its steps carry the deployment's prefix (step_prefix).
-    name = step_prefix({"name": plan.name, "in_allocation": plan.in_allocation}) + name
+    name = step_prefix(plan.name, plan.in_allocation) + name
     w.append(("--job-name=", name, Var("HPCSERVE_ATTEMPT_TAG", unset_ok=True)) if inst
              else f"--job-name={name}")
     w.append("--kill-on-bad-exit=1")

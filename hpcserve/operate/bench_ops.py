@@ -88,7 +88,7 @@ def prepare(entry, runner, ask: Sweep, stamp: str) -> Prepared:
     rows = (runner.read_text(f"{jd}/run/{first['name']}.nodes") or "").split()
     return Prepared(jd, f"{jd}/{rel}", f"{jd}/{rel}/launch.sh", s,
                     rows[1] if len(rows) > 1 else "", het_group(plan, first),
-                    step_prefix(plan) + "bench")
+                    step_prefix(plan["name"], bool(plan.get("in_allocation"))) + "bench")
 
 
 def het_group(plan: dict, instance: dict) -> int | None:
@@ -166,13 +166,14 @@ def step_argv(prep: Prepared, job_id: str) -> list[str]:
 def verdict(prep: Prepared, runner) -> dict:
     """The gate on the run's files, read through the runner (the job directory may be remote)."""
     from ..runtime import bench
+    from ..runtime.spec import Benchmark
     with tempfile.TemporaryDirectory() as tmp:
         for p in prep.spec["points"]:
             for name in (p["file"], f"{p['label']}.run.json"):
                 text = runner.read_text(f"{prep.bench_dir}/{name}")
                 if text is not None:
                     Path(tmp, name).write_text(text, encoding="utf-8")
-        return bench.evaluate(tmp, prep.spec)
+        return bench.evaluate(tmp, Benchmark(prep.spec))
 
 
 def run_script(script: str, bench_dir: str, spec_: dict) -> dict:
@@ -180,8 +181,9 @@ def run_script(script: str, bench_dir: str, spec_: dict) -> dict:
     the gate on its results; submitit brings the returned verdict back to the command."""
     import subprocess
     from ..runtime import bench
+    from ..runtime.spec import Benchmark
     subprocess.run(["bash", script], check=False)
-    return bench.evaluate(bench_dir, spec_)
+    return bench.evaluate(bench_dir, Benchmark(spec_))
 
 
 # The site's Slurm options (site.slurm, in every component's #SBATCH lines) that the benchmark's

@@ -27,6 +27,7 @@ from ..errors import HpcserveError
 from ..runtime import allocation, file_sd
 from ..runtime.contract import TERMINAL_PHASES
 from ..runtime.slurm_queue import parse_steps, steps_argv
+from ..runtime.spec import Spec
 
 DRIVER = posixpath.join("run", "driver.json")
 
@@ -43,7 +44,7 @@ def allocation_here(environ=os.environ) -> str:
     return job_id
 
 
-def check_fits(spec: dict, job_id: str, runner) -> allocation.Held:
+def check_fits(spec: Spec, job_id: str, runner) -> allocation.Held:
     """What the allocation holds, refused (one line, the numbers) where the deployment does not
     fit: nodes per role, GPUs per node."""
     try:
@@ -58,7 +59,7 @@ def check_fits(spec: dict, job_id: str, runner) -> allocation.Held:
     return held
 
 
-def fits_words(spec: dict, held: allocation.Held) -> str:
+def fits_words(spec: Spec, held: allocation.Held) -> str:
     """Where each component would run (`submit --in-allocation --check`)."""
     nodes = allocation.node_map(spec, held.nodes)
     return f"fits in allocation {held.job_id}: {allocation.placement_words(spec, nodes)}"
@@ -172,7 +173,7 @@ def step_names(spec: dict) -> set[str]:
 def end_steps(runner, job_id: str, spec: dict, echo: Callable[[str], None]) -> None:
     """scancel JOBID.STEPID for each of the deployment's steps still running in the allocation,
     never the allocation itself."""
-    names, pre = step_names(spec), allocation.step_prefix({**spec, "in_allocation": True})
+    names, pre = step_names(spec), allocation.step_prefix(spec["name"], True)
     res = runner.run(steps_argv([job_id]))
     ids = [s.step_id for s in parse_steps(res.out) if s.name.startswith(pre) and
            s.name[len(pre):].split(".attempt")[0] in names and "." in s.step_id]

@@ -178,10 +178,11 @@ def _submit_in_allocation(p, cfg, *, runner, remote: str | None, out: str | None
     from . import in_allocation as ia
     from ..author.plan_json import job_spec
     from ..author.render import write_job
+    from ..runtime.spec import Spec
     if remote is not None:
         raise HpcserveError("--in-allocation runs in the allocation's own shell, not with --remote")
     alloc = ia.allocation_here()
-    spec = job_spec(p, "")
+    spec = Spec(job_spec(p, ""))   # the runtime's view, as the job will read it
     held = ia.check_fits(spec, alloc, runner)
     if check:
         return ia.fits_words(spec, held)

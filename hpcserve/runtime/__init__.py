@@ -10,5 +10,6 @@ loop ticks. To add a concern: its module here, built in `Job.__init__`, ticked a
 `Job.tick()`; it reads and changes instances through table.py and reports what another
 concern must act on as an event (events.py), never by calling that concern
 (tests/unit/test_concern_cycles.py). A new failure kind goes in failures.py, a job state in
-slurm_jobs.py, a plan.json key in contract.py's spec version and plan_json.py's schema.
+slurm_jobs.py, a plan.json key in contract.py's spec version, plan_json.py's schema and spec.py's
+view (the runtime reads plan.json only through spec.py's attributes).
 """

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from .contract import SHAPE_VARS, step_prefix  # noqa: F401 - part of this module's API
 from .failures import Stop
+from .spec import Component, Spec
 
 
 class Held(NamedTuple):
@@ -29,9 +30,12 @@ class Held(NamedTuple):
     cpus_per_node: int | None = None  # None: Slurm's record does not say
 
 
-def gpus_asked(component: dict) -> int:
+# gpus_asked() to placement_words() serve `hpcserve submit --in-allocation` too, which reads
+# the plan it renders through the same view (spec.Spec of plan_json.job_spec).
+
+def gpus_asked(component: Component) -> int:
     """GPUs per node that the component's #SBATCH directives ask Slurm for (0: none)."""
-    for key, value in component.get("directives", []):
+    for key, value in component.directives:
         if key == "gpus-per-node" and value:
             return int(str(value).rsplit(":", 1)[-1])
         if key == "gres" and value:
@@ -42,21 +46,21 @@ def gpus_asked(component: dict) -> int:
     return 0
 
 
-def cpus_asked(component: dict) -> int:
+def cpus_asked(component: Component) -> int:
     """CPUs per node that the component's engine asks for (its #SBATCH cpus-per-task times
     ntasks-per-node; 0: none asked): each of its steps asks srun for as many."""
-    d = {k: v for k, v in component.get("directives", [])}
+    d = {k: v for k, v in component.directives}
     per_task = int(d.get("cpus-per-task") or 0)
     return per_task * int(d.get("ntasks-per-node") or 1)
 
 
-def needs(plan: dict) -> list[tuple[str, int]]:
+def needs(plan: Spec) -> list[tuple[str, int]]:
     """(component name, nodes) in plan order: what the deployment takes of the allocation
     (a role's spare nodes are nodes of its component)."""
-    return [(c["name"], int(c["nodes"])) for c in plan["components"]]
+    return [(c.name, int(c.nodes)) for c in plan.components]
 
 
-def misfit(plan: dict, held: Held) -> str | None:
+def misfit(plan: Spec, held: Held) -> str | None:
     """Why the deployment does not fit in the allocation, with the numbers; None when it fits."""
     want = needs(plan)
     total = sum(n for _, n in want)
@@ -64,42 +68,42 @@ def misfit(plan: dict, held: Held) -> str | None:
     if total > len(held.nodes):
         return (f"the deployment needs {total} node(s) ({per_role}) and allocation "
                 f"{held.job_id} holds {len(held.nodes)} ({','.join(held.nodes)})")
-    gpus = max((gpus_asked(c) for c in plan["components"]), default=0)
+    gpus = max((gpus_asked(c) for c in plan.components), default=0)
     if gpus and (held.gpus_per_node or 0) < gpus:
-        asked = ", ".join(f"{c['name']} {gpus_asked(c)}" for c in plan["components"]
+        asked = ", ".join(f"{c.name} {gpus_asked(c)}" for c in plan.components
                           if gpus_asked(c))
         return (f"the deployment needs {gpus} GPU(s) per node ({asked}) and allocation "
                 f"{held.job_id} holds {held.gpus_per_node or 0} per node")
-    cpus = max((cpus_asked(c) for c in plan["components"]), default=0)
+    cpus = max((cpus_asked(c) for c in plan.components), default=0)
     if cpus and held.cpus_per_node is not None and held.cpus_per_node < cpus:
-        asked = ", ".join(f"{c['name']} {cpus_asked(c)}" for c in plan["components"]
+        asked = ", ".join(f"{c.name} {cpus_asked(c)}" for c in plan.components
                           if cpus_asked(c))
         return (f"the deployment needs {cpus} CPU(s) per node ({asked}) and allocation "
                 f"{held.job_id} holds {held.cpus_per_node} per node")
     return None
 
 
-def node_map(plan: dict, hosts: list) -> dict[int, list]:
+def node_map(plan: Spec, hosts: list) -> dict[int, list]:
     """component index -> its nodes: consecutive runs of the allocation's nodes, in plan order.
     The nodes past the deployment's stay unused."""
     out, at = {}, 0
-    for c in plan["components"]:
-        out[c["index"]] = list(hosts[at:at + int(c["nodes"])])
-        at += int(c["nodes"])
+    for c in plan.components:
+        out[c.index] = list(hosts[at:at + int(c.nodes)])
+        at += int(c.nodes)
     if at > len(hosts):
         raise ValueError(f"{at} node(s) needed, {len(hosts)} held")
     return out
 
 
-def placement_words(plan: dict, nodes: dict) -> str:
+def placement_words(plan: Spec, nodes: dict) -> str:
     """"prefill on node3; decode on node4": where node_map put each component."""
-    return "; ".join(f"{c['name']} on {','.join(nodes[c['index']])}" for c in plan["components"])
+    return "; ".join(f"{c.name} on {','.join(nodes[c.index])}" for c in plan.components)
 
 
-def own_steps(plan: dict, ids: dict) -> dict:
+def own_steps(plan: Spec, ids: dict) -> dict:
     """Slurm's step ids by step name (`squeue --steps`), keeping only the deployment's steps,
     under the names the runtime gives them (without step_prefix)."""
-    pre = step_prefix(plan)
+    pre = step_prefix(plan.name, plan.in_allocation)
     return {k[len(pre):]: v for k, v in ids.items() if k.startswith(pre)} if pre else ids
 
 
@@ -158,7 +162,7 @@ class InAllocation:
 
     def __init__(self, job):
         self.job = job
-        self.active = bool(job.plan.get("in_allocation"))
+        self.active = bool(job.plan.in_allocation)
         self.nodes: dict[int, list] = {}   # component index -> its nodes
         self.end: float | None = None       # when the allocation's time limit ends it
         self.cap: float | None = None       # a preflight's own end (PREFLIGHT_SECONDS)
@@ -175,25 +179,26 @@ class InAllocation:
             left = job.slurm.time_left()
         except Exception as e:  # noqa: BLE001 - Slurm's words, whatever failed
             raise Stop("failed", f"allocation {job.job_id or '(none)'}: {e}") from None
-        why = misfit(job.plan, have)
+        plan = job.plan
+        why = misfit(plan, have)
         if why:
             raise Stop("failed", why)
-        self.nodes = node_map(job.plan, have.nodes)
-        if (job.plan.get("preflight") or {}).get("only"):
+        self.nodes = node_map(plan, have.nodes)
+        if job.plan.preflight.only:
             self.cap = now + PREFLIGHT_SECONDS
         self._set_end(now, left)
-        job.log(f"in allocation {job.job_id}: {placement_words(job.plan, self.nodes)}")
+        job.log(f"in allocation {job.job_id}: {placement_words(plan, self.nodes)}")
 
     def env(self, component: int) -> dict:
         """The environment a step script of `component` needs (its nodes), {} in a het job."""
         return {"NODELIST": ",".join(self.nodes[component])} if self.active else {}
 
-    def srun_args(self, component: dict) -> list:
+    def srun_args(self, component: Component) -> list:
         """How a step the runtime spells itself finds its component's nodes."""
         if self.active:
             return [f"--jobid={self.job.job_id}",
-                    f"--nodelist={','.join(self.nodes[component['index']])}"]
-        return [f"--het-group={component['index']}"] if len(self.job.plan["components"]) > 1 \
+                    f"--nodelist={','.join(self.nodes[component.index])}"]
+        return [f"--het-group={component.index}"] if len(self.job.plan.components) > 1 \
             else []
 
     def _set_end(self, now: float, left: int | None) -> None:
@@ -214,4 +219,4 @@ class InAllocation:
             except Exception as e:  # noqa: BLE001 - Slurm's words; the last end holds
                 self.asked = now
                 self.job.log(f"asking allocation {self.job.job_id}'s time limit failed: {e}")
-        return self.end is not None and now >= self.end - float(self.job.plan["signal_grace"])
+        return self.end is not None and now >= self.end - float(self.job.plan.signal_grace)

@@ -16,6 +16,7 @@ import threading
 
 from .contract import SERVING_PHASES
 from .failures import REGISTRATION_FAILED, SMOKE_FAILED, Stop, step_identity
+from .spec import Attach as AttachSpec
 from .state import now, read_state
 from .table import REMOVED
 from .workers import RouterWorkers, WorkerApiError
@@ -26,38 +27,38 @@ LEAVE_S = 5.0  # s for taking every instance of the job out of the front's route
 class Attach:
     def __init__(self, job):
         self.job = job
-        self.spec: dict | None = job.plan.get("attach")
+        self.spec: AttachSpec | None = job.plan.attach
 
     def join(self) -> str:
         """Every instance's smoke request, then its registration with the front's router.
         Returns the deployment's endpoint (the front's router)."""
         job = self.job
         att = self.spec = self._resolved(self.spec)
-        url = att["router_url"]
+        url = att.router_url
         router = job.membership.connect(url)
         if not router.live:  # `hpcserve scale` refuses such a front; a hand-made plan may not
             raise Stop("failed", f"the router at {url} cannot take a worker while it runs "
                                  f"(workers_api {router.kind}): no instance can join it",
                        {"role": "router", "reason": REGISTRATION_FAILED})
-        names = [i["name"] for i in job.plan["instances"]]
+        names = [i.name for i in job.plan.instances]
         self._each(names, job.membership.smoke, SMOKE_FAILED,
                    "{} answered its smoke request")
         job.startup.mark("smoke_request")
         self._each(names, job.membership.register, REGISTRATION_FAILED,
                    "{} registered with the router at " + url)
         job.startup.mark("router_registration")
-        job.log(f"joined {att['deployment']} (front job {att['front_job_id']}) at {url} with "
+        job.log(f"joined {att.deployment} (front job {att.front_job_id}) at {url} with "
                 f"{len(names)} instance(s)")
         return url
 
-    def _resolved(self, att: dict) -> dict:
+    def _resolved(self, att: AttachSpec) -> AttachSpec:
         """attach with the front's router URL and job id: an autoscale slot, rendered before
         its front ran, reads them from the front's state.json (the front submits it while it
         serves); state.json's attach says them from here on."""
-        if att["router_url"] and att["front_job_id"]:
+        if att.router_url and att.front_job_id:
             return att
-        path = os.path.join(att["front_job_dir"], "state.json")
-        st = read_state(att["front_job_dir"])
+        path = os.path.join(att.front_job_dir, "state.json")
+        st = read_state(att.front_job_dir)
         # a front with no engine of a role (instances: 0) serves only once its slots do: its
         # router's address is there from router_ready on
         url = st.get("router_url") or st.get("endpoint")
@@ -66,9 +67,9 @@ class Attach:
                                  f"(phase {st.get('phase')}): no router to join",
                        {"role": "router", "reason": REGISTRATION_FAILED,
                         "file": path})
-        att = {**att, "router_url": att["router_url"] or url,
-               "front_job_id": att["front_job_id"] or st.get("job_id") or ""}
-        self.job.state.update(attach=att)
+        att = AttachSpec({**att.as_json(), "router_url": att.router_url or url,
+                          "front_job_id": att.front_job_id or st.get("job_id") or ""})
+        self.job.state.update(attach=att.as_json())
         return att
 
     def _each(self, names: list[str], fn, what: str, done: str) -> None:
@@ -91,7 +92,7 @@ class Attach:
         job = self.job
         router = job.membership.router
         heads = job.instances.heads
-        if not self.spec or router is None or not heads:
+        if self.spec is None or router is None or not heads:
             return
         removed = {n for n, r in job.table.recs.items() if r.status == REMOVED}
         ours = {job.membership.worker_url(n): n for n in heads if n not in removed}

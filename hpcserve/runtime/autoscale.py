@@ -38,6 +38,7 @@ from .contract import SCALED_IN, SERVING_PHASES, TERMINAL_PHASES
 from .drain import write_request
 from .failures import READINESS_TIMEOUT, Stop
 from .probes import metrics_of, router_auth
+from .spec import AutoscaleRole
 from .state import now, read_state
 from .table import FAILED, SERVING
 
@@ -46,9 +47,9 @@ ALIVE_S = 30.0        # s between two asks whether a slot's running job still is
 
 
 class Role:
-    def __init__(self, name: str, spec: dict):
+    def __init__(self, name: str, spec: AutoscaleRole):
         self.name, self.spec = name, spec
-        self.slots = [Slot(d) for d in spec["slots"]]
+        self.slots = [Slot(d) for d in spec.slots]
         self.last_at = 0.0       # the last decision (cool-down)
         self.renewed_at = 0.0    # a slot's last renewal (no remove within the cool-down)
         self.value: float | None = None
@@ -59,7 +60,8 @@ class Role:
 class Autoscaler:
     def __init__(self, job):
         self.job = job
-        self.roles = {r: Role(r, s) for r, s in sorted((job.plan.get("autoscale") or {}).items())}
+        roles = job.plan.autoscale if job.plan.autoscale is not None else {}
+        self.roles = {r: Role(r, s) for r, s in sorted(roles.items())}
         self.reading = None      # the readings under way (a future of the probe pool)
         self.next_at = 0.0
 
@@ -70,7 +72,7 @@ class Autoscaler:
         once every autoscaled role has a serving instance, or stops the job after
         readiness.engine_timeout (queue wait and a cold start)."""
         job = self.job
-        limit = job.plan["readiness"]["engine_timeout"]
+        limit = job.plan.readiness.engine_timeout
         deadline = now() + limit
         while True:
             for role in self.roles.values():
@@ -95,9 +97,9 @@ class Autoscaler:
         coming = [s for s in role.slots if s.status in COMING]
         free = [s for s in role.slots if s.status == "free" and s.task is None]
         role.capacity = len(own) + len(coming)
-        for s in free[:max(0, role.spec["min"] - role.capacity)]:
+        for s in free[:max(0, role.spec.min - role.capacity)]:
             self._add(role, s, f"the front holds {len(own)} instance(s) of {role.name} and "
-                               f"{len(coming)} slot(s) come: min {role.spec['min']}")
+                               f"{len(coming)} slot(s) come: min {role.spec.min}")
 
     def _serves(self, role: Role) -> bool:
         own = self.job.table.kept(role.name)
@@ -126,7 +128,7 @@ class Autoscaler:
                 self._decide(self.roles[name], *got)
             self._save()
         elif now() >= self.next_at:
-            self.next_at = now() + min(r.spec["interval_s"] for r in self.roles.values())
+            self.next_at = now() + min(r.spec.interval_s for r in self.roles.values())
             targets = {n: self._targets(r) for n, r in self.roles.items()}
             self.reading = job.pool.submit(self._read, targets)
 
@@ -134,10 +136,10 @@ class Autoscaler:
         """(slot name or None for the front's own, metrics URL) of every serving instance."""
         job = self.job
         out = []
-        for spec in job.plan["instances"]:
-            rec = job.table.recs.get(spec["name"])
-            m = metrics_of(job.plan, job.instances.heads, spec)
-            if spec["role"] == role.name and m and rec is not None and rec.status == SERVING:
+        for inst in job.plan.instances:
+            rec = job.table.recs.get(inst.name)
+            m = metrics_of(job.plan, job.instances.heads, inst)
+            if inst.role == role.name and m and rec is not None and rec.status == SERVING:
                 out.append((None, m["gauges_url"] or m["url"]))
         for s in role.slots:
             if s.status in ("serving", "draining"):
@@ -149,25 +151,26 @@ class Autoscaler:
         a renewal hands over, the pair's two jobs share the slot's load."""
         jid, job_dir = job
         st, inst = read_state(job_dir), job_instance(job_dir)
+        name = inst.name if inst is not None else None
         if st.get("job_id") != jid or (st.get("instances") or {}).get(
-                inst.get("name"), {}).get("status") != "serving":
+                name, {}).get("status") != "serving":
             return None
-        health = (st.get("health_urls") or {}).get(inst.get("name"))
-        if not health or not inst.get("metrics"):
+        health = (st.get("health_urls") or {}).get(name)
+        if not health or inst.metrics is None:
             return None
-        u, m = urlsplit(health), inst["metrics"]
-        return f"{u.scheme}://{u.netloc}{m.get('gauges_path') or m['path']}"
+        u, m = urlsplit(health), inst.metrics
+        return f"{u.scheme}://{u.netloc}{m.gauges_path or m.path}"
 
     def _read(self, targets: dict) -> dict:
         """In the probe pool: every slot's status (its state.json, Slurm for a queued one), then
         every serving instance's signal. role -> (values, None where one did not answer;
         slots' statuses)."""
-        timeout = self.job.plan["liveness"]["timeout"]
+        timeout = self.job.plan.liveness.timeout
         out = {}
         for name, role in self.roles.items():
             statuses = {s.name: (s.job_id, *self._slot_status(s)) for s in role.slots}
-            sig = role.spec["signal"]
-            values = [signal_value(url, sig["kind"], sig["metrics"], timeout,
+            sig = role.spec.signal
+            values = [signal_value(url, sig.kind, sig.metrics, timeout,
                                    router_auth(self.job.plan)) for _, url in targets[name]]
             out[name] = (values, statuses)
         return out
@@ -191,7 +194,7 @@ class Autoscaler:
             return self._left(s, jid, job_dir)
         if s.status == "draining" and s.drained == jid:
             return jid, job_dir, "draining"
-        inst = (st.get("instances") or {}).get(s.instance().get("name")) or {}
+        inst = (st.get("instances") or {}).get(s.instance_name()) or {}
         if phase in SERVING_PHASES and inst.get("status") == "serving":
             return jid, job_dir, "serving"
         return jid, job_dir, "starting"
@@ -206,7 +209,7 @@ class Autoscaler:
                 st.get("reason") == SCALED_IN:  # drained on request: its successor cancelled
             return s.job_id, s.job_dir
         tst = read_state(twin)
-        inst = (tst.get("instances") or {}).get(s.instance().get("name")) or {}
+        inst = (tst.get("instances") or {}).get(s.instance_name()) or {}
         if st.get("phase") in TERMINAL_PHASES or (
                 tst.get("job_id") == succ and inst.get("status") == "serving"):
             return succ, twin
@@ -266,7 +269,7 @@ class Autoscaler:
         """Whether a slot of the role renewed within cool_down_s, or the job it took over from
         still runs: its load moves from one job to the other (the old one out of the router,
         the new one taking its first requests), so a reading then counts too few: no remove."""
-        return now() < role.renewed_at + role.spec["cool_down_s"] or any(
+        return now() < role.renewed_at + role.spec.cool_down_s or any(
             s.prev and not ended(*s.prev) for s in role.slots)
 
     def _renewed(self, role: Role, s: Slot, jid: str, job_dir: str, new: str) -> None:
@@ -302,7 +305,7 @@ class Autoscaler:
 
     def _remove(self, role: Role, s: Slot, why: str) -> None:
         try:
-            write_request(s.job_dir, s.instance()["name"], role.spec["drain_timeout_s"])
+            write_request(s.job_dir, s.instance().name, role.spec.drain_timeout_s)
         except OSError as e:
             self.job.log(f"autoscale {role.name}: cannot ask {s.name} to drain: {e}")
             return

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .contract import KV_USAGE
 from .probes import samples, scrape
+from .spec import AutoscaleRole
 
 
 def signal_value(url: str, kind: str, names: list, timeout: float,
@@ -36,7 +37,7 @@ def capacity(own: int, slot_statuses: list) -> int:
     return own + sum(1 for st in slot_statuses if st in COMING)
 
 
-def decide(spec: dict, own: int, slots: list, values: list, at: float,
+def decide(spec: AutoscaleRole, own: int, slots: list, values: list, at: float,
            last_at: float) -> tuple | None:
     """The role's next step: ("add" | "remove", slot name, why), or None. Pure: `spec` is
     plan.json's autoscale[role], `own` the front's own kept, not failed instances, `slots`
@@ -47,21 +48,21 @@ def decide(spec: dict, own: int, slots: list, values: list, at: float,
     none read). Above target per instance and below max: add. Remove only when one instance
     fewer would still read below target, above min, every instance read (one that did not
     answer may be the busy one), and then the newest serving slot first."""
-    if at < last_at + spec["cool_down_s"]:
+    if at < last_at + spec.cool_down_s:
         return None
     cap = capacity(own, [st for _, st, _ in slots])
     free = [name for name, st, _ in slots if st == "free"]
-    if free and cap < spec["min"]:
-        return "add", free[0], f"{cap} instance(s), below min {spec['min']}"
+    if free and cap < spec.min:
+        return "add", free[0], f"{cap} instance(s), below min {spec.min}"
     read = [v for v in values if v is not None]
     if not read:
         return None
-    total, kind, target = sum(read), spec["signal"]["kind"], spec["target"]
-    if free and cap < spec["max"] and total / max(cap, 1) > target:
+    total, kind, target = sum(read), spec.signal.kind, spec.target
+    if free and cap < spec.max and total / max(cap, 1) > target:
         return "add", free[0], (f"{kind} {round(total / max(cap, 1), 3):g} per instance > "
                                 f"target {target:g}")
     serving = [(t, i, name) for i, (name, st, t) in enumerate(slots) if st == "serving"]
-    if serving and len(read) == len(values) and cap > max(spec["min"], 1) and \
+    if serving and len(read) == len(values) and cap > max(spec.min, 1) and \
             total / (cap - 1) < target:
         return "remove", max(serving)[2], (f"{kind} {round(total / (cap - 1), 3):g} per "
                                            f"instance with one fewer < target {target:g}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from .contract import TERMINAL_PHASES
+from .spec import Instance, Spec
 from .state import read_json, read_state
 
 
@@ -30,29 +31,41 @@ class Slot:
         self.task = None       # the sbatch under way
         self.submitted_at = 0.0  # when this orchestrator last submitted it (newest drains first)
         self.asked_at = 0.0    # when Slurm was last asked whether its running job still is
-        self.plan: dict | None = None
+        self.plan: Spec | None = None
 
     def twin(self) -> str | None:
         """The other directory of the slot's pair (renew:), None without renewal."""
         self.instance()
-        return (self.plan.get("renew") or {}).get("twin_dir")
+        return self.plan.renew.twin_dir if self.plan.renew is not None else None
 
     def other(self, job_dir: str) -> str | None:
         twin = self.twin()
         return twin and (self.dir if job_dir == twin else twin)
 
-    def instance(self) -> dict:
+    def instance(self) -> Instance | None:
         if self.plan is None:
-            self.plan = read_json(os.path.join(self.dir, "plan.json"))
-        return (self.plan.get("instances") or [{}])[0]
+            self.plan = Spec(read_json(os.path.join(self.dir, "plan.json")))
+        return first_instance(self.plan)
+
+    def instance_name(self) -> str | None:
+        """The name of the slot's instance (None where its plan.json names none)."""
+        inst = self.instance()
+        return inst.name if inst is not None else None
 
     def as_state(self) -> dict:
         return {"dir": self.job_dir, "job_id": self.job_id, "status": self.status}
 
 
-def job_instance(job_dir: str) -> dict:
+def first_instance(plan: Spec) -> Instance | None:
+    """A slot's plan.json's one instance; None where it names none (read_json reads a missing
+    or half-written file as {}: a Spec without instances)."""
+    insts = plan.instances if hasattr(plan, "instances") else None
+    return insts[0] if insts else None
+
+
+def job_instance(job_dir: str) -> Instance | None:
     """The instance of a slot's directory (its plan.json's one; both of a pair name it alike)."""
-    return (read_json(os.path.join(job_dir, "plan.json")).get("instances") or [{}])[0]
+    return first_instance(Spec(read_json(os.path.join(job_dir, "plan.json"))))
 
 
 def pair_jobs(s: Slot) -> list[tuple]:
@@ -76,8 +89,9 @@ def ended(jid: str, job_dir: str) -> bool:
     return st.get("job_id") == jid and st.get("phase") in TERMINAL_PHASES
 
 
-def slots_alone(plan: dict) -> bool:
+def slots_alone(plan: Spec) -> bool:
     """Whether some autoscaled role has no instance of the front's own
     (roles.<role>.instances: 0): its slots are all it has."""
-    return any(not any(i["role"] == n for i in plan["instances"])
-               for n in plan.get("autoscale") or {})
+    if plan.autoscale is None:
+        return False
+    return any(not any(i.role == n for i in plan.instances) for n in plan.autoscale)

@@ -18,6 +18,7 @@ import os
 import time
 
 from .probes import DIRECT
+from .spec import Benchmark, BenchPoint
 
 STATS = ("mean", "median", "p90", "p99")
 
@@ -38,31 +39,32 @@ def _num(v):
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def read_point(bench_dir: str, spec: dict, point: dict) -> dict:
+def read_point(bench_dir: str, spec: Benchmark, point: BenchPoint) -> dict:
     """One point as the report and the gate see it: what was asked, the client's exit, and
     its counts and latencies under one set of names (milliseconds, tokens, per second)."""
-    out = {k: point[k] for k in ("label", "concurrency", "rate", "prompts")}
+    out = {"label": point.label, "concurrency": point.concurrency, "rate": point.rate,
+           "prompts": point.prompts}
     run = {}
     try:
-        with open(os.path.join(bench_dir, f"{point['label']}.run.json")) as f:
+        with open(os.path.join(bench_dir, f"{point.label}.run.json")) as f:
             run = json.load(f)
     except (OSError, ValueError):
         pass
     out.update(rc=run.get("rc"), start=run.get("start"), end=run.get("end"), results=False)
-    keys = spec["keys"]
+    keys = spec.keys
     try:
-        r = _load(os.path.join(bench_dir, point["file"]), keys["json_lines"])
+        r = _load(os.path.join(bench_dir, point.file), keys.json_lines)
     except (OSError, ValueError):
         return out
     completed = int(r.get("completed") or 0)
-    failed = r.get(keys["failed"]) if keys.get("failed") else None
+    failed = r.get(keys.failed) if keys.failed else None
     lens = [n for n in (r.get("output_lens") or []) if isinstance(n, int)]
-    output = _num(r.get(keys["output"]))
+    output = _num(r.get(keys.output))
     if output is None:
         output = float(sum(lens))
     errors = [e for e in (r.get("errors") or []) if e]
     out.update(results=True, completed=completed,
-               failed=int(failed) if failed is not None else point["prompts"] - completed,
+               failed=int(failed) if failed is not None else point.prompts - completed,
                output_tokens=int(output), duration_s=_num(r.get("duration")),
                request_throughput=_num(r.get("request_throughput")),
                output_throughput=_num(r.get("output_throughput")),
@@ -70,15 +72,15 @@ def read_point(bench_dir: str, spec: dict, point: dict) -> dict:
                mean_output=(output / completed) if completed else 0.0,
                min_output=min(lens) if lens else None,
                errors=[str(e)[:300] for e in errors[:3]], error_count=len(errors))
-    for m, name in keys["metrics"].items():
+    for m, name in keys.metrics.items():
         out[m] = {s: _num(r.get(f"{s}_{name}_ms")) for s in STATS}
     return out
 
 
-def gate(spec: dict, point: dict, p: dict) -> str | None:
+def gate(spec: Benchmark, point: BenchPoint, p: dict) -> str | None:
     """Why point p proves nothing (None: it passes)."""
-    want = spec["output_tokens"]
-    g = spec["gate"]
+    want = spec.output_tokens
+    g = spec.gate
     if p.get("rc") is None and not p["results"]:
         return "the client did not run (no exit code, no results)"
     if not p["results"]:
@@ -87,9 +89,9 @@ def gate(spec: dict, point: dict, p: dict) -> str | None:
     if p["output_tokens"] == 0:
         why.append("0 output tokens")
     ok = p["completed"]
-    if ok < g["min_success"] * point["prompts"]:
-        why.append(f"{ok} of {point['prompts']} requests succeeded")
-    elif p["output_tokens"] and p["mean_output"] < (1 - g["output_tolerance"]) * want:
+    if ok < g.min_success * point.prompts:
+        why.append(f"{ok} of {point.prompts} requests succeeded")
+    elif p["output_tokens"] and p["mean_output"] < (1 - g.output_tolerance) * want:
         why.append(f"mean output {p['mean_output']:.1f} tokens of the {want} asked")
     if p["rc"] not in (0, None) and not why:
         why.append(f"the client exited with code {p['rc']}")
@@ -98,11 +100,11 @@ def gate(spec: dict, point: dict, p: dict) -> str | None:
     return "; ".join(why) or None
 
 
-def evaluate(bench_dir: str, spec: dict) -> dict:
+def evaluate(bench_dir: str, spec: Benchmark) -> dict:
     """Every point read and judged: {passed, points, failed: {point, reason} or None}; a point
     that never ran (the sweep stopped before it) is listed as not run."""
     rows, failed = [], None
-    for point in spec["points"]:
+    for point in spec.points:
         p = read_point(bench_dir, spec, point)
         ran = p["rc"] is not None or p["results"]
         if not ran and failed is not None:
@@ -112,11 +114,11 @@ def evaluate(bench_dir: str, spec: dict) -> dict:
             p["verdict"] = "fail" if reason else "ok"
             p["reason"] = reason
             if reason and failed is None:
-                failed = {"point": point["label"], "reason": reason}
+                failed = {"point": point.label, "reason": reason}
         rows.append(p)
     return {"passed": failed is None, "points": rows, "failed": failed,
-            "client": spec["client"], "title": spec["title"],
-            "input_tokens": spec["input_tokens"], "output_tokens": spec["output_tokens"]}
+            "client": spec.client, "title": spec.title,
+            "input_tokens": spec.input_tokens, "output_tokens": spec.output_tokens}
 
 
 def one_line(p: dict) -> str:

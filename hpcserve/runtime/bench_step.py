@@ -11,6 +11,7 @@ import shlex
 from . import bench
 from .failures import BENCHMARK_FAILED, Stop
 from .logs import read_from, tail
+from .spec import Benchmark
 from .state import now
 from .supervise import BENCH_STEP
 
@@ -21,26 +22,26 @@ class BenchStep:
         self.run: dict | None = None  # while it runs: node, t0, next scrape, engine log sizes
 
     @property
-    def spec(self) -> dict | None:
-        return self.job.plan.get("benchmark")
+    def spec(self) -> Benchmark | None:
+        return self.job.plan.benchmark
 
     def start(self, found: dict, url: str) -> None:
         """The client's step, told the serving URL through run/endpoints.env."""
         b, job = self.spec, self.job
-        if not b:
+        if b is None:
             return
-        node = found[b["component"]][b["node_offset"]][0]
+        node = found[b.component][b.node_offset][0]
         with open(os.path.join(job.dir, "run", "endpoints.env"), "a") as f:
             f.write(f"SERVING_URL={shlex.quote(url)}\n")
-        os.makedirs(os.path.join(job.dir, b["dir"]), exist_ok=True)
+        os.makedirs(os.path.join(job.dir, b.dir), exist_ok=True)
         job.steps.start(BENCH_STEP, "steps/bench.sh", [node])
         self.run = {"node": node, "t0": now(), "next_scrape": now(),
                     "log_sizes": self.engine_log_sizes()}
-        job.state.update(benchmark={"running": True, "node": node, "client": b["client"],
-                                    "points": [p["label"] for p in b["points"]],
+        job.state.update(benchmark={"running": True, "node": node, "client": b.client,
+                                    "points": [p.label for p in b.points],
                                     "started_at": round(now(), 3)})
-        job.log(f"benchmark: {b['title']} on {node} against {url}, "
-                f"{len(b['points'])} point(s)")
+        job.log(f"benchmark: {b.title} on {node} against {url}, "
+                f"{len(b.points)} point(s)")
 
     def tick(self, heads: dict) -> None:
         """While the benchmark runs: scrape metrics now and then; once its step ended, the
@@ -49,11 +50,11 @@ class BenchStep:
         if not r or r.get("done"):
             return
         step = self.job.steps[BENCH_STEP]
-        every = spec["metrics_interval_s"]
+        every = spec.metrics_interval_s
         if step.poll() is None:
             if every and now() >= r["next_scrape"]:
                 bench.scrape(self.metrics_targets(heads),
-                             os.path.join(self.job.dir, spec["dir"], "metrics"))
+                             os.path.join(self.job.dir, spec.dir, "metrics"))
                 r["next_scrape"] = now() + every
             return
         r["done"] = True
@@ -63,17 +64,17 @@ class BenchStep:
         """Every Prometheus endpoint of the deployment: each instance leader's /metrics and
         the router's metrics port, where it has one (TensorRT-LLM's front server has none)."""
         plan, inst = self.job.plan, self.job.instances
-        out = [(i["name"], f"http://{heads[i['name']]}:{i['port']}/metrics")
-               for i in plan["instances"]]
-        r = plan.get("router")
-        if r and inst.router_addr and r.get("metrics_path"):
-            out.append(("router", f"http://{inst.router_addr}:{r['prometheus_port']}"
-                                  f"{r['metrics_path']}"))
+        out = [(i.name, f"http://{heads[i.name]}:{i.port}/metrics")
+               for i in plan.instances]
+        r = plan.router
+        if r is not None and inst.router_addr and r.metrics_path:
+            out.append(("router", f"http://{inst.router_addr}:{r.prometheus_port}"
+                                  f"{r.metrics_path}"))
         return out
 
-    def verdict(self, spec: dict, rc: int) -> None:
+    def verdict(self, spec: Benchmark, rc: int) -> None:
         job = self.job
-        bdir = os.path.join(job.dir, spec["dir"])
+        bdir = os.path.join(job.dir, spec.dir)
         result = bench.evaluate(bdir, spec)
         result.update(node=self.run["node"], step_rc=rc, took_s=round(now() - self.run["t0"], 3))
         f = result["failed"]
@@ -90,7 +91,7 @@ class BenchStep:
                         "reason": BENCHMARK_FAILED, "point": f["point"],
                         "detail": f["reason"]})
         job.log(f"benchmark passed: {len(result['points'])} point(s) in {result['took_s']:.1f} s")
-        if spec["then"] == "stop":
+        if spec.then == "stop":
             raise Stop("done", f"benchmark passed ({len(result['points'])} point(s))")
 
     def evidence(self, reason: str, bdir: str) -> str:
@@ -109,7 +110,7 @@ class BenchStep:
     def engine_log_sizes(self) -> dict:
         """Each engine log's size now: what an engine logs from here on is the benchmark's."""
         logs = os.path.join(self.job.dir, "logs")
-        names = tuple(i["name"] + "." for i in self.job.plan["instances"])
+        names = tuple(i.name + "." for i in self.job.plan.instances)
         return {f: os.path.getsize(os.path.join(logs, f)) for f in os.listdir(logs)
                 if f.startswith(names) and f.endswith(".log")}
 

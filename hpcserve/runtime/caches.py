@@ -45,21 +45,21 @@ def words(found: dict[str, dict[str, str]]) -> str:
 
 def record_start(job) -> None:
     """The first start of every instance: state.json "caches" and one log line each."""
-    spec = job.plan.get("caches")
-    if not spec:
+    spec = job.plan.caches
+    if spec is None:
         return
     found = {}
-    for inst in job.plan["instances"]:
-        found[inst["name"]] = read(job.dir, inst["name"])
-        job.log(f"{inst['name']} compile caches ({spec['storage']} {spec['dir']}): "
-                f"{words(found[inst['name']])}")
-    job.state.update(caches={"dir": spec["dir"], "storage": spec["storage"],
+    for inst in job.plan.instances:
+        found[inst.name] = read(job.dir, inst.name)
+        job.log(f"{inst.name} compile caches ({spec.storage} {spec.dir}): "
+                f"{words(found[inst.name])}")
+    job.state.update(caches={"dir": spec.dir, "storage": spec.storage,
                              "instances": found})
 
 
 def for_attempt(job, name: str, attempt: int) -> dict[str, dict[str, str]] | None:
     """A restarted instance's caches as it started (None: the plan keeps no caches)."""
-    if not job.plan.get("caches"):
+    if job.plan.caches is None:
         return None
     found = read(job.dir, name, f".attempt{attempt}" if attempt else "")
     job.log(f"{name} attempt {attempt} compile caches: {words(found)}")

@@ -344,11 +344,11 @@ def load_spec(job_dir: str) -> dict:
 
 # What the renderer and the runtime both spell: the steps' names in an allocation the user holds
 # and the variables job.sbatch unsets there.
-def step_prefix(plan: dict) -> str:
-    """The prefix of the deployment's step names in Slurm: in an allocation the user holds,
-    "hpcserve-<name>-", so that cancel never takes the user's own steps called router or
+def step_prefix(name: str, in_allocation: bool) -> str:
+    """The prefix of the step names in Slurm of the deployment `name`: in an allocation the user
+    holds, "hpcserve-<name>-", so that cancel never takes the user's own steps called router or
     prefill-0 for the deployment's; none in the deployment's own job."""
-    return f"hpcserve-{plan['name']}-" if plan.get("in_allocation") else ""
+    return f"hpcserve-{name}-" if in_allocation else ""
 
 
 # The variables srun reads as options (srun(1), INPUT ENVIRONMENT VARIABLES) that an salloc or

@@ -18,9 +18,10 @@ import subprocess
 import time
 
 from . import preflight as checks
-from .contract import SpecError, load_spec
+from .contract import SpecError
 from .failures import Stop
 from .logs import read_from, tail
+from .spec import Component, ImageImport, read as read_spec
 from .state import now
 
 
@@ -106,7 +107,7 @@ def cmd_discover(args) -> int:
     if args.preflight:
         # First, so that a node whose address cannot be found still reports its checks.
         try:
-            plan = load_spec(args.preflight)
+            plan = read_spec(args.preflight)
         except SpecError as e:
             raise SystemExit(f"hpcserve discover: {e}") from None
         checks.write_report(args.preflight,
@@ -141,14 +142,14 @@ class Discovery:
         """Every node's address (and its preflight report), one srun per component at once:
         component -> [[name, ip, iface, ib]] by node rank."""
         job = self.job
-        comps = job.plan["components"]
+        comps = job.plan.components
         outs = {}
         reports = os.path.join(job.dir, "run", "preflight")
         shutil.rmtree(reports, ignore_errors=True)  # an earlier try's reports say nothing now
         os.makedirs(reports)
         t_start = now()
         for c in comps:
-            i = c["index"]
+            i = c.index
             # A file, not a pipe: nobody reads a pipe until srun exits, and srun blocks once the
             # pipe's 64 KiB are full (some 700 nodes' lines).
             outs[i] = os.path.join(job.dir, "run", f"discover-{i}.out")
@@ -163,13 +164,13 @@ class Discovery:
         finally:
             self.stop()
         self.preflight((t_start, now()))
-        return {c["index"]: self._rows(c, outs[c["index"]]) for c in comps}
+        return {c.index: self._rows(c, outs[c.index]) for c in comps}
 
     def _wait(self, comps: list, t_start: float) -> None:
         deadline = now() + self.TIMEOUT
         while True:
             # a component that failed ends discovery at once, whatever the others do
-            bad = [c for c in comps if self.procs[c["index"]].poll() not in (None, 0)]
+            bad = [c for c in comps if self.procs[c.index].poll() not in (None, 0)]
             if bad:
                 self.preflight((t_start, now()))  # a failed check explains it best
                 raise self._failed(bad[0], 0)
@@ -183,14 +184,14 @@ class Discovery:
             self.job.check()
             time.sleep(0.02)  # a poll() per component: cheap, and the engines wait on it
 
-    def _rows(self, c: dict, out: str) -> list[list[str]]:
+    def _rows(self, c: Component, out: str) -> list[list[str]]:
         rows = [ln.split()[1:] for ln in read_from(out).splitlines()
                 if ln.startswith("HPCSERVE-NODE ") and len(ln.split()) == 6]
-        if self.procs[c["index"]].returncode != 0 or len(rows) != c["nodes"]:
+        if self.procs[c.index].returncode != 0 or len(rows) != c.nodes:
             raise self._failed(c, len(rows))
         rows.sort(key=lambda r: int(r[0]))
         found = [r[1:] for r in rows]  # name, ip, iface, ib
-        self.job.log(f"component {c['index']} ({c['name']}): " +
+        self.job.log(f"component {c.index} ({c.name}): " +
                      ", ".join(f"{r[0]}={r[1]}" for r in found))
         return found
 
@@ -202,7 +203,7 @@ class Discovery:
         if not reports:
             return
         here = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
-        result = checks.evaluate(reports, window, job.plan["preflight"], here)
+        result = checks.evaluate(reports, window, job.plan.preflight, here)
         result["took_s"] = round(window[1] - window[0], 3)
         job.state.update(preflight=result)
         job.log(f"preflight on {len(reports)} node(s) in {result['took_s']:.2f} s "
@@ -217,27 +218,27 @@ class Discovery:
         node, check, detail = result["failed"][0]
         rep = next(r for r in reports if r["node"] == node)
         insts = checks.node_instances(plan, rep["component"], rep["nodeid"])
-        comp = plan["components"][rep["component"]]
+        comp = plan.components[rep["component"]]
         more = len(result["failed"]) - 1
         return Stop("failed", f"preflight: {check} failed on {node}: {detail}" +
                     (f" (and {more} more failed check(s): see state.json's preflight)"
                      if more else ""),
-                    {"step": f"discover-{comp['index']}", "reason": "preflight failed",
+                    {"step": f"discover-{comp.index}", "reason": "preflight failed",
                      "check": check, "node": node,
-                     "role": insts[0]["role"] if insts else comp["name"],
-                     "instance": insts[0]["index"] if insts else None,
-                     "instances": [i["name"] for i in insts], "detail": detail,
+                     "role": insts[0].role if insts else comp.name,
+                     "instance": insts[0].index if insts else None,
+                     "instances": [i.name for i in insts], "detail": detail,
                      "log": "logs/hpcserve-job.log", "failed": result["failed"]})
 
-    def _failed(self, c: dict, nrows: int) -> Stop:
-        p = self.procs[c["index"]]
-        return Stop("failed", f"address discovery on component {c['index']} ({c['name']}) "
-                              f"failed (exit {p.returncode}, {nrows}/{c['nodes']} "
-                              f"nodes); see logs/discover-{c['index']}.log",
-                    {"step": f"discover-{c['index']}", "role": c["name"],
+    def _failed(self, c: Component, nrows: int) -> Stop:
+        p = self.procs[c.index]
+        return Stop("failed", f"address discovery on component {c.index} ({c.name}) "
+                              f"failed (exit {p.returncode}, {nrows}/{c.nodes} "
+                              f"nodes); see logs/discover-{c.index}.log",
+                    {"step": f"discover-{c.index}", "role": c.name,
                      "exit_code": p.returncode,
                      "log_tail": tail(os.path.join(self.job.dir, "logs",
-                                                   f"discover-{c['index']}.log"))})
+                                                   f"discover-{c.index}.log"))})
 
     def stop(self) -> None:
         """TERM every discovery srun still running (srun then ends its step), KILL after 3 s."""
@@ -266,22 +267,22 @@ class Discovery:
         or build it (apptainer: the SIF every task execs) once, here on the batch node, into the
         shared image cache, beside address discovery (the helper locks, checks and renames, so
         other jobs wanting the same image wait for it and then reuse it)."""
-        imp = (self.job.plan.get("container") or {}).get("import")
-        if not imp:
+        imp = self.job.plan.container.import_
+        if imp is None:
             return None
-        self.job.log(f"importing {imp['uri']} into {_target(imp)} once for every node")
+        self.job.log(f"importing {imp.uri} into {_target(imp)} once for every node")
         self.import_started = now()
         with open(os.path.join(self.job.dir, "logs", "import-image.log"), "ab") as log:
             self.image_import = subprocess.Popen(
-                ["bash", imp["helper"], *(["--owner", imp["owner"]] if imp.get("owner") else []),
-                 imp["uri"], _target(imp)], stdout=log, stderr=log,
+                ["bash", imp.helper, *(["--owner", imp.owner] if imp.owner else []),
+                 imp.uri, _target(imp)], stdout=log, stderr=log,
                 stdin=subprocess.DEVNULL, start_new_session=True)
         return self.image_import
 
     def wait_image_import(self, p: subprocess.Popen | None) -> None:
         if p is None:
             return
-        imp = self.job.plan["container"]["import"]
+        imp = self.job.plan.container.import_
         while p.poll() is None:
             self.job.check()
             time.sleep(0.2)
@@ -290,7 +291,7 @@ class Discovery:
         self.job.startup.mark("image_import")
         if p.returncode != 0:
             log = os.path.join(self.job.dir, "logs", "import-image.log")
-            raise Stop("failed", f"importing {imp['uri']} into {_target(imp)} failed (exit "
+            raise Stop("failed", f"importing {imp.uri} into {_target(imp)} failed (exit "
                                  f"{p.returncode}); see logs/import-image.log",
                        {"step": "import-image", "role": None, "instance": None,
                         "node": os.uname().nodename, "reason": "image import failed",
@@ -316,6 +317,6 @@ class Discovery:
                 continue
 
 
-def _target(imp: dict) -> str:
+def _target(imp: ImageImport) -> str:
     """The file an image import makes: pyxis's squashfs or apptainer's SIF."""
-    return imp.get("sqsh") or imp["sif"]
+    return imp.sqsh or imp.sif

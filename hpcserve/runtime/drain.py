@@ -176,8 +176,8 @@ class Drains:
         m = self._metrics(d.name)
         if m and now() >= d.next_poll:
             # what it runs and what waits in it: its stop would fail either
-            m = {**m, "pending": list(m["pending"]) + list(m.get("queued", []))}
-            d.task = job.pool.submit(metrics_totals, m, job.plan["liveness"]["timeout"])
+            m = {**m, "pending": list(m["pending"]) + list(m["queued"])}
+            d.task = job.pool.submit(metrics_totals, m, job.plan.liveness.timeout)
             d.next_poll = now() + POLL_S
 
     def _metrics(self, name: str) -> dict | None:
@@ -187,7 +187,7 @@ class Drains:
     def _stop(self, d: Drain, rec) -> None:
         d.stage = "stopping"
         # the engine's graceful stop, as the teardown's (a hung engine's KILL does not apply)
-        sig = self.job.instances.spec(d.name).get("stop_signal", "TERM")
+        sig = self.job.instances.spec(d.name).stop_signal
         self.job.stopper.stop(rec, sig)
 
     def _stopping(self, d: Drain, rec) -> None:

@@ -16,6 +16,7 @@ import json
 import os
 
 from . import owned
+from .spec import Spec
 from .table import SERVING
 
 DEFAULT_PATH = "/metrics"   # Prometheus's metrics_path default: not repeated as a label
@@ -27,23 +28,23 @@ def file_name(deployment: str, cluster: str | None, job_id: str | None) -> str:
     return "-".join(["hpcserve", deployment] + [p for p in (cluster, job_id) if p]) + ".json"
 
 
-def target_groups(plan: dict, serving: dict, router: dict | None, ids: dict) -> list[dict]:
+def target_groups(plan: Spec, serving: dict, router: dict | None, ids: dict) -> list[dict]:
     """The file's content. `serving`: instance name -> {"address", "nodes", "attempt"} of each
     instance in the router now; `router`: {"node", "address"} once it runs, else None; `ids`:
     extra labels (the Slurm job id and cluster), left out where empty."""
-    common = {"deployment": plan["name"], "engine": plan["engine"]["name"]}
+    common = {"deployment": plan.name, "engine": plan.engine.name}
     common.update((k, str(v)) for k, v in ids.items() if v)
     groups = []
-    for spec in plan["instances"]:
-        where, metrics = serving.get(spec["name"]), spec.get("metrics")
-        if where is None or not metrics:
+    for inst in plan.instances:
+        where, metrics = serving.get(inst.name), inst.metrics
+        if where is None or metrics is None:
             continue  # out of the router, or an engine without Prometheus text (TensorRT-LLM)
-        groups.append(_group(where["address"], spec["port"], metrics["path"], dict(
-            common, role=spec["role"], instance=spec["name"], node=where["nodes"][0],
+        groups.append(_group(where["address"], inst.port, metrics.path, dict(
+            common, role=inst.role, instance=inst.name, node=where["nodes"][0],
             nodes=",".join(where["nodes"]), attempt=str(where["attempt"]))))
-    r = plan.get("router")
-    if router and r and r.get("metrics_path"):
-        groups.append(_group(router["address"], r["prometheus_port"], r["metrics_path"], dict(
+    r = plan.router
+    if router and r is not None and r.metrics_path:
+        groups.append(_group(router["address"], r.prometheus_port, r.metrics_path, dict(
             common, role="router", instance="router", node=router["node"])))
     return groups
 
@@ -64,11 +65,11 @@ def write_atomic(path: str, text: str) -> None:
 class FileSD:
     def __init__(self, job):
         self.job = job
-        d = job.plan.get("file_sd_dir")
+        d = job.plan.file_sd_dir
         self.ids = {"slurm_job_id": job.job_id,
                     "slurm_cluster": os.environ.get("SLURM_CLUSTER_NAME", "")}
         self.path = d and os.path.join(os.path.expanduser(d), file_name(
-            job.plan["name"], self.ids["slurm_cluster"], job.job_id))
+            job.plan.name, self.ids["slurm_cluster"], job.job_id))
         self._text: str | None = None   # what the file holds now
         self._error: str | None = None  # the last write error, logged once
 

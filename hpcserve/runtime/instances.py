@@ -14,11 +14,12 @@ import time
 
 from .failures import PORT_TAKEN, Stop, step_identity
 from .logs import first_line, read_from
+from .spec import Instance, Spec
 from .state import now
 
 
 class Instances:
-    def __init__(self, plan: dict, job_dir: str):
+    def __init__(self, plan: Spec, job_dir: str):
         self.plan = plan
         self.dir = job_dir
         self.nodes: dict[str, list[list[str]]] = {}  # instance -> [[rank, name, ip, iface, ib]]
@@ -31,25 +32,26 @@ class Instances:
         self.router_addr: str | None = None
 
     @property
-    def specs(self) -> list[dict]:
-        return self.plan["instances"]
+    def specs(self) -> list[Instance]:
+        return self.plan.instances
 
-    def spec(self, name: str) -> dict:
-        return next((i for i in self.specs if i["name"] == name), {})
+    def spec(self, name: str) -> Instance | None:
+        """The plan's instance `name`; None for a step of no instance (discovery, the router)."""
+        return next((i for i in self.specs if i.name == name), None)
 
     def place(self, found: dict) -> dict[str, str]:
         """Each instance on its share of its component's discovered nodes; run/<name>.nodes is
         what its launch script reads. Returns each instance's leader address."""
         heads = {}
         for inst in self.specs:
-            off = inst["node_offset"]
-            names = found[inst["component"]][off:off + inst["nodes"]]
-            self._write_nodes(inst["name"], [[str(r), *n] for r, n in enumerate(names)])
-            heads[inst["name"]] = names[0][1]
-        for role, rec in self.plan.get("recovery", {}).items():
-            first = rec["first_spare"]
+            off = inst.node_offset
+            names = found[inst.component][off:off + inst.nodes]
+            self._write_nodes(inst.name, [[str(r), *n] for r, n in enumerate(names)])
+            heads[inst.name] = names[0][1]
+        for role, rec in self.plan.recovery.items():
+            first = rec.first_spare
             self.spares[role] = [list(n) for n in
-                                 found[rec["component"]][first:first + rec["spares"]]]
+                                 found[rec.component][first:first + rec.spares]]
         self._spare_rows = {r: [list(n) for n in v] for r, v in self.spares.items()}
         self.heads = dict(heads)
         return heads
@@ -70,7 +72,7 @@ class Instances:
         """Put a spare of the instance's role in the place of each of its lost nodes (every
         instance that shared a lost node follows it to the same spare). Returns why it cannot,
         or None once run/<name>.nodes names only nodes that are up."""
-        role = self.spec(name)["role"]
+        role = self.spec(name).role
         rows = [list(r) for r in self.nodes[name]]
         for row in rows:
             node = row[1]
@@ -102,7 +104,8 @@ class Instances:
         self.router_node, self.router_addr = node[0], node[1]
 
     def tasks_per_node(self, name: str) -> int:
-        return self.spec(name).get("tasks_per_node", 1)
+        inst = self.spec(name)
+        return inst.tasks_per_node if inst is not None else 1
 
     def leader_node(self, name: str) -> str | None:
         """Where `name` (an instance or the router) serves: its node rank 0."""
@@ -129,14 +132,14 @@ class Instances:
                     "exit_code": None})
 
     @staticmethod
-    def health_url(heads: dict, inst: dict) -> str:
-        return f"http://{heads[inst['name']]}:{inst['port']}{inst['health_path']}"
+    def health_url(heads: dict, inst: Instance) -> str:
+        return f"http://{heads[inst.name]}:{inst.port}{inst.health_path}"
 
     @staticmethod
-    def liveness_url(heads: dict, inst: dict) -> str:
+    def liveness_url(heads: dict, inst: Instance) -> str:
         """What the liveness probe asks while it serves (an engine may prove generation on
         another path than its readiness)."""
-        return f"http://{heads[inst['name']]}:{inst['port']}{inst['liveness']['path']}"
+        return f"http://{heads[inst.name]}:{inst.port}{inst.liveness.path}"
 
     def node_names(self) -> list[str]:
         """Every node the instances run on, and the spares."""

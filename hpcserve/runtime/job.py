@@ -33,7 +33,7 @@ from .attach import LEAVE_S, Attach
 from .autoscale import Autoscaler
 from .autoscale_slots import slots_alone
 from .bench_step import BenchStep
-from .contract import SCALED_IN, load_spec
+from .contract import SCALED_IN
 from .discovery import Discovery
 from .drain import Drains
 from .events import Events, InstanceFailed, NodeLost, RouterRestartAsked
@@ -50,6 +50,7 @@ from .recovery import Recovery
 from .renew import Renewal
 from .requeue import Requeue
 from .slurm import Slurm, Unreachable
+from .spec import Readiness as ReadinessSpec, read as read_spec
 from .stage_batch import Staging
 from .state import State, now
 from .startup import Startup
@@ -66,7 +67,7 @@ SCAN_S = 0.5   # s between two looks for drain requests (run/control/) while ser
 class Job:
     def __init__(self, job_dir: str):
         self.dir = job_dir
-        self.plan = load_spec(job_dir)
+        self.plan = read_spec(job_dir)
         self.state = State(job_dir)
         if self.state.data.get("phase") == "requeued":
             self.state.data["history"].append({"phase": "pending", "at": round(now(), 3)})
@@ -152,32 +153,32 @@ class Job:
         found = self.discovery.discover()
         self.startup.mark("preflight")
         self.discovery.wait_image_import(importing)
-        if plan["preflight"]["only"]:  # `hpcserve preflight`: the checks are the whole job
+        if plan.preflight.only:  # `hpcserve preflight`: the checks are the whole job
             raise Stop("done", f"preflight passed on {sum(len(v) for v in found.values())} "
                                "node(s)")
-        stage = plan.get("stage")
-        if stage:  # model.stage: every node's copy before any engine starts
+        stage = plan.stage
+        if stage is not None:  # model.stage: every node's copy before any engine starts
             self.staging.run(found)
             self.startup.mark("staging")
-            if stage["only"]:  # `hpcserve stage`: the staging is the whole job
-                raise Stop("done", f"staged {stage['source']} on "
+            if stage.only:  # `hpcserve stage`: the staging is the whole job
+                raise Stop("done", f"staged {stage.source} on "
                                    f"{sum(len(v) for v in found.values())} node(s)")
         heads = self.instances.place(found)
-        for inst in plan["instances"]:
-            self.instances.start(self.steps, inst["name"])
-            self.startup.instance_started(inst["name"], self.instances.leader_log(inst["name"]),
-                                          inst["startup_lines"])
-        self.log(f"started {len(plan['instances'])} engine instance(s)")
-        rd = plan["readiness"]
+        for inst in plan.instances:
+            self.instances.start(self.steps, inst.name)
+            self.startup.instance_started(inst.name, self.instances.leader_log(inst.name),
+                                          inst.startup_lines)
+        self.log(f"started {len(plan.instances)} engine instance(s)")
+        rd = plan.readiness
         self.readiness.wait_engines(heads, rd)
         self.startup.mark("engines")
         caches.record_start(self)
         self.state.update("engines_ready")
-        self.state.update(health_urls={i["name"]: self.instances.health_url(heads, i)
-                                       for i in plan["instances"]})
+        self.state.update(health_urls={i.name: self.instances.health_url(heads, i)
+                                       for i in plan.instances})
         # an instance job joins the running router of its deployment instead of starting one
-        url = self.start_router(found, rd) if plan.get("router") else \
-            self.attach.join() if plan.get("attach") else None
+        url = self.start_router(found, rd) if plan.router is not None else \
+            self.attach.join() if plan.attach is not None else None
         serving_at = now()
         # state.json names every instance and holds the start-up record before it says serving:
         # a reader that sees "serving" finds them
@@ -189,9 +190,9 @@ class Job:
         if url:
             self.log(f"serving at {url}")
         self.startup.add_queue_wait(started)
-        first = (plan["instances"] or [None])[0]  # none: a front of slots alone (a router)
-        self.bench.start(found, url or f"http://{heads[first['name']]}:{first['port']}")
-        self.keep_serving(url if plan.get("router") else None)
+        first = (plan.instances or [None])[0]  # none: a front of slots alone (a router)
+        self.bench.start(found, url or f"http://{heads[first.name]}:{first.port}")
+        self.keep_serving(url if plan.router is not None else None)
 
     def begin_serving(self, router_url: str | None) -> None:
         """From here on an instance's failure is recovered, not the end of the deployment."""
@@ -207,7 +208,7 @@ class Job:
         node_interval, and the events of the tick handed on. `router_url`: the job's own
         router, which liveness probes (an instance job's router is its front's to watch)."""
         self.liveness.start(router_url)
-        self._next_nodes = now() + self.plan["liveness"]["node_interval"]
+        self._next_nodes = now() + self.plan.liveness.node_interval
         while True:
             self.tick()
             time.sleep(TICK_S)
@@ -229,11 +230,11 @@ class Job:
         if self._next_nodes is not None and now() >= self._next_nodes and \
                 self.liveness.under_way is None:
             self.supervisor.check_nodes()     # Slurm's word on the nodes
-            self._next_nodes = now() + self.plan["liveness"]["node_interval"]
+            self._next_nodes = now() + self.plan.liveness.node_interval
         self.handle(self.events.take())
         if self.table.take_changed():
             self.file_sd.update()             # the site's Prometheus scrapes what serves
-        if self.plan.get("attach") and self.table.all_in(REMOVED):
+        if self.plan.attach is not None and self.table.all_in(REMOVED):
             # an instance job with none left (scaled in, or renewed) has done its part
             raise Stop("done", self.renewal.end_reason or SCALED_IN)
 
@@ -271,11 +272,11 @@ class Job:
         for f in os.listdir(ports_dir):  # an earlier try's verdicts say nothing about this one
             os.unlink(os.path.join(ports_dir, f))
 
-    def start_router(self, found: dict, rd: dict) -> str:
+    def start_router(self, found: dict, rd: ReadinessSpec) -> str:
         """The router's step on its node, told every leader's address; its readiness with every
         worker, then the smoke request. Returns the endpoint."""
-        router = self.plan["router"]
-        rnode = found[router["component"]][router["node_offset"]]
+        router = self.plan.router
+        rnode = found[router.component][router.node_offset]
         self.instances.place_router(rnode)
         self.state.update(router_node=rnode[0])
         url = self._router_step(rd)
@@ -284,25 +285,25 @@ class Job:
         if slots_alone(self.plan):  # roles.<role>.instances: 0: its slots first
             self.begin_serving(url)
             self.autoscaler.bring_up()
-        if rd["smoke_tokens"]:
+        if rd.smoke_tokens:
             self.readiness.smoke(url, rd)
             self.startup.mark("smoke_request")
         return url
 
-    def _router_step(self, rd: dict) -> str:
+    def _router_step(self, rd: ReadinessSpec) -> str:
         """run/endpoints.env with each instance's leader address now, the router's step, and
         its readiness with every worker."""
-        plan, router = self.plan, self.plan["router"]
+        plan, router = self.plan, self.plan.router
         heads = self.instances.heads
-        env_lines = [f"{i['role'].upper()}_{i['index']}_IP={shlex.quote(heads[i['name']])}"
-                     for i in plan["instances"]]
+        env_lines = [f"{i.role.upper()}_{i.index}_IP={shlex.quote(heads[i.name])}"
+                     for i in plan.instances]
         # the one address the router listens on: the one its endpoint names
         env_lines.append(f"ROUTER_IP={shlex.quote(self.instances.router_addr)}")
         with open(os.path.join(self.dir, "run", "endpoints.env"), "w") as f:
             f.write("\n".join(env_lines) + "\n")
         self.steps.start("router", "steps/router.sh", [self.instances.router_node])
-        url = f"http://{self.instances.router_addr}:{router['port']}"
-        self.readiness.wait_router(url, router["readiness"], rd)
+        url = f"http://{self.instances.router_addr}:{router.port}"
+        self.readiness.wait_router(url, router.readiness, rd)
         return url
 
     def restart_router(self) -> None:
@@ -319,7 +320,7 @@ class Job:
             os.unlink(os.path.join(self.dir, "run", "ports", "router"))
         except FileNotFoundError:
             pass
-        self._router_step(self.plan["readiness"])
+        self._router_step(self.plan.readiness)
 
     def run(self) -> int:
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
@@ -332,7 +333,8 @@ class Job:
                               serving_after_s=None, engines_ready_count=0,
                               restarts=int(os.environ.get("SLURM_RESTART_COUNT") or 0),
                               instances={}, excluded_nodes=[], startup=None, router_url=None,
-                              attach=self.plan.get("attach"), renew=None)
+                              attach=(self.plan.attach.as_json()
+                                      if self.plan.attach is not None else None), renew=None)
             self.serve()
             stop = Stop("done", "finished")  # not reached: serve() raises
         except Stop as s:
@@ -348,7 +350,7 @@ class Job:
         self.log(f"stopping: {reason}")
         self.state.record(self.log, "stopping", reason=reason, failure=failure)
         try:  # an instance job's engines leave its deployment's router before they go away
-            if self.attach.spec:
+            if self.attach.spec is not None:
                 # within the teardown's budget too: after a scancel Slurm KILLs after KillWait
                 self.attach.leave(min(LEAVE_S, self.teardown.budget()[0] / 2))
         except Exception as e:
@@ -363,7 +365,7 @@ class Job:
             self.log(f"teardown error: {e!r}")
         try:
             # before a requeue, which ends this allocation; within the grace where there is some
-            grace = float(self.plan["signal_grace"])
+            grace = float(self.plan.signal_grace)
             self.teardown.cleanup_nodes(min(Teardown.CLEANUP_TIMEOUT,
                                             max(10.0, stop_at + grace - 5 - now())))
         except Exception as e:

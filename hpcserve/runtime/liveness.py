@@ -16,6 +16,7 @@ from .autoscale_slots import slots_alone
 from .events import InstanceFailed
 from .failures import HUNG, Stop, UNHEALTHY, step_identity
 from .probes import metrics_of, metrics_totals, probe
+from .spec import Liveness as LivenessSpec
 from .state import now
 
 
@@ -64,16 +65,20 @@ class Track:
 class Liveness:
     def __init__(self, job):
         self.job = job
-        self.lv = job.plan.get("liveness")
         self.tracks: dict[str, Track] = {}
         self.router_url: str | None = None
         self.next_at: float | None = None   # the next round's start; None: not serving yet
         self.under_way: list | None = None  # (name, url, probe future, metrics future)
 
+    @property
+    def lv(self) -> LivenessSpec:
+        """plan.json liveness: the rounds' interval, each probe's timeout, failures in a row."""
+        return self.job.plan.liveness
+
     def start(self, router_url: str | None) -> None:
         """Serving: the first round one interval from now."""
         self.router_url = router_url
-        self.next_at = now() + self.lv["interval"]
+        self.next_at = now() + self.lv.interval
 
     def due(self) -> bool:
         return self.next_at is not None and self.under_way is None and now() >= self.next_at
@@ -84,20 +89,19 @@ class Liveness:
         job = self.job
         inst = job.instances
         out = []
-        for i in job.plan["instances"]:
-            if not job.table.serving(i["name"]):
-                self.tracks.pop(i["name"], None)  # its next attempt's counters start at 0
+        for i in job.plan.instances:
+            if not job.table.serving(i.name):
+                self.tracks.pop(i.name, None)  # its next attempt's counters start at 0
                 continue
-            out.append((i["name"], inst.liveness_url(inst.heads, i),
+            out.append((i.name, inst.liveness_url(inst.heads, i),
                         metrics_of(job.plan, inst.heads, i)))
         if self.router_url:
-            out.append(("router", self.router_url + job.plan["router"]["readiness"]["path"],
-                        None))
+            out.append(("router", self.router_url + job.plan.router.readiness.path, None))
         return out
 
     def start_round(self) -> None:
         """Every target's health probe and metrics read at once, each bounded by `timeout`."""
-        pool, timeout = self.job.pool, self.lv["timeout"]
+        pool, timeout = self.job.pool, self.lv.timeout
         self.under_way = [(name, url, pool.submit(probe, url, timeout),
                            m and pool.submit(metrics_totals, m, timeout))
                           for name, url, m in self.targets()]
@@ -114,9 +118,9 @@ class Liveness:
         for name, url, f, g in futs:
             self._judge(name, url, (*f.result(), g and g.result()))
         job.state.record(job.log, health={
-            n: ("ok" if t.failed == 0 else f"failing {t.failed}/{lv['failures']}")
+            n: ("ok" if t.failed == 0 else f"failing {t.failed}/{lv.failures}")
             for n, t in self.tracks.items() if job.table.serving(n)})
-        self.next_at = now() + lv["interval"]
+        self.next_at = now() + lv.interval
 
     def _judge(self, name: str, url: str, res: tuple) -> None:
         job, lv = self.job, self.lv
@@ -132,9 +136,9 @@ class Liveness:
             self.tracks.pop(name, None)
             return  # taken out meanwhile (its step ended while the round ran)
         was, was_busy = t.failed, t.busy
-        live = {} if name == "router" else job.instances.spec(name)["liveness"]
-        verdict = t.judge(kind, detail, m, now(), live.get("hung_after", 0),
-                          live.get("proves_progress", False))
+        live = None if name == "router" else job.instances.spec(name).liveness
+        verdict = t.judge(kind, detail, m, now(), 0 if live is None else live.hung_after,
+                          False if live is None else live.proves_progress)
         if t.busy and not was_busy:
             job.log(f"{name}: busy, not hung: {kind} ({detail}) at {url}, but its progress "
                     "counters moved")
@@ -144,8 +148,8 @@ class Liveness:
             return
         kind, detail, ripe = verdict
         count = t.failed
-        job.log(f"{name}: {kind} ({detail}) at {url}, {count} of {lv['failures']}")
-        if count >= lv["failures"] and ripe:
+        job.log(f"{name}: {kind} ({detail}) at {url}, {count} of {lv.failures}")
+        if count >= lv.failures and ripe:
             self.tracks.pop(name, None)
             stop = self._gone(name, kind, url, detail, count)
             if not job.table.handles(name):

@@ -13,19 +13,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from .probes import (SMOKE_TIMEOUT, chat_body, completion_tokens, front_router, http_json,
                      router_auth)
+from .spec import Spec
 from .table import SERVING, Rec, Table
 from .workers import RouterWorkers, WorkerApiError
 
 
 class Membership:
-    def __init__(self, plan: dict, instances, table: Table, pool: ThreadPoolExecutor, log):
+    def __init__(self, plan: Spec, instances, table: Table, pool: ThreadPoolExecutor, log):
         self.plan, self.instances, self.table, self.pool, self.log = \
             plan, instances, table, pool, log
         self.router: RouterWorkers | None = None
 
     def connect(self, router_url: str) -> RouterWorkers:
         # a router started with --api-key wants the key on its worker API too
-        self.router = RouterWorkers(front_router(self.plan)["workers_api"], router_url,
+        self.router = RouterWorkers(front_router(self.plan).workers_api, router_url,
                                     headers=router_auth(self.plan))
         return self.router
 
@@ -41,7 +42,7 @@ class Membership:
         return self.router is None or self.router.live
 
     def worker_url(self, name: str) -> str:
-        return f"http://{self.instances.heads[name]}:{self.instances.spec(name)['port']}"
+        return f"http://{self.instances.heads[name]}:{self.instances.spec(name).port}"
 
     def take_out(self, name: str) -> None:
         """Out of the router now (its failure is judged next): a serving instance whose step
@@ -73,12 +74,11 @@ class Membership:
     def smoke(self, name: str) -> str | None:
         """One request to the instance itself (the engine's instance smoke): its error words,
         or None."""
-        spec = self.instances.spec(name)
-        smoke = spec.get("smoke") or {"kind": "get", "path": spec["health_path"]}
-        url = self.worker_url(name) + smoke["path"]
-        tokens = max(1, self.plan["readiness"]["smoke_tokens"])
+        smoke = self.instances.spec(name).smoke
+        url = self.worker_url(name) + smoke.path
+        tokens = max(1, self.plan.readiness.smoke_tokens)
         try:
-            if smoke["kind"] == "get":
+            if smoke.kind == "get":
                 code, _ = http_json(url, timeout=SMOKE_TIMEOUT)
                 return None if code == 200 else f"HTTP {code} from {url}"
             code, resp = http_json(url, chat_body(self.plan, tokens), timeout=SMOKE_TIMEOUT,
@@ -94,7 +94,7 @@ class Membership:
             return None
         spec = self.instances.spec(name)
         try:
-            self.router.add(self.worker_url(name), spec["role"], spec["ports"].get("bootstrap"))
+            self.router.add(self.worker_url(name), spec.role, spec.ports.get("bootstrap"))
         except WorkerApiError as e:
             return str(e)
         return None

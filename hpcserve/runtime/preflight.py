@@ -28,6 +28,7 @@ from collections import Counter
 from .preflight_checks import FAIL, NA, OK, WAIVED, check_fabric, check_gpus, check_ib, \
     check_image, check_memlock, check_model, check_peer_memory, check_ports, check_shm, \
     check_tools
+from .spec import Preflight, Spec
 
 CHECKS = ("python", "tools", "image", "model", "gpus", "fabric", "ib", "peer_memory", "shm", "memlock",
           "ports", "clock")
@@ -35,54 +36,54 @@ CHECKS = ("python", "tools", "image", "model", "gpus", "fabric", "ib", "peer_mem
 
 # ------------------------------------------------------------------------------------ node side
 
-def node_report(plan: dict, component: int, nodeid: int, node: str) -> dict:
+def node_report(plan: Spec, component: int, nodeid: int, node: str) -> dict:
     """This node's checks against plan.json's `preflight` block (one entry per check)."""
-    pf = plan["preflight"]
+    pf = plan.preflight
     insts = node_instances(plan, component, nodeid)
-    ib = (plan.get("network") or {}).get("ib_devices")
+    ib = plan.network.ib_devices
     rdma = bool(ib)
-    gpus_why = pf["gpus"].get("why")
+    gpus_why = pf.gpus.why
     files: list = []
     fabric: dict = {}
     checks = {
         "python": [OK, f"Python {sys.version.split()[0]} ({sys.executable})"],
-        "tools": check_tools(pf["tools"]),
-        "image": check_image(pf["image"]),
-        "model": check_model(plan["model_path"], pf["model_optional"], files),
-        "gpus": (check_gpus(sum(i["gpus_per_node"] for i in insts), pf["min_gpu_free_fraction"])
+        "tools": check_tools(pf.tools),
+        "image": check_image(pf.image),
+        "model": check_model(plan.model_path, pf.model_optional, files),
+        "gpus": (check_gpus(sum(i.gpus_per_node for i in insts), pf.min_gpu_free_fraction)
                  if not gpus_why else [NA, gpus_why]),
-        "ib": check_ib(ib, pf.get("gid_index")),
-        **({"fabric": check_fabric(fabric)} if pf.get("fabric") else {}),
+        "ib": check_ib(ib, pf.gid_index),
+        **({"fabric": check_fabric(fabric)} if pf.fabric is not None else {}),
         "peer_memory": (check_peer_memory() if rdma and not gpus_why else
                         [NA, "no RDMA transfers between GPUs here (" +
                          ("no IB devices configured)" if not rdma else gpus_why + ")")]),
-        "shm": check_shm("/dev/shm", pf["min_shm_bytes"]),
+        "shm": check_shm("/dev/shm", pf.min_shm_bytes),
         "memlock": check_memlock(rdma),
         "ports": check_ports(node_ports(plan, component, nodeid)),
     }
     report = {"node": node, "component": component, "nodeid": nodeid,
-              "instances": [i["name"] for i in insts], "checks": checks, "model_files": files,
+              "instances": [i.name for i in insts], "checks": checks, "model_files": files,
               "mode": "srun", **({"fabric": fabric} if fabric else {})}
     _mpi_clock(report)
     report["time"] = time.time()
     return report
 
 
-def node_instances(plan: dict, component: int, nodeid: int) -> list:
-    return [i for i in plan["instances"] if i["component"] == component
-            and i["node_offset"] <= nodeid < i["node_offset"] + i["nodes"]]
+def node_instances(plan: Spec, component: int, nodeid: int) -> list:
+    return [i for i in plan.instances if i.component == component
+            and i.node_offset <= nodeid < i.node_offset + i.nodes]
 
 
-def node_ports(plan: dict, component: int, nodeid: int) -> list:
+def node_ports(plan: Spec, component: int, nodeid: int) -> list:
     """(port, what binds it) for every port the plan binds on this node."""
     out = {}
     for i in node_instances(plan, component, nodeid):
-        for kind, port in [("http", i["port"]), *sorted(i["ports"].items())]:
-            out.setdefault(port, f"{i['name']} {kind}")
-    r = plan.get("router")
-    if r and r["component"] == component and r["node_offset"] == nodeid:
-        out.setdefault(r["port"], "router")
-        out.setdefault(r["prometheus_port"], "router metrics")
+        for kind, port in [("http", i.port), *sorted(i.ports.items())]:
+            out.setdefault(port, f"{i.name} {kind}")
+    r = plan.router
+    if r is not None and r.component == component and r.node_offset == nodeid:
+        out.setdefault(r.port, "router")
+        out.setdefault(r.prometheus_port, "router metrics")
     return sorted(out.items())
 
 
@@ -113,7 +114,7 @@ def _mpi_clock(report: dict) -> None:
 
 # ------------------------------------------------------------------------------ batch-host side
 
-def evaluate(reports: list, window: tuple, pf: dict, batch_host: str) -> dict:
+def evaluate(reports: list, window: tuple, pf: Preflight, batch_host: str) -> dict:
     """Every node's verdicts: its own checks, the model file comparison, the clock against the
     batch host's (its report's time must fall inside the step's run on the batch host's clock,
     give or take the allowed skew), the waivers. Returns the table state.json holds."""
@@ -123,15 +124,15 @@ def evaluate(reports: list, window: tuple, pf: dict, batch_host: str) -> dict:
     _compare_fabrics(reports, nodes)
     for r in reports:
         if "time" in r:
-            nodes[r["node"]]["clock"] = _clock(r, window, pf["max_clock_skew_s"], batch_host)
+            nodes[r["node"]]["clock"] = _clock(r, window, pf.max_clock_skew_s, batch_host)
     for checks in nodes.values():
         for c, v in checks.items():
-            if v[0] == FAIL and c in pf["waive"]:
+            if v[0] == FAIL and c in pf.waive:
                 v[0] = WAIVED
     failed = [[r["node"], c, nodes[r["node"]][c][1]] for r in reports for c in CHECKS
               if nodes[r["node"]].get(c, [OK])[0] == FAIL]
     shown = [c for c in CHECKS if c != "fabric" or any("fabric" in v for v in nodes.values())]
-    return {"passed": not failed, "checks": shown, "waived": list(pf["waive"]),
+    return {"passed": not failed, "checks": shown, "waived": list(pf.waive),
             "mode": "mpi" if any(r.get("mode") == "mpi" for r in reports) else "srun",
             "nodes": nodes, "failed": failed}
 

@@ -19,6 +19,7 @@ import subprocess
 
 from . import ownport
 from .model_dir import TooManyFiles, model_files
+from .spec import PreflightImage
 
 OK, FAIL, NA, WAIVED = "ok", "fail", "n/a", "waived"
 GIB = 1024 ** 3
@@ -31,12 +32,12 @@ def check_tools(tools: list) -> list:
     return [OK, ", ".join(tools)]
 
 
-def check_image(image: dict | None) -> list:
-    if not image:
+def check_image(image: PreflightImage | None) -> list:
+    if image is None:
         return [NA, "no container runtime"]
-    if "path" not in image:
-        return [NA, image["note"]]
-    p = image["path"]
+    if image.path is None:
+        return [NA, image.note]
+    p = image.path
     if os.path.isfile(p) and os.access(p, os.R_OK):
         return [OK, f"{p} ({os.path.getsize(p) / GIB:.1f} GiB)"]
     return [FAIL, f"image {p} is {'not readable' if os.path.exists(p) else 'not there'} on "

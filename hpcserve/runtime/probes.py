@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 
 from .failures import HUNG, UNHEALTHY, UNREACHABLE
+from .spec import Attach, Instance, Router, Spec
 
 SMOKE_TIMEOUT = 120.0  # s, a whole smoke request (the router's, or one instance's)
 
@@ -51,17 +52,17 @@ def probe(url: str, timeout: float) -> tuple[str | None, str]:
         return UNREACHABLE, str(e)
 
 
-def front_router(plan: dict) -> dict | None:
+def front_router(plan: Spec) -> Router | Attach | None:
     """The router this job's instances serve behind: its own (plan.json router), or the running
     router of the deployment it joins (plan.json attach); both name workers_api and
     api_key_env."""
-    return plan.get("router") or plan.get("attach")
+    return plan.router if plan.router is not None else plan.attach
 
 
-def router_auth(plan: dict) -> dict:
+def router_auth(plan: Spec) -> dict:
     """The header the deployment's API key (plan.json api_key) goes in, to its router and its
     engines: read from this job's environment (job.sbatch exported it), never from plan.json."""
-    key_env = (plan.get("api_key") or {}).get("env")
+    key_env = plan.api_key.env if plan.api_key is not None else None
     return {"Authorization": f"Bearer {os.environ.get(key_env, '')}"} if key_env else {}
 
 
@@ -110,21 +111,22 @@ def metrics_totals(m: dict, timeout: float) -> tuple[float | None, float] | None
     return (sum(progress) if progress else None), sum(samples(gauges, m["pending"]))
 
 
-def metrics_of(plan: dict, heads: dict, spec: dict) -> dict | None:
-    """An instance's metrics (plan.json: path, progress and pending names) with the URLs of its
-    leader's (url: the counters; gauges_url: the gauges, where the engine reports them
+def metrics_of(plan: Spec, heads: dict, inst: Instance) -> dict | None:
+    """An instance's metrics (plan.json: path, progress, pending and queued names) with the URLs
+    of its leader's (url: the counters; gauges_url: the gauges, where the engine reports them
     elsewhere), as metrics_totals reads them; None where its engine has none."""
-    m = spec.get("metrics")
-    if not m:
+    m = inst.metrics
+    if m is None:
         return None
-    base = f"http://{heads[spec['name']]}:{spec['port']}"
-    return {**m, "url": base + m["path"], "auth": router_auth(plan),
-            "gauges_url": m.get("gauges_path") and base + m["gauges_path"]}
+    base = f"http://{heads[inst.name]}:{inst.port}"
+    return {"path": m.path, "gauges_path": m.gauges_path, "progress": m.progress,
+            "pending": m.pending, "queued": m.queued, "url": base + m.path,
+            "auth": router_auth(plan), "gauges_url": m.gauges_path and base + m.gauges_path}
 
 
-def chat_body(plan: dict, tokens: int) -> dict:
+def chat_body(plan: Spec, tokens: int) -> dict:
     """The smoke request: one chat completion of `tokens` tokens of the served model."""
-    return {"model": plan["served_name"], "max_tokens": tokens,
+    return {"model": plan.served_name, "max_tokens": tokens,
             "messages": [{"role": "user", "content": "hpcserve smoke test: say hello"}]}
 
 

@@ -10,6 +10,7 @@ import urllib.error
 
 from .failures import READINESS_TIMEOUT, SMOKE_EMPTY, SMOKE_FAILED, Stop
 from .probes import SMOKE_TIMEOUT, chat_body, completion_tokens, dotted, http_json, router_auth
+from .spec import Readiness as ReadinessSpec, RouterReadiness
 from .state import now
 
 
@@ -21,12 +22,12 @@ class Readiness:
     def __init__(self, job):
         self.job = job
 
-    def wait_engines(self, heads: dict, rd: dict) -> None:
+    def wait_engines(self, heads: dict, rd: ReadinessSpec) -> None:
         job = self.job
-        pending = {i["name"]: job.instances.health_url(heads, i) for i in job.plan["instances"]}
+        pending = {i.name: job.instances.health_url(heads, i) for i in job.plan.instances}
         total = len(pending)
         answered: set = set()  # answered /health, whoever's process that was
-        deadline = now() + rd["engine_timeout"]
+        deadline = now() + rd.engine_timeout
         job.state.update(engines_ready_count=0, engines_total=total)
         while pending:
             job.check()
@@ -52,12 +53,12 @@ class Readiness:
             if pending:
                 if now() > deadline:
                     raise self._engines_late(sorted(pending), answered, rd)
-                job.sleep(rd["poll_interval"])
+                job.sleep(rd.poll_interval)
 
     @staticmethod
-    def _engines_late(pending: list, answered: set, rd: dict) -> Stop:
+    def _engines_late(pending: list, answered: set, rd: ReadinessSpec) -> Stop:
         unowned = sorted(answered & set(pending))
-        return Stop("failed", f"not healthy within {rd['engine_timeout']} s: "
+        return Stop("failed", f"not healthy within {rd.engine_timeout} s: "
                               + ", ".join(pending) + (
                                   f" ({', '.join(unowned)} answered, but its launch "
                                   "script never confirmed that it was its own "
@@ -66,22 +67,22 @@ class Readiness:
                      "instance": int(pending[0].rpartition("-")[2]),
                      "reason": READINESS_TIMEOUT})
 
-    def wait_router(self, url: str, ready: dict, rd: dict) -> None:
+    def wait_router(self, url: str, ready: RouterReadiness, rd: ReadinessSpec) -> None:
         """The router's readiness answers 200 and counts every instance as a healthy worker
         (the sum of the fields the router adapter named; none present: the 200 suffices)."""
-        deadline = now() + rd["router_timeout"]
-        expected = ready["workers"]
+        deadline = now() + rd.router_timeout
+        expected = ready.workers
         seen = None
         # no worker yet (a front of autoscale slots alone): the routers' readiness answers 503
         # until one is healthy, so their worker API's listing answering says they listen
-        path = ready["path"] if expected else "/workers"
+        path = ready.path if expected else "/workers"
         while True:
             self.job.check()
             try:
                 code, body = http_json(url + path, timeout=2,
                                        headers=None if expected else router_auth(self.job.plan))
                 seen = body
-                counts = [dotted(body, f) for f in ready["count"]]
+                counts = [dotted(body, f) for f in ready.count]
                 counts = [c for c in counts if isinstance(c, int)]
                 if code == 200 and (not counts or sum(counts) >= expected) and \
                         self.job.instances.owns_port("router", wait=0.5):
@@ -93,11 +94,11 @@ class Readiness:
                 pass
             if now() > deadline:
                 raise Stop("failed", f"router not ready with {expected} workers within "
-                                     f"{rd['router_timeout']} s (last answer: {seen})",
+                                     f"{rd.router_timeout} s (last answer: {seen})",
                            {"role": "router", "reason": READINESS_TIMEOUT})
-            self.job.sleep(rd["poll_interval"])
+            self.job.sleep(rd.poll_interval)
 
-    def smoke(self, url: str, rd: dict) -> None:
+    def smoke(self, url: str, rd: ReadinessSpec) -> None:
         """One chat request through the router that must return tokens."""
         code, resp = self._smoke_answer(url, rd)
         tokens = completion_tokens(resp)
@@ -107,10 +108,10 @@ class Readiness:
         self.job.log(f"smoke request returned {tokens} token(s)")
         self.job.state.update(smoke_tokens=tokens)
 
-    def _smoke_answer(self, url: str, rd: dict):
+    def _smoke_answer(self, url: str, rd: ReadinessSpec):
         plan = self.job.plan
         auth = router_auth(plan)
-        body = chat_body(plan, rd["smoke_tokens"])
+        body = chat_body(plan, rd.smoke_tokens)
         # In a thread, so that a signal or a dying step ends the wait at once, not after up to
         # SMOKE_TIMEOUT s; the thread is a daemon and ends with the router's connection.
         box: dict = {}

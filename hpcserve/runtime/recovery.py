@@ -75,13 +75,13 @@ class Recovery:
             self.membership.deregister(rec)
         rec.taken_out = False
         self.stopper.stop(rec)
-        pol = job.plan["recovery"][rec.role]
-        if not pol["restart"] or rec.restarts >= pol["max_restarts"]:
-            spent = (f"its {pol['max_restarts']} restart(s) are spent" if pol["restart"]
+        pol = job.plan.recovery[rec.role]
+        if not pol.restart or rec.restarts >= pol.max_restarts:
+            spent = (f"its {pol.max_restarts} restart(s) are spent" if pol.restart
                      else "restart: false")
             self.table.set_status(rec, FAILED, f"{reason}; {spent}")
         else:
-            rec.next_try_at = at + pol["backoff_s"] * 2 ** rec.restarts
+            rec.next_try_at = at + pol.backoff_s * 2 ** rec.restarts
             self.table.set_status(rec, OUT, reason)
         self._judge(rec, failure)
 
@@ -142,7 +142,7 @@ class Recovery:
         job.state.data.setdefault("health_urls", {})[rec.name] = job.instances.health_url(
             job.instances.heads, spec)
         rec.attempts.append(self.table.attempt_entry(rec, now()))
-        rec.deadline = now() + job.plan["readiness"]["engine_timeout"]
+        rec.deadline = now() + job.plan.readiness.engine_timeout
         rec.stage = "starting"
         job.log(f"{rec.name}: attempt {rec.attempt} on {', '.join(rec.nodes)}")
         self.table.set_status(rec, RESTARTING, f"attempt {rec.attempt} starting")
@@ -154,13 +154,13 @@ class Recovery:
         if now() > rec.deadline:
             self.failed(rec.name, READINESS_TIMEOUT, {
                 **step_identity(rec.name), "reason": READINESS_TIMEOUT,
-                "detail": f"not healthy within {job.plan['readiness']['engine_timeout']} s"})
+                "detail": f"not healthy within {job.plan.readiness.engine_timeout} s"})
             return
         if rec.task is None:
             if now() >= rec.next_poll:
                 url = job.instances.health_url(job.instances.heads, job.instances.spec(rec.name))
                 rec.task = self.pool.submit(probe, url, 2.0)
-                rec.next_poll = now() + job.plan["readiness"]["poll_interval"]
+                rec.next_poll = now() + job.plan.readiness.poll_interval
             return
         if not rec.task.done():
             return
@@ -231,7 +231,7 @@ class Recovery:
 
     def _judge(self, rec: Rec, failure: dict) -> None:
         """The deployment fails once a role is below its minimum with nothing left to restart."""
-        pol = self.job.plan["recovery"][rec.role]
+        pol = self.job.plan.recovery[rec.role]
         mine = self.table.kept(rec.role)
         serving = sum(r.status == SERVING for r in mine)
         if serving >= self.table.needed(pol, mine) or any(r.status != FAILED for r in mine
@@ -240,7 +240,7 @@ class Recovery:
         node = failure.get("node")
         where = f" (node {node} lost)" if failure.get("reason") == NODE_LOST and node else ""
         raise Stop("failed", f"{rec.role} has {serving} serving instance(s) of the "
-                             f"{pol['min_serving']} it needs: {rec.name} {rec.why}{where}",
+                             f"{pol.min_serving} it needs: {rec.name} {rec.why}{where}",
                    {**failure, **step_identity(rec.name)})
 
     def _drain(self, node: str, state: str) -> None:

@@ -28,6 +28,7 @@ from .contract import RENEW_SIGNAL, SERVING_PHASES, TERMINAL_PHASES
 from .drain import write_request
 from .failures import Stop
 from .slurm import Unreachable
+from .spec import Renew
 from .state import now, read_state
 from .table import DRAINING, LEAVING, SERVING
 
@@ -40,7 +41,7 @@ DRAIN_S = 60.0    # s at most for an instance's in-flight requests once it left 
 class Renewal:
     def __init__(self, job):
         self.job = job
-        self.spec: dict | None = job.plan.get("renew")
+        self.spec: Renew | None = job.plan.renew
         self.end: float | None = None     # when Slurm's time limit ends the job
         self.asked = -REREAD_S
         self.signalled = False            # RENEW_SIGNAL came
@@ -51,7 +52,7 @@ class Renewal:
         self.renewed = False              # the twin serves: this job's instances drain
         self.withdrawn = False            # scaled in on request: no renewal any more
         self.end_reason: str | None = None  # what the job ends for once the twin took over
-        if self.spec:
+        if self.spec is not None:
             signal.signal(getattr(signal, "SIG" + RENEW_SIGNAL), self._on_signal)
             # one that came while job.sbatch ran, before this handler (job.sbatch.j2)
             self.signalled = os.environ.get("HPCSERVE_RENEW_SIGNALLED") == "1"
@@ -78,14 +79,14 @@ class Renewal:
 
     def time_is_up(self, at: float) -> bool:
         """Whether the job ends within signal_grace: time to stop (its TERM is not asked for)."""
-        if not self.spec:
+        if self.spec is None:
             return False
         end = self.end_at(at)
-        return end is not None and at >= end - float(self.job.plan["signal_grace"])
+        return end is not None and at >= end - float(self.job.plan.signal_grace)
 
     # -- while serving, between liveness rounds
     def tick(self) -> None:
-        if not self.spec or not self.job.table.active:
+        if self.spec is None or not self.job.table.active:
             return
         if self.renewed:
             return self._handed_over()
@@ -95,8 +96,8 @@ class Renewal:
         if self.successor is None:
             end = self.end_at(at)
             why = "Slurm's warning signal" if self.signalled else \
-                f"{self.spec['margin_s']:g} s before the time limit" if end is not None and \
-                at >= end - self.spec["margin_s"] else None
+                f"{self.spec.margin_s:g} s before the time limit" if end is not None and \
+                at >= end - self.spec.margin_s else None
             if why and at >= self.next_try and self.tries < TRIES:
                 self._submit(why)
         else:
@@ -117,7 +118,7 @@ class Renewal:
         return True
 
     def _submit(self, why: str) -> None:
-        twin, job = self.spec["twin_dir"], self.job
+        twin, job = self.spec.twin_dir, self.job
         st = read_state(twin)
         if self._in_use(st):
             if not self.waiting_said:
@@ -150,7 +151,7 @@ class Renewal:
         return bool(jid) and self.job.slurm.job_alive(jid) is not False
 
     def _watch(self, at: float) -> None:
-        st = read_state(self.spec["twin_dir"])
+        st = read_state(self.spec.twin_dir)
         if st.get("job_id") != self.successor:
             return  # not started yet
         phase = st.get("phase")
@@ -174,7 +175,7 @@ class Renewal:
                                          "renewed_at": round(now(), 3)})
         end = self.end_at(now())
         budget = DRAIN_S if end is None else max(
-            1.0, min(DRAIN_S, end - float(job.plan["signal_grace"]) - now() - 5))
+            1.0, min(DRAIN_S, end - float(job.plan.signal_grace) - now() - 5))
         for name, rec in job.table.recs.items():
             if rec.status == SERVING:
                 write_request(job.dir, name, budget)

@@ -14,7 +14,7 @@ class Requeue:
 
     def after(self, reason: str, restarts: int) -> bool:
         """Whether the failed job was requeued (by Slurm itself, or now)."""
-        allowed = int(self.job.plan.get("requeue") or 0)
+        allowed = int(self.job.plan.requeue)
         if not self.job.job_id or self.job.allocation.active:
             # in an allocation the user holds: the allocation is theirs, never requeued here
             return False
@@ -42,7 +42,7 @@ class Requeue:
         self.job.state.record(self.job.log, "requeued", reason=reason,
                               finished_at=round(now(), 3), restarts=restarts + 1)
         self.job.log(f"failed ({reason}); requeued{' ' + by if by else ''}, try "
-                     f"{restarts + 2} of {int(self.job.plan['requeue']) + 1}")
+                     f"{restarts + 2} of {int(self.job.plan.requeue) + 1}")
         return True
 
     def exclude_lost_nodes(self) -> None:
@@ -52,7 +52,7 @@ class Requeue:
         lost = sorted(set(self.job.supervisor.excluded_nodes))
         if not lost:
             return
-        comps = len(self.job.plan["components"])
+        comps = len(self.job.plan.components)
         try:
             recs = self.job.slurm.records()
         except (RuntimeError, Unreachable):

@@ -32,7 +32,8 @@ import tempfile
 import threading
 import time
 
-from .contract import SpecError, load_spec
+from .contract import SpecError
+from .spec import read as read_spec
 from .stage_cache import Cache, StageError, check_listing, list_files, load_manifest, \
     save_manifest
 from .stage_link import CHUNK, HEX64, BadFrame, Failed, Link, _abort, _out, _Peer, file_list, \
@@ -50,16 +51,16 @@ class Node:
 
     def __init__(self, job_dir: str, component: int):
         self.dir = job_dir
-        plan = load_spec(job_dir)
-        self.spec = plan["stage"]
+        plan = read_spec(job_dir)
+        self.spec = plan.stage
         self.me = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
         self.job_id = os.environ.get("SLURM_JOB_ID", "")
-        self.cache = Cache(self.spec["dir"], self.spec["max_bytes"])
-        self.name = self.spec["name"]
+        self.cache = Cache(self.spec.dir, self.spec.max_bytes)
+        self.name = self.spec.name
         self.run = os.path.join(job_dir, "run", "stage")
         with open(os.path.join(self.run, "chain")) as f:
             self.chain = [ln.split() for ln in f if ln.strip()]  # name ip
-        self.until = time.time() + _seconds(plan["time_limit"])
+        self.until = time.time() + _seconds(plan.time_limit)
         self.read_shared = 0
         self.t0 = time.time()
 
@@ -189,8 +190,8 @@ class Node:
     def _read_shared(self, partial: str, down) -> dict:
         """The reader: the shared path once, each file hashed as it is read, against the
         manifest (computed here, once, where there is none)."""
-        src = self.spec["source"]
-        manifest = load_manifest(src, self.spec["dir"], self.name)
+        src = self.spec.source
+        manifest = load_manifest(src, self.spec.dir, self.name)
         try:
             listing = list_files(src)
         except OSError as e:
@@ -222,8 +223,8 @@ class Node:
         if down:
             down.send(b"Z", b"")
         manifest = manifest or {"version": 1, "source": src, "files": out}
-        if not load_manifest(src, self.spec["dir"], self.name):
-            where = save_manifest(manifest, src, self.spec["dir"], self.name)
+        if not load_manifest(src, self.spec.dir, self.name):
+            where = save_manifest(manifest, src, self.spec.dir, self.name)
             self.log(f"manifest written to {where}")
         return manifest
 
@@ -340,7 +341,7 @@ class _Receiver:
         kind, _ = self.frame()
         if kind != b"Z":
             raise Failed(self.up, None, f"{self.up} sent {kind!r} where the end was due")
-        return {"version": 1, "source": self.node.spec["source"], "files": out}
+        return {"version": 1, "source": self.node.spec.source, "files": out}
 
     def _own(self, files: list) -> list:
         """The file list as this node's own manifest of the model has it, where it read one
@@ -348,7 +349,7 @@ class _Receiver:
         and sizes. With none yet (the model's first staging), the list of the authenticated
         upstream, which hashed what it read."""
         spec = self.node.spec
-        own = load_manifest(spec["source"], spec["dir"], self.node.name)
+        own = load_manifest(spec.source, spec.dir, self.node.name)
         if own is None:
             return files
         try:

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import time
 
+from .spec import Stage
 from .stage import _write
 from .stage_cache import StageError, list_files
 from .stage_link import new_key
@@ -27,7 +28,7 @@ class Staging:
     def run(self, found: dict) -> None:
         """The stage step on every node of the job; returns once each has a complete copy,
         raises Stop naming node, file and cause where one has not."""
-        job, spec = self.job, self.job.plan["stage"]
+        job, spec = self.job, self.job.plan.stage
         run = os.path.join(job.dir, "run", "stage")
         shutil.rmtree(run, ignore_errors=True)   # an earlier try's statuses say nothing now
         os.makedirs(run, mode=0o700)
@@ -35,9 +36,9 @@ class Staging:
         chain = list(dict.fromkeys((n[0], n[1]) for c in sorted(found) for n in found[c]))
         _write(os.path.join(run, "chain"), "".join(f"{n} {ip}\n" for n, ip in chain))
         t0 = time.time()
-        job.log(f"stage: start, {spec['source']} to {spec['path']} on {len(chain)} node(s)")
-        for c in job.plan["components"]:
-            i = c["index"]
+        job.log(f"stage: start, {spec.source} to {spec.path} on {len(chain)} node(s)")
+        for c in job.plan.components:
+            i = c.index
             with open(os.path.join(job.dir, "logs", f"stage-{i}.log"), "ab") as log:
                 self.procs[i] = subprocess.Popen(
                     ["bash", os.path.join(job.dir, "steps", f"stage-{i}.sh")],
@@ -56,11 +57,11 @@ class Staging:
 
     def _judge(self, nodes: list, t0: float) -> None:
         from .failures import Stop
-        job, spec = self.job, self.job.plan["stage"]
+        job, spec = self.job, self.job.plan.stage
         reports = {n: _read_json(os.path.join(job.dir, "run", "stage", "report", n + ".json"))
                    for n in nodes}
         took = round(time.time() - t0, 3)
-        record = {"path": spec["path"], "took_s": took,
+        record = {"path": spec.path, "took_s": took,
                   "reader": next((n for n, r in reports.items() if r and r["read_shared"]), None),
                   "shared_bytes_read": sum(r["read_shared"] for r in reports.values() if r),
                   "model_bytes": _model_bytes(spec),
@@ -105,9 +106,9 @@ def _root_failure(nodes: list, reports: dict):
     return failed[0] if failed else None
 
 
-def _model_bytes(spec: dict) -> int:
+def _model_bytes(spec: Stage) -> int:
     try:
-        return sum(size for _, size in list_files(spec["source"]))
+        return sum(size for _, size in list_files(spec.source))
     except (OSError, StageError):
         return 0
 

@@ -22,6 +22,7 @@ import re
 
 from .slurm_scontrol import parse_scontrol_fields
 from .slurm_values import parse_timestamp
+from .spec import StartupLines
 from .state import now
 
 # The engine's lines, in the order the engine prints them (plan.json startup_lines keys).
@@ -121,10 +122,11 @@ class Startup:
         self.overlapped[what] = round(seconds, 3)
 
     # -- the engines
-    def instance_started(self, name: str, log_rel: str, patterns: dict) -> None:
+    def instance_started(self, name: str, log_rel: str, lines: StartupLines) -> None:
         if self.engines_at is None:
             self.engines_at = now()
-        self.logs[name] = EngineLog(os.path.join(self.job.dir, log_rel), patterns or {}, now())
+        patterns = {"weights_loaded": lines.weights_loaded, "ready": lines.ready}
+        self.logs[name] = EngineLog(os.path.join(self.job.dir, log_rel), patterns, now())
         self.logs[name].rel = log_rel
 
     def scan(self) -> None:
@@ -208,7 +210,7 @@ class Startup:
         job` gives them (whole seconds); None in an allocation the user holds, whose queue wait
         was not the deployment's, or where Slurm does not answer."""
         job = self.job
-        if job.plan.get("in_allocation") or not job.job_id:
+        if job.plan.in_allocation or not job.job_id:
             return None
         try:
             out = job.slurm.run(["scontrol", "-o", "show", "job", job.job_id], retry=False)

@@ -128,7 +128,7 @@ class Supervisor:
     def _near_time_limit(self, at: float) -> bool:
         left = self.job.slurm.time_left()
         # what was left when the signal arrived, not now
-        return left is not None and left + (now() - at) <= self.job.plan["signal_grace"] + 90
+        return left is not None and left + (now() - at) <= self.job.plan.signal_grace + 90
 
     # -- the check every wait makes
     def check(self) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 from . import caches
+from .spec import Instance, RecoveryPolicy, Spec
 from .state import now
 
 SERVING, OUT, RESTARTING, FAILED = "serving", "out", "restarting", "failed"
@@ -27,8 +28,8 @@ LEAVING = (DRAINING, REMOVED)       # leaving on request: not counted against a 
 class Rec:
     """One instance's record: state.json's entry plus where its recovery stands."""
 
-    def __init__(self, spec: dict, nodes: list[str], at: float):
-        self.name, self.role, self.index = spec["name"], spec["role"], spec["index"]
+    def __init__(self, spec: Instance, nodes: list[str], at: float):
+        self.name, self.role, self.index = spec.name, spec.role, spec.index
         self.status, self.why, self.stage = SERVING, None, None
         self.attempt, self.restarts = 0, 0
         self.nodes, self.since = nodes, at
@@ -53,7 +54,7 @@ class Rec:
 
 
 class Table:
-    def __init__(self, plan: dict, job_dir: str, instances, steps, state, log):
+    def __init__(self, plan: Spec, job_dir: str, instances, steps, state, log):
         self.plan, self.dir = plan, job_dir
         self.instances, self.steps, self.state, self.log = instances, steps, state, log
         self.recs: dict[str, Rec] = {}
@@ -64,13 +65,13 @@ class Table:
     def begin(self) -> None:
         """The deployment serves: every instance's record, its first attempt serving now."""
         at = now()
-        for spec in self.plan["instances"]:
-            rec = Rec(spec, [r[1] for r in self.instances.nodes[spec["name"]]], at)
+        for spec in self.plan.instances:
+            rec = Rec(spec, [r[1] for r in self.instances.nodes[spec.name]], at)
             rec.attempts.append(self.attempt_entry(rec, at))
             rec.attempts[-1]["serving_at"] = round(at, 3)
-            if self.plan.get("caches"):
+            if self.plan.caches is not None:
                 rec.attempts[-1]["caches"] = caches.read(self.dir, rec.name)
-            self.recs[spec["name"]] = rec
+            self.recs[spec.name] = rec
         self.active = True
         self.save()
 
@@ -103,15 +104,15 @@ class Table:
                 if r.status not in LEAVING and role in (None, r.role)]
 
     @staticmethod
-    def needed(pol: dict, kept: list[Rec]) -> int:
+    def needed(pol: RecoveryPolicy, kept: list[Rec]) -> int:
         """The role's minimum of serving instances, lowered by those leaving on request."""
-        return min(pol["min_serving"], len(kept))
+        return min(pol.min_serving, len(kept))
 
     def phase(self) -> str:
         """serving, degraded (an instance is out) or recovering (a role below its minimum); an
         instance drained on request is neither."""
         below = False
-        for role, pol in self.plan["recovery"].items():
+        for role, pol in self.plan.recovery.items():
             mine = self.kept(role)
             below |= sum(r.status == SERVING for r in mine) < self.needed(pol, mine)
         kept_serving = all(r.status == SERVING for r in self.kept())

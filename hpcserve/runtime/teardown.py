@@ -26,8 +26,10 @@ class Teardown:
         if step in self.job.supervisor.hung_steps:
             return "KILL"  # a hung engine answers no TERM: waiting for it only delays the end
         if step == "router":
-            return (self.job.plan.get("router") or {}).get("stop_signal", "TERM")
-        return self.job.instances.spec(step).get("stop_signal", "TERM")
+            router = self.job.plan.router
+            return router.stop_signal if router is not None else "TERM"
+        inst = self.job.instances.spec(step)  # None: a step of no instance (discovery...)
+        return inst.stop_signal if inst is not None else "TERM"
 
     def kill_wait(self) -> float | None:
         """Slurm's KillWait: after a plain scancel, Slurm SIGKILLs every process of the job (this
@@ -41,7 +43,7 @@ class Teardown:
     def budget(self) -> tuple[float, float]:
         """(seconds for the whole teardown, the time Slurm's own SIGKILL may end this process)."""
         sup = self.job.supervisor
-        budget = max(2.0, float(self.job.plan["signal_grace"]) - 5)
+        budget = max(2.0, float(self.job.plan.signal_grace) - 5)
         hard_end = float("inf")
         if sup.signal_seen and sup.signal_seen[0] == signal.SIGTERM and \
                 sup.signal_reason != "time_limit":
@@ -118,11 +120,11 @@ class Teardown:
         (plan "scratch"). Each is listed by a file under run/ while it exists. Best-effort."""
         plan = self.job.plan
         jd = os.path.abspath(self.job.dir)
-        if (plan.get("container") or {}).get("runtime") == "enroot":
+        if plan.container.runtime == "enroot":
             self._cleanup("container", "containers",
                           ["bash", os.path.join(jd, "launch", "container-task.sh"), "--cleanup"],
                           timeout)
-        if plan.get("scratch"):
+        if plan.scratch:
             self._cleanup("scratch", "scratch",
                           ["bash", os.path.join(jd, "launch", "scratch-cleanup.sh")], timeout)
 
@@ -148,18 +150,18 @@ class Teardown:
     def _cleanup_steps(self, what: str, argv: list[str]) -> list[subprocess.Popen]:
         """One step per component on all its nodes: each removes only the leftovers of the node
         it runs on, so every node must run it."""
-        comps = self.job.plan["components"]
+        comps = self.job.plan.components
         procs = []
         with open(os.path.join(self.job.dir, "logs", f"{what}-cleanup.log"), "ab") as out:
             for c in comps:
                 cmd = ["srun", *self.job.allocation.srun_args(c),
-                       f"--nodes={c['nodes']}", f"--ntasks={c['nodes']}", "--ntasks-per-node=1",
-                       "--overlap", f"--job-name={step_prefix(self.job.plan)}{what}-cleanup", "--kill-on-bad-exit=0", *argv]
+                       f"--nodes={c.nodes}", f"--ntasks={c.nodes}", "--ntasks-per-node=1",
+                       "--overlap", f"--job-name={step_prefix(self.job.plan.name, self.job.plan.in_allocation)}{what}-cleanup", "--kill-on-bad-exit=0", *argv]
                 try:
                     procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                                   stdin=subprocess.DEVNULL))
                 except OSError as e:
-                    self.job.log(f"{what} cleanup on component {c['index']}: {e!r}")
+                    self.job.log(f"{what} cleanup on component {c.index}: {e!r}")
         return procs
 
 

@@ -132,9 +132,9 @@ def test_each_job_builds_once_a_later_job_reuses_and_two_at_once_build_once(tmp_
     fakes = on_path
     jobs = tmp_path / "jobs"
     first = _job(jobs, "first")
-    imp = first.plan["container"]["import"]
-    sif = Path(imp["sif"])
-    assert sif.parent == jobs / ".hpcserve-images" / USER and imp["uri"] == URI
+    imp = first.plan.container.import_
+    sif = Path(imp.sif)
+    assert sif.parent == jobs / ".hpcserve-images" / USER and imp.uri == URI
     # the tasks exec that file, not the registry
     task = (jobs / "first" / "launch" / "container-task.sh").read_text()
     assert f"  {sif} \\\n" in task and URI not in task.split("exec apptainer")[1]
@@ -179,11 +179,11 @@ def test_the_site_caches_owner_builds_into_it_for_every_user(tmp_path, on_path):
                   f"site.container.image_cache.owner={getpass.getuser()}"])
     render.write_job(render.render_files(p, str(d)), d)
     job = jobmod.Job(str(d))
-    imp = job.plan["container"]["import"]
-    assert imp["owner"] == getpass.getuser()
-    assert imp["sif"] == f"{site}/lmsysorg+sglang+v0.5.23.sif"
+    imp = job.plan.container.import_
+    assert imp.owner == getpass.getuser()
+    assert imp.sif == f"{site}/lmsysorg+sglang+v0.5.23.sif"
     job.discovery.wait_image_import(job.discovery.start_image_import())
     job.log.close()
-    sif = Path(imp["sif"])
+    sif = Path(imp.sif)
     assert len(builds(on_path)) == 1 and whole(on_path, sif)
     assert site.stat().st_mode & 0o777 == 0o755 and sif.stat().st_mode & 0o777 == 0o644

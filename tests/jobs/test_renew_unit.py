@@ -57,7 +57,8 @@ def job(tmp_path, monkeypatch):
         (d / sub).mkdir(parents=True)
     plan = {"spec": contract.SPEC, "spec_version": contract.SPEC_VERSION, "components": [],
             "instances": [], "router": None, "signal_grace": 10, "requeue": 0,
-            "attach": None, "renew": {"twin_dir": str(twin), "margin_s": 40}}
+            "attach": None, "in_allocation": False,
+            "renew": {"twin_dir": str(twin), "margin_s": 40}}
     (d / "plan.json").write_text(json.dumps(plan))
     j = jobmod.Job(str(d))
     j.table.active = True
@@ -77,7 +78,7 @@ def _log(job) -> str:
 
 
 def _twin_state(job, phase: str, job_id: str) -> None:
-    Path(job.renewal.spec["twin_dir"], "state.json").write_text(json.dumps(
+    Path(job.renewal.spec.twin_dir, "state.json").write_text(json.dumps(
         {"phase": phase, "job_id": job_id, "history": [], "updated_at": 0, "reason": "x"}))
 
 
@@ -92,10 +93,10 @@ def test_at_the_margin_the_twin_is_submitted_once_it_is_not_in_use(job, slurm):
     _twin_state(job, "serving", "400")  # the twin's last job still runs
     job.renewal.tick()
     assert _sbatches(calls) == 0
-    assert f"{job.renewal.spec['twin_dir']} is in use by job 400 (serving)" in _log(job)
+    assert f"{job.renewal.spec.twin_dir} is in use by job 400 (serving)" in _log(job)
     _twin_state(job, "done", "400")
     job.renewal.tick()
-    twin = job.renewal.spec["twin_dir"]
+    twin = job.renewal.spec.twin_dir
     assert _sbatches(calls) == 1
     assert f"sbatch --parsable {twin}/job.sbatch" in calls.read_text()
     st = json.loads((Path(job.dir) / "state.json").read_text())["renew"]

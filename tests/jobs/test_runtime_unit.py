@@ -27,6 +27,7 @@ from hpcserve.runtime import liveness as livenessmod
 from hpcserve.runtime import probes
 from hpcserve.runtime import job as jobmod
 from hpcserve.runtime.failures import Stop, task_ids
+from hpcserve.runtime.spec import Spec
 from hpcserve.runtime.supervise import Supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,9 +35,10 @@ FAKES = ROOT / "tests" / "fakes"
 
 
 def _plan(components: list[dict], **extra) -> dict:
-    return {"spec": "hpcserve-job", "spec_version": contract.SPEC_VERSION,
+    return {"spec": "hpcserve-job", "spec_version": contract.SPEC_VERSION, "name": "t-unit",
             "components": components, "instances": [], "router": None, "signal_grace": 4,
             "requeue": 0, "served_name": "kimi-k2", "container": {"runtime": "none"},
+            "scratch": False, "in_allocation": False, "recovery": {},
             "readiness": {"engine_timeout": 5, "router_timeout": 5, "poll_interval": 0.1,
                           "smoke_tokens": 4}, **extra}
 
@@ -535,13 +537,13 @@ def test_a_signal_cuts_a_slow_smoke_request_short(server, make_job, monkeypatch)
     threading.Timer(0.3, job.supervisor.on_signal, (signal.SIGUSR1, None)).start()
     t0 = time.time()
     with pytest.raises(Stop) as e:
-        job.readiness.smoke(server, job.plan["readiness"])
+        job.readiness.smoke(server, job.plan.readiness)
     assert e.value.reason == "cancelled" and time.time() - t0 < 3
 
 
 def test_a_smoke_request_still_counts_its_tokens(server, make_job):
     job = make_job([])
-    job.readiness.smoke(server, job.plan["readiness"])
+    job.readiness.smoke(server, job.plan.readiness)
     assert job.state.data["smoke_tokens"] == 4
 
 
@@ -577,7 +579,7 @@ def test_leftover_enroot_containers_are_removed_on_every_component(tmp_path, mon
 
     job = jobmod.Job(str(jd))
     try:
-        assert job.plan["container"]["runtime"] == "enroot"
+        assert job.plan.container.runtime == "enroot"
         job.teardown.cleanup_nodes(30)
     finally:
         job.log.close()
@@ -602,7 +604,7 @@ def test_no_cleanup_step_without_leftovers_or_for_other_runtimes(make_job, monke
     (Path(job.dir) / "run" / "containers").mkdir()
     (Path(job.dir) / "run" / "containers" / "hpcserve-1.2-p-0-n").touch()
     job.teardown.cleanup_nodes(5)  # runtime none
-    job.plan["container"]["runtime"] = "enroot"
+    job.plan.container.runtime = "enroot"
     (Path(job.dir) / "run" / "containers" / "hpcserve-1.2-p-0-n").unlink()
     job.teardown.cleanup_nodes(5)  # nothing left
 
@@ -677,8 +679,8 @@ def test_probe_tells_hung_from_unreachable_from_unhealthy(health):
 
 def _liveness_job(make_job, port):
     inst = {"name": "decode-0", "role": "decode", "index": 0, "component": 0, "node_offset": 0,
-            "nodes": 2, "port": port, "health_path": "/health", "stop_signal": "TERM",
-            "liveness": {"path": "/health", "proves_progress": False, "hung_after": 0.3}}
+            "nodes": 2, "tasks_per_node": 1, "port": port, "health_path": "/health",
+            "stop_signal": "TERM", "liveness": {"path": "/health", "proves_progress": False, "hung_after": 0.3}}
     job = make_job([], instances=[inst], liveness={"interval": 0.1, "timeout": 0.5,
                                                    "failures": 3, "node_interval": 3600})
     job.instances.nodes["decode-0"] = [["0", "n7", "127.0.0.1", "eth0", "-"],
@@ -1037,7 +1039,8 @@ def _serving_job(make_job, port: int, attach: dict | None, n: int = 1):
     """A job serving `n` worker instances on this host (each a `sleep` standing for its srun
     client, the engine's metrics on `port`), recovery begun without a router."""
     insts = [{"name": f"worker-{i}", "role": "worker", "index": i, "component": 0,
-              "node_offset": 0, "nodes": 1, "port": port, "health_path": "/health",
+              "node_offset": 0, "nodes": 1, "tasks_per_node": 1, "port": port,
+              "health_path": "/health",
               "stop_signal": "TERM", "metrics": {"path": "/metrics", "progress": ["eng:tokens_total"],
                                                  "pending": ["eng:running"],
                                                  "queued": ["eng:waiting"]}}
@@ -1129,7 +1132,7 @@ def test_a_drain_stops_at_its_timeout_and_a_front_job_keeps_serving(make_job, en
 def test_an_attached_job_leaving_a_router_that_is_gone_says_so_and_goes_on(make_job):
     job = _serving_job(make_job, _closed_port(), {**ATTACH, "router_url":
                                                   f"http://127.0.0.1:{_closed_port()}"})
-    job.membership.connect(job.plan["attach"]["router_url"])
+    job.membership.connect(job.plan.attach.router_url)
     job.attach.leave(1.0)
     log = (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
     assert "taking this job's instances out of the router at http://127.0.0.1:" in log
@@ -1140,9 +1143,9 @@ class _SlotJob:
     """What Attach reads of a slot's job: its plan's attach and its state.json writer."""
 
     def __init__(self, front_dir: Path):
-        self.plan = {"attach": {"router_url": None, "workers_api": "queued",
-                                "api_key_env": None, "front_job_id": None,
-                                "front_job_dir": str(front_dir), "deployment": "d"}}
+        self.plan = Spec({"attach": {"router_url": None, "workers_api": "queued",
+                                     "api_key_env": None, "front_job_id": None,
+                                     "front_job_dir": str(front_dir), "deployment": "d"}})
         self.recorded: list[dict] = []
         self.state = type("S", (), {"update": lambda _s, **kw: self.recorded.append(kw)})()
 
@@ -1167,5 +1170,5 @@ def test_a_slot_reads_the_front_s_router_from_router_ready_on(tmp_path, front_st
             att._resolved(att.spec)
         return
     got = att._resolved(att.spec)
-    assert (got["router_url"], got["front_job_id"]) == (url, "7")
-    assert job.recorded == [{"attach": got}]
+    assert (got.router_url, got.front_job_id) == (url, "7")
+    assert job.recorded == [{"attach": got.as_json()}]

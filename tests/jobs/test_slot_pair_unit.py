@@ -15,6 +15,7 @@ from hpcserve.runtime import autoscale as am
 from hpcserve.runtime.autoscale_slots import pair_jobs
 from hpcserve.runtime.contract import SCALED_IN
 from hpcserve.runtime.slurm import Slurm as RealSlurm
+from hpcserve.runtime.spec import Spec
 
 
 class Slurm:
@@ -59,7 +60,7 @@ def front(tmp_path, monkeypatch):
     spec = {"min": 1, "max": 2, "signal": {"kind": "running", "metrics": ["m"]}, "target": 5,
             "cool_down_s": float("inf"), "interval_s": 1, "drain_timeout_s": 5, "slots": [str(a)]}
     job = types.SimpleNamespace(
-        plan={"autoscale": {"worker": spec}, "instances": []}, slurm=Slurm(),
+        plan=Spec({"autoscale": {"worker": spec}, "instances": []}), slurm=Slurm(),
         log=logged.append, table=types.SimpleNamespace(
             kept=lambda role: [types.SimpleNamespace(status="serving")]))
     scaler = am.Autoscaler(job)
@@ -144,7 +145,7 @@ def test_a_slot_drained_before_its_successor_served_is_free_not_handed_over(fron
 
 
 def test_no_remove_on_a_round_where_a_serving_instance_of_the_pair_did_not_answer(front):
-    front.role.spec["cool_down_s"] = 0.0
+    front.role.spec.cool_down_s = 0.0
     status = front.scaler._slot_status(front.slot)
     front.scaler._decide(front.role, [0.0, None], {front.slot.name: ("2", *status)})
     assert front.role.decisions == [] and front.slot.status == "serving"
@@ -157,7 +158,7 @@ def test_no_remove_while_a_slot_hands_over_nor_within_the_cool_down_after(front)
     _state(front.a, "2", inst="draining",
            renew={"successor_job_id": "3", "twin_dir": str(front.b)})
     _state(front.b, "3")
-    front.role.spec["cool_down_s"] = 0.0
+    front.role.spec.cool_down_s = 0.0
     status = front.scaler._slot_status(front.slot)
     # the round that sees the successor serve: the old job's requests are gone, the new one's
     # not come yet: a low reading, but no remove
@@ -168,7 +169,7 @@ def test_no_remove_while_a_slot_hands_over_nor_within_the_cool_down_after(front)
                                                                    "serving")})
     assert [d["action"] for d in front.role.decisions] == ["remove"], front.role.decisions
     front.role.decisions, front.role.last_at = [], 0.0
-    front.role.spec["cool_down_s"], front.slot.status = 60.0, "serving"
+    front.role.spec.cool_down_s, front.slot.status = 60.0, "serving"
     front.role.renewed_at = am.now()  # within the cool-down of a renewal: held too
     front.role.last_at = -1e12
     front.scaler._decide(front.role, [1.0, 0.0], {front.slot.name: ("3", "3", str(front.b),

@@ -24,16 +24,17 @@ from hpcserve.runtime.allocation import (PREFLIGHT_SECONDS, SHAPE_VARS, Held, In
                                          gpus_asked, held, misfit, node_map, own_steps,
                                          step_prefix)
 from hpcserve.runtime.slurm_queue import STEPS_FORMAT
+from hpcserve.runtime.spec import Component, Spec
 from hpcserve.slurm.runner import LocalRunner, Result
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _spec(nodes: dict, gpus: int | None = None) -> dict:
+def _spec(nodes: dict, gpus: int | None = None) -> Spec:
     extra = [["gpus-per-node", str(gpus)]] if gpus else []
-    return {"components": [{"index": i, "name": n, "nodes": k,
-                            "directives": [["nodes", str(k)], *extra]}
-                           for i, (n, k) in enumerate(nodes.items())]}
+    return Spec({"components": [{"index": i, "name": n, "nodes": k,
+                                 "directives": [["nodes", str(k)], *extra]}
+                                for i, (n, k) in enumerate(nodes.items())]})
 
 
 def test_components_take_disjoint_runs_in_plan_order():
@@ -67,10 +68,10 @@ def test_too_few_gpus_per_node_named():
 def test_too_few_cpus_per_node_named():
     """An engine that computes on CPUs (cpus-per-task, a task per GPU) in an salloc that holds
     fewer on each node: srun would refuse its step."""
-    spec = {"components": [
+    spec = Spec({"components": [
         {"index": 0, "name": "prefill", "nodes": 1,
          "directives": [["cpus-per-task", "8"], ["ntasks-per-node", "4"]]},
-        {"index": 1, "name": "decode", "nodes": 1, "directives": [["cpus-per-task", "16"]]}]}
+        {"index": 1, "name": "decode", "nodes": 1, "directives": [["cpus-per-task", "16"]]}]})
     assert misfit(spec, Held("9", "RUNNING", ["a", "b"], None, 16)) == \
         "the deployment needs 32 CPU(s) per node (prefill 32, decode 16) and allocation 9 " \
         "holds 16 per node"
@@ -80,10 +81,10 @@ def test_too_few_cpus_per_node_named():
 
 
 def test_gpus_asked_from_the_directives():
-    assert gpus_asked({"directives": [["gres", "gpu:h100:4"]]}) == 4
-    assert gpus_asked({"directives": [["gres", "nvme:1,gpu:2"]]}) == 2
-    assert gpus_asked({"directives": [["gpus-per-node", "8"]]}) == 8
-    assert gpus_asked({"directives": [["nodes", "2"]]}) == 0
+    assert gpus_asked(Component({"directives": [["gres", "gpu:h100:4"]]})) == 4
+    assert gpus_asked(Component({"directives": [["gres", "nvme:1,gpu:2"]]})) == 2
+    assert gpus_asked(Component({"directives": [["gpus-per-node", "8"]]})) == 8
+    assert gpus_asked(Component({"directives": [["nodes", "2"]]})) == 0
 
 
 def test_held_reads_nodes_and_gpus_from_slurm():
@@ -132,7 +133,7 @@ def test_the_benchmark_step_of_an_in_allocation_deployment_names_no_het_group():
     assert bench_ops.het_group(spec, first) is None
     assert bench_ops.het_group({**spec, "in_allocation": False}, first) == first["component"]
     prep = bench_ops.Prepared("/jobs/demo", "/jobs/demo/b", "/jobs/demo/b/launch.sh", {}, "n3",
-                              None, step_prefix(spec) + "bench")
+                              None, step_prefix(spec["name"], True) + "bench")
     argv = bench_ops.step_argv(prep, "41")
     srun = argv[argv.index("srun"):]
     assert not [a for a in srun if a.startswith("--het-group")], srun
@@ -205,12 +206,13 @@ class _Slurm:
 
 def _job(plan: dict, slurm: _Slurm):
     logged = []
-    job = SimpleNamespace(plan=plan, slurm=slurm, job_id="41", log=logged.append)
+    job = SimpleNamespace(plan=Spec(plan), slurm=slurm, job_id="41", log=logged.append)
     return job, logged
 
 
 def test_an_extended_time_limit_is_read_again():
-    plan = {**_spec({"prefill": 1, "decode": 1}), "in_allocation": True, "signal_grace": 60}
+    plan = {**_spec({"prefill": 1, "decode": 1}).as_json(), "in_allocation": True, "signal_grace": 60,
+            "preflight": {"only": False}}
     slurm = _Slurm([1000, 4000, RuntimeError("slurm_load_jobs error"), 30])
     job, logged = _job(plan, slurm)
     a = InAllocation(job)
@@ -227,7 +229,7 @@ def test_an_extended_time_limit_is_read_again():
 
 
 def test_an_in_allocation_preflight_ends_in_ten_minutes():
-    plan = {**_spec({"prefill": 1, "decode": 1}), "in_allocation": True, "signal_grace": 10,
+    plan = {**_spec({"prefill": 1, "decode": 1}).as_json(), "in_allocation": True, "signal_grace": 10,
             "preflight": {"only": True}}
     a = InAllocation(_job(plan, _Slurm([86400]))[0])
     a.place(5.0)
@@ -246,8 +248,8 @@ def test_the_deployments_steps_carry_its_prefix_in_an_allocation():
     spec = job_spec(p, "/jobs/demo")
     ids = {"router": "41.0", "hpcserve-demo-kimi-k2-router": "41.3",
            "hpcserve-demo-kimi-k2-prefill-0.attempt2": "41.5"}
-    assert own_steps(spec, ids) == {"router": "41.3", "prefill-0.attempt2": "41.5"}
-    assert own_steps({**spec, "in_allocation": False}, ids) == ids
+    assert own_steps(Spec(spec), ids) == {"router": "41.3", "prefill-0.attempt2": "41.5"}
+    assert own_steps(Spec({**spec, "in_allocation": False}), ids) == ids
 
 
 class _Cluster(LocalRunner):

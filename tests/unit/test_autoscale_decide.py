@@ -13,6 +13,7 @@ import pytest
 
 from hpcserve.author.render import render_files
 from hpcserve.runtime.autoscale_decide import capacity, decide
+from hpcserve.runtime.spec import AutoscaleRole
 from unitkit import load_plan
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
@@ -20,7 +21,7 @@ T0 = 1000.0   # the last decision; cool-down is 5 s
 
 
 @pytest.fixture(scope="module")
-def spec() -> dict:
+def spec() -> AutoscaleRole:
     """plan.json's autoscale.decode for min 1, max 4, queued above 2 per instance: the front's
     own decode instance and three slots."""
     auto = '{"min": 1, "max": 4, "signal": "queued", "target": 2, "cool_down": "5s"}'
@@ -28,7 +29,7 @@ def spec() -> dict:
     got = json.loads(render_files(p, "/jobs/demo")["plan.json"][0])["autoscale"]["decode"]
     assert (got["min"], got["max"], got["target"], got["cool_down_s"]) == (1, 4, 2, 5)
     assert len(got["slots"]) == 3
-    return got
+    return AutoscaleRole(got)
 
 
 def slots(*statuses: str, at: tuple = ()) -> list:
@@ -69,8 +70,8 @@ def test_never_past_max_however_busy(spec):
     assert decide(spec, 0, slots("serving", "serving", "free"), [50.0] * 2, T0 + 60, T0)[:2] == \
         ("add", "decode-s3")
     # a free slot left, but max (3 here) reached
-    assert decide({**spec, "max": 3}, 1, slots("serving", "serving", "free"), [50.0] * 3,
-                  T0 + 60, T0) is None
+    assert decide(AutoscaleRole({**spec.as_json(), "max": 3}), 1,
+                  slots("serving", "serving", "free"), [50.0] * 3, T0 + 60, T0) is None
 
 
 def test_below_min_adds_whatever_the_signal(spec):
@@ -87,8 +88,8 @@ def test_never_below_min_however_idle(spec):
     assert decide(spec, 0, slots("serving", "free", "free"), [0.0], T0 + 60, T0) is None
     assert decide(spec, 1, slots("serving", "free", "free"), [0.0, 0.0], T0 + 60, T0)[:2] == \
         ("remove", "decode-s1")
-    assert decide({**spec, "min": 2}, 1, slots("serving", "free", "free"), [0.0, 0.0], T0 + 60,
-                  T0) is None
+    assert decide(AutoscaleRole({**spec.as_json(), "min": 2}), 1, slots("serving", "free", "free"),
+                  [0.0, 0.0], T0 + 60, T0) is None
 
 
 def test_remove_only_when_one_fewer_would_still_read_below_target(spec):

@@ -15,17 +15,19 @@ import pytest
 from hpcserve.operate import report
 from hpcserve.engines.bench_clients import CLIENTS
 from hpcserve.runtime import bench
+from hpcserve.runtime.spec import Benchmark
 
 OUT = 100
 
 
-def spec(client: str, labels=("c1", "c4"), prompts=8) -> dict:
-    return {"client": client, "title": CLIENTS[client].title, "dir": "bench",
-            "input_tokens": 2000, "output_tokens": OUT, "warmup": 0,
-            "points": [{"label": lb, "concurrency": int(lb[1:]), "rate": None,
-                        "prompts": prompts, "file": f"{lb}.json"} for lb in labels],
-            "keys": CLIENTS[client].keys(), "point_timeout_s": 60,
-            "gate": {"min_success": 1.0, "output_tolerance": 0.25}}
+def spec(client: str, labels=("c1", "c4"), prompts=8) -> Benchmark:
+    return Benchmark({
+        "client": client, "title": CLIENTS[client].title, "dir": "bench",
+        "input_tokens": 2000, "output_tokens": OUT, "warmup": 0,
+        "points": [{"label": lb, "concurrency": int(lb[1:]), "rate": None,
+                    "prompts": prompts, "file": f"{lb}.json"} for lb in labels],
+        "keys": CLIENTS[client].keys(), "point_timeout_s": 60,
+        "gate": {"min_success": 1.0, "output_tolerance": 0.25}})
 
 
 def vllm_result(completed=8, failed=0, lens=None, errors=()):

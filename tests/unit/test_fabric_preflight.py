@@ -12,12 +12,13 @@ import pytest
 
 from hpcserve.runtime import preflight as pf
 from hpcserve.runtime import preflight_checks as pc
+from hpcserve.runtime.spec import Preflight
 from unitkit import ROOT
 
 FAKES = ROOT / "tests" / "fakes" / "bin"
 UUID_A = "9c6f5af3-53bf-49b5-a436-b66766c413c3"
 UUID_B = "dc6e40c4-d722-4357-9ba6-5291dd461278"
-PF = {"max_clock_skew_s": 2.0, "waive": []}
+PF = Preflight({"max_clock_skew_s": 2.0, "waive": []})
 
 
 @pytest.fixture

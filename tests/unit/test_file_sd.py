@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 from hpcserve.author import plan_json
 from hpcserve.runtime.file_sd import FileSD, file_name, target_groups
+from hpcserve.runtime.spec import Spec
 from unitkit import ROOT, load_plan, small_pd, write_yaml
 
 PD = {"prefill-0": {"address": "10.0.0.1", "nodes": ["n1"], "attempt": 0},
@@ -32,7 +33,7 @@ def _by_instance(groups: list[dict]) -> dict:
 
 def test_every_engine_leader_and_the_router_is_a_target_labelled_with_where_it_runs(tmp_path):
     spec = _spec(tmp_path)
-    got = _by_instance(target_groups(spec, PD, ROUTER, IDS))
+    got = _by_instance(target_groups(Spec(spec), PD, ROUTER, IDS))
     assert set(got) == {"prefill-0", "decode-0", "router"}
     assert got["decode-0"] == {"targets": [f"10.0.0.2:{spec['instances'][1]['port']}"], "labels": {
         "deployment": "t", "engine": "sglang", "slurm_job_id": "4242", "slurm_cluster": "c1",
@@ -49,10 +50,10 @@ def test_every_engine_leader_and_the_router_is_a_target_labelled_with_where_it_r
 
 def test_an_instance_out_of_the_router_is_left_out_and_its_replacement_named(tmp_path):
     spec = _spec(tmp_path)
-    out = target_groups(spec, {"prefill-0": PD["prefill-0"]}, ROUTER, IDS)
+    out = target_groups(Spec(spec), {"prefill-0": PD["prefill-0"]}, ROUTER, IDS)
     assert "decode-0" not in _by_instance(out)
     moved = {**PD, "decode-0": {"address": "10.0.0.9", "nodes": ["n2", "spare1"], "attempt": 1}}
-    d0 = _by_instance(target_groups(spec, moved, ROUTER, IDS))["decode-0"]
+    d0 = _by_instance(target_groups(Spec(spec), moved, ROUTER, IDS))["decode-0"]
     assert d0["targets"][0].startswith("10.0.0.9:")
     assert (d0["labels"]["nodes"], d0["labels"]["attempt"]) == ("n2,spare1", "1")
 
@@ -61,7 +62,7 @@ def test_a_path_other_than_metrics_an_ipv6_leader_and_no_router_yet(tmp_path):
     spec = _spec(tmp_path)
     spec["instances"][0]["metrics"] = {**spec["instances"][0]["metrics"], "path": "/m"}
     v6 = {"prefill-0": {"address": "fd00::1", "nodes": ["n1"], "attempt": 0}}
-    (g,) = target_groups(spec, v6, None, {"slurm_job_id": "7", "slurm_cluster": ""})
+    (g,) = target_groups(Spec(spec), v6, None, {"slurm_job_id": "7", "slurm_cluster": ""})
     assert g["targets"] == [f"[fd00::1]:{spec['instances'][0]['port']}"]
     assert g["labels"]["__metrics_path__"] == "/m" and "slurm_cluster" not in g["labels"]
 
@@ -73,7 +74,7 @@ def test_an_engine_and_router_without_prometheus_text_have_no_target():
     assert spec["router"]["metrics_path"] is None
     where = {i["name"]: {"address": "10.0.0.1", "nodes": ["n1"], "attempt": 0}
              for i in spec["instances"]}
-    assert target_groups(spec, where, ROUTER, IDS) == []
+    assert target_groups(Spec(spec), where, ROUTER, IDS) == []
 
 
 def test_the_file_names_deployment_cluster_and_job():
@@ -87,7 +88,7 @@ def _job(spec: dict, job_id: str, status: str = "serving") -> SimpleNamespace:
     recs = {n: SimpleNamespace(status=status if n == "decode-0" else "serving",
                                nodes=w["nodes"], attempt=w["attempt"]) for n, w in PD.items()}
     return SimpleNamespace(
-        plan=spec, job_id=job_id, log=logged.append, logged=logged,
+        plan=Spec(spec), job_id=job_id, log=logged.append, logged=logged,
         instances=SimpleNamespace(heads={n: w["address"] for n, w in PD.items()},
                                   router_node="n1", router_addr="10.0.0.1"),
         table=SimpleNamespace(recs=recs))

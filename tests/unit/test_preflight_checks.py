@@ -12,9 +12,10 @@ from hpcserve.author import config, plan
 from hpcserve.errors import ConfigError
 from hpcserve.runtime import preflight as pf
 from hpcserve.runtime import preflight_checks as pc
+from hpcserve.runtime.spec import Preflight, PreflightImage
 from unitkit import write_yaml
 
-PF = {"max_clock_skew_s": 2.0, "waive": []}
+PF = Preflight({"max_clock_skew_s": 2.0, "waive": []})
 
 
 def _report(node: str, nodeid: int = 0, **checks) -> dict:
@@ -40,7 +41,8 @@ def test_model_lists_are_compared_and_the_odd_node_names_its_first_difference():
 
 def test_a_waived_failure_is_kept_in_the_table_and_does_not_fail():
     reps = [_report("n0", ports=[pc.FAIL, "in use on this node: 8000 (router)"])]
-    res = pf.evaluate(reps, (100.0, 101.0), {**PF, "waive": ["ports"]}, "n0")
+    res = pf.evaluate(reps, (100.0, 101.0), Preflight({**PF.as_json(), "waive": ["ports"]}),
+                      "n0")
     assert res["passed"] and res["nodes"]["n0"]["ports"] == [pc.WAIVED, "in use on this node: "
                                                                          "8000 (router)"]
     assert "n0 ports (waived): in use on this node: 8000 (router)" in pf.table_text(res)
@@ -99,8 +101,8 @@ def test_model_shm_image_and_memlock_checks(tmp_path):
     assert pc.check_model(str(tmp_path / "no"), None, [])[0] == pc.FAIL
     assert pc.check_model(str(tmp_path / "no"), "simulated", [])[0] == pc.NA
     assert pc.check_shm(str(tmp_path), 1 << 60)[0] == pc.FAIL
-    assert pc.check_image({"path": str(m / "config.json")})[0] == pc.OK
-    assert pc.check_image({"path": str(tmp_path / "x.sif")}) == [
+    assert pc.check_image(PreflightImage({"path": str(m / "config.json")}))[0] == pc.OK
+    assert pc.check_image(PreflightImage({"path": str(tmp_path / "x.sif")})) == [
         pc.FAIL, f"image {tmp_path / 'x.sif'} is not there on this node"]
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     want = pc.OK if hard == resource.RLIM_INFINITY else pc.FAIL

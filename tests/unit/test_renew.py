@@ -178,9 +178,10 @@ def test_slurms_warning_signal_as_the_batch_script_starts_is_kept_for_the_runtim
 def test_the_runtime_takes_a_warning_signal_that_came_before_its_handler(monkeypatch):
     """runtime/renew.py: HPCSERVE_RENEW_SIGNALLED=1 from job.sbatch counts as the signal."""
     from hpcserve.runtime.renew import Renewal
+    from hpcserve.runtime.spec import Spec
 
     class Job:
-        plan = {"renew": {"twin_dir": "/x", "margin_s": 40}, "signal_grace": 5}
+        plan = Spec({"renew": {"twin_dir": "/x", "margin_s": 40}, "signal_grace": 5})
 
     old = signal.getsignal(signal.SIGURG)
     try:

@@ -16,6 +16,7 @@ import pytest
 
 from hpcserve.runtime import stage, stage_link
 from hpcserve.runtime import stage_cache as sc
+from hpcserve.runtime.spec import Stage
 
 
 KEY = bytes(range(32))
@@ -28,7 +29,7 @@ def _receive(tmp_path, *frames: tuple[bytes, bytes], raw: bytes = b"",
     cache = sc.Cache(str(tmp_path / "stage"), 1 << 30)
     os.makedirs(cache.dir)
     node = SimpleNamespace(cache=cache, name="m-0123456789", me="node2", log=lambda m: None,
-                           spec={"source": source, "dir": cache.dir})
+                           spec=Stage({"source": source, "dir": cache.dir}))
     partial = cache.path(node.name, ".partial-1")
     os.makedirs(partial)
     a, b = socket.socketpair()
