@@ -1,9 +1,8 @@
 """plan.json as typed objects: every key of it the runtime reads is spelled here, once.
 
 `read(job_dir)` checks the spec (contract.load_spec: the version, the files this user's alone)
-and returns a `Spec`; every concern reads `job.plan.readiness.engine_timeout`, never
-`plan["readiness"]["engine_timeout"]`, so a key renamed in plan_json.py's writer and schema is
-renamed here and nowhere else in the runtime, and a type checker or an IDE sees every field.
+and returns a `Spec`: the runtime reads `job.plan.readiness.engine_timeout`, so a key is renamed
+here and nowhere else in it, and a type checker or an IDE sees every field.
 
 Each class below is one JSON object of plan.json. Its annotations are its keys (a trailing _
 where the key is a Python keyword: `import_` is "import") and what each value becomes: another
@@ -12,9 +11,8 @@ float, bool, list, dict, object). The runtime runs on the nodes' python3, 3.7 an
 annotations stay strings (`from __future__ import annotations`) that View reads itself, with no
 `typing` or `dataclasses` import in a job's start.
 
-plan.json is whole (plan_json.py's schema requires every key; the tests validate every rendered
-one against it). A key absent from an object, as in a unit test's partial plan, is None where
-its annotation admits None and otherwise no attribute at all, so reading it fails naming it.
+plan.json is whole (plan_json.py's schema requires every key). A key absent from an object, as in
+a unit test's partial plan, is None where its annotation admits None, else no attribute at all.
 
 To add a plan.json key: its writer and schema in author/plan_json.py, the spec version in
 contract.py, and its annotation here, in the class of the object that holds it.
@@ -61,7 +59,9 @@ class View:
     @classmethod
     def _compile(cls) -> tuple:
         fields = []
-        for attr, ann in cls.__dict__.get("__annotations__", {}).items():
+        # the class's own, strings under the __future__ import on every python3 from 3.7 on
+        own = vars(cls).get("__annotations__") or getattr(cls, "__annotations__", {})
+        for attr, ann in own.items():
             if attr.startswith("_"):
                 continue
             key = attr[:-1] if attr.endswith("_") and keyword.iskeyword(attr[:-1]) else attr
@@ -79,7 +79,7 @@ def _converter(ann: str, where: str):
     """(a function from the JSON value to the attribute's, whether None is admitted) for an
     annotation as written in this module."""
     ann = ann.strip()
-    if ann.endswith("| None"):
+    if ann.endswith("| None"):  # "X | None": None, or X
         return _converter(ann[:-len("| None")], where)[0], True
     if ann.startswith("list[") and ann.endswith("]"):
         item = _converter(ann[len("list["):-1], where)[0]
@@ -130,8 +130,7 @@ class Liveness(View):
 
 
 class ImageImport(View):
-    """container.import: the image imported once per job (sqsh for enroot/pyxis, sif for
-    apptainer)."""
+    """container.import: the image imported once per job (sqsh: enroot/pyxis, sif: apptainer)."""
     uri: str
     sqsh: str | None
     sif: str | None
@@ -308,8 +307,7 @@ class Router(View):
 
 
 class Attach(View):
-    """attach: the running router an instance job joins (router_url and front_job_id are None
-    in an autoscale slot until it reads them from the front's state.json)."""
+    """attach: the router an instance job joins (a slot reads router_url, front_job_id later)."""
     router_url: str | None
     workers_api: str
     api_key_env: str | None
