@@ -538,6 +538,18 @@ def startup_line(v: View) -> str | None:
     return "; ".join(words)
 
 
+def write_failures_line(v: View) -> str | None:
+    """Where the job could not write its state.json while it served (runtime/state.py: it
+    served on): how often, the last time and error; None where every write succeeded. The
+    file holds what was true at its last write, so the job's log says the rest."""
+    wf = v.state.get("write_failures") if isinstance(v.state, dict) else None
+    if not isinstance(wf, dict) or not wf.get("count"):
+        return None
+    last = time.strftime("%H:%M:%S", time.localtime(wf.get("last_at") or 0))
+    return (f"  state.json: {wf['count']} write(s) failed while serving, the last at {last} "
+            f"({wf.get('error')}); see logs/hpcserve-job.log")
+
+
 def caches_line(v: View) -> str | None:
     """Whether the compile caches kept between jobs were warm as the instances first started
     (state.json's caches, runtime/caches.py): how many of every node's caches, and where they
@@ -604,7 +616,8 @@ def status_table(views: list[View], instances: bool = False) -> str:
     out = [head]
     for v, line in zip(views, lines):
         more = [w for w in (startup_line(v), caches_line(v)) if w] if instances else []
-        out += [line] + more + (instance_lines(v) if instances else [])
+        wf = write_failures_line(v)
+        out += [line] + ([wf] if wf else []) + more + (instance_lines(v) if instances else [])
     return "\n".join(out)
 
 

@@ -42,7 +42,9 @@ seconds without a sign of progress before failed probes name it hung) and metric
 metrics.path; null: there). Spec 12 adds api_key ({"env": the variable job.sbatch exports the
 deployment's key in, "file": the key file it reads, absolute, or null where the user's own
 variable holds it}). Spec 13 adds container.import.owner (the user who alone writes the site's
-image cache the image is in, which the helper is told with --owner; null: the user's own cache).
+image cache the image is in, which the helper is told with --owner; null: the user's own cache),
+and later state.json's write_failures (runtime/state.py), which needs no new version: plan.json,
+what the version guards, did not change, and the operator commands read the key where it is.
 """
 
 from __future__ import annotations
@@ -265,6 +267,12 @@ STATE_SCHEMA = {
         "stage": STAGE_SCHEMA,
         "benchmark": {"type": "object"},
         "slurm_unreachable": {"type": ["object", "null"]},
+        # writes of this file that failed while the deployment served (runtime/state.py): it
+        # served on; the count, the first and last failure and the last error
+        "write_failures": {"type": "object", "required": ["count", "first_at", "last_at", "error"],
+                           "additionalProperties": False,
+                           "properties": {"count": {"type": "integer"}, "first_at": _NUM,
+                                          "last_at": _NUM, "error": {"type": "string"}}},
         "instances": {"type": "object", "additionalProperties": INSTANCE_SCHEMA},
         "excluded_nodes": {"type": "array", "items": {"type": "string"}},
         "startup": STARTUP_SCHEMA,

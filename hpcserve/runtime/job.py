@@ -187,6 +187,7 @@ class Job:
         started = self.startup.finish(serving_at)  # the start-up record too
         self.state.update("serving", endpoint=url,
                           **({"serving_after_s": round(serving_at - self.t0, 3)} if url else {}))
+        self.state.serving(self.log)  # from here a state.json it cannot write ends nothing
         if url:
             self.log(f"serving at {url}")
         self.startup.add_queue_wait(started)
@@ -234,6 +235,7 @@ class Job:
         self.handle(self.events.take())
         if self.table.take_changed():
             self.file_sd.update()             # the site's Prometheus scrapes what serves
+        self.state.retry()                    # state.json again, where its last write failed
         if self.plan.attach is not None and self.table.all_in(REMOVED):
             # an instance job with none left (scaled in, or renewed) has done its part
             raise Stop("done", self.renewal.end_reason or SCALED_IN)

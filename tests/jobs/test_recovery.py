@@ -331,3 +331,37 @@ def test_vllm_pd_router_takes_the_dead_decode_out_and_restarts_with_its_replacem
     assert chat(st["endpoint"], 5, key=job.key)["usage"]["completion_tokens"] == 5
     new_log = job.dir / "logs" / f"decode-0.attempt1.node0.{leader[1]}.log"
     assert requests_in(new_log) > 0, new_log.read_text()
+
+
+def test_a_state_json_it_cannot_write_while_serving_is_counted_and_recovery_goes_on(
+        submit, dev_cluster):
+    """A full disk or a quota under the job directory: state.json's writes fail (here its
+    temp file is a directory the job cannot open) while the deployment serves. The engines go on
+    serving, an engine killed meanwhile is replaced, and once the file can be written again it
+    says how many writes failed and with what."""
+    dep = deployment(1, 1, name="t-state-writes", liveness=FAST)
+    dep["roles"]["decode"]["recovery"] = {"backoff_s": 0.2}
+    job = submit(dep)
+    _serving(job)
+    log_path = job.dir / "logs" / "hpcserve-job.log"
+    blocker = job.dir / "state.json.tmp"
+    blocker.mkdir()
+    try:
+        until("the failed write in the job's log",
+              lambda: "state.json cannot be written" in log_path.read_text(), 15,
+              why=lambda: log_path.read_text()[-2000:])
+        victim = job.node_rows("decode-0")[0]
+        os.kill(find_pid(dev_cluster, victim[1], r"hpcserve_sim\.py"), signal.SIGKILL)
+        until("decode-0 started again", lambda: "decode-0: attempt 1 on " in log_path.read_text(),
+              30, why=lambda: log_path.read_text()[-2000:])
+        assert job.state()["phase"] == "serving"  # the file as its last good write left it
+    finally:
+        blocker.rmdir()
+    st = job.wait_until(lambda s: s["instances"]["decode-0"]["attempt"] == 1
+                        and s["instances"]["decode-0"]["status"] == "serving", 30)
+    assert st["phase"] == "serving", st
+    wf = st["write_failures"]
+    assert wf["count"] >= 1 and "Is a directory" in wf["error"], wf
+    log = log_path.read_text()
+    assert "state.json written again, after" in log and "stopping" not in log, log[-3000:]
+    assert chat(st["endpoint"], 4, key=job.key)["usage"]["completion_tokens"] == 4
