@@ -198,7 +198,8 @@ def request(runner, drains: list[Drain], timeout_s: float) -> None:
     """Write each drain request (runtime/contract.py): a temporary file renamed into place, so
     the orchestrator never reads half of one."""
     for d in drains:
-        body = json.dumps({"timeout_s": timeout_s, "requested_at": time.time()})
+        body = json.dumps({"timeout_s": timeout_s, "requested_at": time.time(),
+                           "job_id": d.entry.job_id.split("+")[0]})
         write_atomically(runner, d.request, body + "\n")
 
 

@@ -305,7 +305,7 @@ class Autoscaler:
 
     def _remove(self, role: Role, s: Slot, why: str) -> None:
         try:
-            write_request(s.job_dir, s.instance().name, role.spec.drain_timeout_s)
+            write_request(s.job_dir, s.instance().name, role.spec.drain_timeout_s, s.job_id)
         except OSError as e:
             self.job.log(f"autoscale {role.name}: cannot ask {s.name} to drain: {e}")
             return

@@ -297,8 +297,10 @@ STATE_SCHEMA = {
 
 # Requests to a running job from the operator commands: files its orchestrator looks for once a
 # liveness round. run/control/drain-<instance>.json ({"timeout_s": number, "requested_at": unix
-# time}, written atomically: a temp file, then a rename) drains that instance; the orchestrator
-# renames it to drain-<instance>.taken once it acted on it, .refused where it did not.
+# time, "job_id": the Slurm job it is for}, written atomically: a temp file, then a rename) drains
+# that instance; the orchestrator renames it to drain-<instance>.taken once it acted on it,
+# .refused where it did not (a request for another job, or naming none and older than the job,
+# is refused: a directory runs a new job after a renewal or a slot's end).
 CONTROL_DIR = os.path.join("run", "control")
 DRAIN_PREFIX, DRAIN_SUFFIX = "drain-", ".json"
 # The reason of an instance job whose every instance was drained (its phase is "done").

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import namedtuple
 from concurrent.futures import Future
 
 from .contract import CONTROL_DIR, DRAIN_PREFIX, DRAIN_SUFFIX, drain_request_path
@@ -40,20 +41,25 @@ class DrainRequestError(Exception):
     """A drain request file this runtime cannot act on; the message names the file and field."""
 
 
-def write_request(job_dir: str, instance: str, timeout_s: float) -> None:
-    """A drain request for `instance` of the job in `job_dir`, as `hpcserve scale --remove`
+# A drain request as read: job_id, the Slurm job it is for (None: it names none)
+Request = namedtuple("Request", "timeout_s requested_at job_id")
+
+
+def write_request(job_dir: str, instance: str, timeout_s: float, job_id: str) -> None:
+    """A drain request for `instance` of job `job_id` in `job_dir`, as `hpcserve scale --remove`
     writes one (a temporary file renamed: the job never reads half of it): renewal hands its
-    own instances over this way, autoscale a slot's."""
+    own instances over this way, autoscale a slot's. It names its job, so that a request left
+    in a directory another job runs in later (a renewal's twin, a slot) drains nothing there."""
     path = drain_request_path(job_dir, instance)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "w") as f:
-        json.dump({"timeout_s": round(timeout_s, 1), "requested_at": now()}, f)
+        json.dump({"timeout_s": round(timeout_s, 1), "requested_at": now(), "job_id": job_id}, f)
     os.replace(path + ".tmp", path)
 
 
-def read_request(path: str) -> float:
-    """The timeout_s of a drain request file: a number >= 0 (requested_at, when present, a
-    number too)."""
+def read_request(path: str) -> Request:
+    """A drain request file: timeout_s a number >= 0; requested_at, when present, a number
+    too; job_id, when present, a string."""
     try:
         with open(path) as f:
             req = json.load(f)
@@ -68,7 +74,10 @@ def read_request(path: str) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
                 or v < 0:
             raise DrainRequestError(f"{path}: {field} must be a number >= 0, not {v!r}")
-    return float(req["timeout_s"])
+    job_id = req.get("job_id")
+    if job_id is not None and not isinstance(job_id, str):
+        raise DrainRequestError(f"{path}: job_id must be a string, not {job_id!r}")
+    return Request(float(req["timeout_s"]), req.get("requested_at"), job_id)
 
 
 def requests_in(control_dir: str) -> list[tuple[str, str]]:
@@ -111,9 +120,12 @@ class Drains:
     def _take(self, name: str, path: str) -> None:
         job, members = self.job, self.job.membership
         try:
-            timeout_s = read_request(path)
+            req = read_request(path)
         except DrainRequestError as e:
             return self._refuse(path, name, str(e))
+        timeout_s, stale = req.timeout_s, self._stale(req)
+        if stale:
+            return self._refuse(path, name, stale)
         rec = job.table.get(name)
         if rec is None:
             return self._refuse(path, name, f"this job has no instance {name}")
@@ -127,6 +139,17 @@ class Drains:
                 "in-flight requests")
         job.table.set_status(rec, DRAINING, f"on request, timeout {timeout_s:g} s")
         self.under_way[name] = Drain(name, timeout_s, members.deregister(rec))
+
+    def _stale(self, req: Request) -> str | None:
+        """Why a request is not for this job: it names another (it was left in this directory
+        for a job that ran here before), or, naming none, it was written before this job began."""
+        own = self.job.job_id
+        if req.job_id is not None:
+            return None if req.job_id == own else \
+                f"it is for job {req.job_id}, this is job {own or '(none)'}: left here, ignored"
+        if req.requested_at is not None and req.requested_at < self.job.t0:
+            return "it names no job and was written before this job began: left here, ignored"
+        return None
 
     def _refuse(self, path: str, name: str, why: str) -> None:
         self.job.log(f"drain request for {name} refused: {why}")

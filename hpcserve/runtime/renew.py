@@ -178,7 +178,7 @@ class Renewal:
             1.0, min(DRAIN_S, end - float(job.plan.signal_grace) - now() - 5))
         for name, rec in job.table.recs.items():
             if rec.status == SERVING:
-                write_request(job.dir, name, budget)
+                write_request(job.dir, name, budget, job.job_id)
 
     def _handed_over(self) -> None:
         """Ends the job once none of its instances serves or drains (one that was out or

@@ -987,6 +987,7 @@ def test_metrics_totals_reads_gauges_where_every_scheduler_reports_them():
     ('{"timeout_s": true}', "timeout_s must be a number >= 0, not True"),
     ('{"timeout_s": NaN}', "timeout_s must be a number >= 0, not nan"),
     ('{"timeout_s": 5, "requested_at": "now"}', "requested_at must be a number >= 0"),
+    ('{"timeout_s": 5, "job_id": 812}', "job_id must be a string, not 812"),
 ])
 def test_a_bad_drain_request_is_refused_naming_file_and_field(tmp_path, content, why):
     p = tmp_path / "drain-decode-0.json"
@@ -997,7 +998,8 @@ def test_a_bad_drain_request_is_refused_naming_file_and_field(tmp_path, content,
 
 
 def test_drain_requests_are_the_json_files_named_for_an_instance(tmp_path):
-    assert drainmod.read_request(_write(tmp_path / "x.json", {"timeout_s": 2.5})) == 2.5
+    assert drainmod.read_request(_write(tmp_path / "x.json", {"timeout_s": 2.5})) == \
+        drainmod.Request(2.5, None, None)
     for f in ("drain-decode-1.json", "drain-decode-0.json", "drain-decode-2.taken",
               "drain-decode-3.refused", "drain-decode-4.json.tmp", "drain-.json", "other.json"):
         (tmp_path / f).write_text("{}")
@@ -1064,6 +1066,31 @@ def _drain(job, name: str, timeout_s: float) -> Path:
     _write(d / f"drain-{name}.json", {"timeout_s": timeout_s, "requested_at": time.time()})
     job.drains.scan()
     return d
+
+
+@pytest.mark.parametrize("request_, why", [
+    ({"job_id": "811"}, "it is for job 811, this is job 812: left here, ignored"),
+    ({"requested_at": 1.0}, "it names no job and was written before this job began"),
+])
+def test_a_drain_request_left_for_another_job_in_this_directory_drains_nothing(
+        make_job, engine, request_, why):
+    """A renewal's twin directory, or a slot's, runs a new job after the last: a request
+    written for the job before (or, naming none, before this job began) is refused."""
+    job = _serving_job(make_job, engine, ATTACH)
+    job.job_id = "812"
+    d = Path(job.dir) / contract.CONTROL_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    _write(d / "drain-worker-0.json", {"timeout_s": 5, "requested_at": time.time(), **request_})
+    job.drains.scan()
+    assert (d / "drain-worker-0.refused").exists() and not job.drains.under_way
+    assert job.table.recs["worker-0"].status == "serving"
+    assert f"drain request for worker-0 refused: {why}" in \
+        (Path(job.dir) / "logs" / "hpcserve-job.log").read_text()
+    # the same request for this job is taken
+    _write(d / "drain-worker-0.json", {"timeout_s": 5, "requested_at": time.time(),
+                                       "job_id": "812"})
+    job.drains.scan()
+    assert (d / "drain-worker-0.taken").exists() and "worker-0" in job.drains.under_way
 
 
 def _ticks(job, until, timeout: float = 10):

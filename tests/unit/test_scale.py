@@ -276,9 +276,11 @@ def test_remove_drains_the_newest_instance_job_s_instances_before_the_front_s(sc
     assert r.output.splitlines() == [f"draining decode-1 of job 43 ({se.job_dir})",
                                      f"draining decode-0 of job 43 ({se.job_dir})",
                                      f"draining decode-0 of job 42 ({jd})"]
-    for where, name in ((se.job_dir, "decode-1"), (se.job_dir, "decode-0"), (jd, "decode-0")):
+    for where, name, jid in ((se.job_dir, "decode-1", "43"), (se.job_dir, "decode-0", "43"),
+                             (jd, "decode-0", "42")):
         req = json.loads(Path(where, "run", "control", f"drain-{name}.json").read_text())
         assert req["timeout_s"] == 45 and abs(req["requested_at"] - time.time()) < 60
+        assert req["job_id"] == jid, (where, req)  # the job it is for: a later one ignores it
     assert sorted(p.name for p in Path(se.job_dir, "run", "control").iterdir()) == [
         "drain-decode-0.json", "drain-decode-1.json"]  # no temporary file left
     # requested already: not picked a second time, and none is left to drain
