@@ -550,6 +550,15 @@ def write_failures_line(v: View) -> str | None:
             f"({wf.get('error')}); see logs/hpcserve-job.log")
 
 
+def lapse_line(v: View) -> str | None:
+    """A renewing instance job whose renewal lapsed (runtime/renew.py: every successor tried
+    failed before it served): its instances end at its time limit; None otherwise."""
+    r = v.state.get("renew") if isinstance(v.state, dict) else None
+    if not isinstance(r, dict) or not r.get("lapsed") or v.summary_phase not in SERVING_PHASES:
+        return None
+    return f"  renewal lapsed: {r['lapsed']}"
+
+
 def caches_line(v: View) -> str | None:
     """Whether the compile caches kept between jobs were warm as the instances first started
     (state.json's caches, runtime/caches.py): how many of every node's caches, and where they
@@ -616,8 +625,8 @@ def status_table(views: list[View], instances: bool = False) -> str:
     out = [head]
     for v, line in zip(views, lines):
         more = [w for w in (startup_line(v), caches_line(v)) if w] if instances else []
-        wf = write_failures_line(v)
-        out += [line] + ([wf] if wf else []) + more + (instance_lines(v) if instances else [])
+        said = [w for w in (write_failures_line(v), lapse_line(v)) if w]
+        out += [line] + said + more + (instance_lines(v) if instances else [])
     return "\n".join(out)
 
 

@@ -282,7 +282,9 @@ STATE_SCHEMA = {
         "renew": {"type": ["object", "null"], "additionalProperties": False, "properties": {
             "twin_dir": {"type": "string"}, "end_at": _NUM_OR_NULL,
             "successor_job_id": _STR_OR_NULL, "submitted_at": _NUM_OR_NULL,
-            "trigger": _STR_OR_NULL, "renewed_at": _NUM_OR_NULL}},
+            "trigger": _STR_OR_NULL, "renewed_at": _NUM_OR_NULL,
+            # every try spent, why: the instances end at the job's time limit
+            "lapsed": _STR_OR_NULL}},
         # the compile caches kept between jobs, as each instance's first start found them
         "caches": {"type": "object", "required": ["dir", "storage", "instances"],
                    "additionalProperties": False,

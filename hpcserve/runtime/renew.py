@@ -133,6 +133,8 @@ class Renewal:
         except (RuntimeError, Unreachable) as e:
             job.log(f"renewal: sbatch of {twin}/job.sbatch failed: {e}")
             self.next_try = now() + RETRY_S
+            if self.tries >= TRIES:
+                self._lapse(f"sbatch of {twin}/job.sbatch failed: {e}")
             return
         self.successor = jid
         job.log(f"renewal ({why}): submitted job {jid} in {twin}")
@@ -160,9 +162,21 @@ class Renewal:
         if phase in TERMINAL_PHASES:
             again = "trying again" if self.tries < TRIES else \
                 f"no more tries ({TRIES}): this job serves until its time limit"
-            self.job.log(f"renewal: successor job {self.successor} ended {phase} "
-                         f"({st.get('reason')}) before it served; {again}")
+            ended = f"successor job {self.successor} ended {phase} ({st.get('reason')}) " \
+                    "before it served"
+            self.job.log(f"renewal: {ended}; {again}")
             self.successor, self.next_try = None, at + RETRY_S
+            if self.tries >= TRIES:
+                self._lapse(ended)
+
+    def _lapse(self, last: str) -> None:
+        """Every try spent: state.json's renew says so, and `hpcserve status` with it, for the
+        instances end at this job's time limit with no successor to take them over."""
+        job = self.job
+        job.state.record(job.log, renew={
+            **(job.state.data.get("renew") or {"twin_dir": self.spec.twin_dir}),
+            "lapsed": f"{TRIES} successor(s) tried, the last: {last}; the instances end at "
+                      "this job's time limit"})
 
     def _hand_over(self) -> None:
         """The twin serves: every instance of this job drains (drain.py), each out of the

@@ -11,6 +11,7 @@ import signal
 import types
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from hpcserve.runtime import contract
@@ -121,6 +122,30 @@ def test_a_successor_that_ends_before_serving_is_submitted_again(job, slurm):
     assert "successor job 501 ended failed (x) before it served; trying again" in _log(job)
     job.renewal.tick()
     assert _sbatches(calls) == 2
+
+
+def test_a_renewal_whose_every_successor_fails_is_said_lapsed_in_state_and_status(job, slurm):
+    from hpcserve.operate.ops import View, lapse_line
+    calls = slurm("0:35")
+    for k in range(renewmod.TRIES):
+        job.renewal.tick()
+        assert _sbatches(calls) == k + 1
+        _twin_state(job, "failed", "501")  # each successor the stub submits is job 501
+        job.renewal.tick()
+    job.renewal.tick()
+    assert _sbatches(calls) == renewmod.TRIES  # no fourth
+    assert f"no more tries ({renewmod.TRIES})" in _log(job)
+    st = json.loads((Path(job.dir) / "state.json").read_text())
+    jsonschema.validate(st["renew"], contract.STATE_SCHEMA["properties"]["renew"])
+    lapsed = st["renew"]["lapsed"]
+    assert lapsed.startswith(f"{renewmod.TRIES} successor(s) tried, the last: successor job "
+                             "501 ended failed (x) before it served"), lapsed
+    v = View(job_id="500", name="d-decode-1", job_dir=job.dir, remote=None, phase="serving",
+             slurm_state="RUNNING", driver="running", state={**st, "phase": "serving"})
+    assert lapse_line(v) == f"  renewal lapsed: {lapsed}"
+    assert lapse_line(View(job_id="500", name="d", job_dir=job.dir, remote=None,
+                           phase="serving", slurm_state="RUNNING", driver="running",
+                           state={"renew": {"twin_dir": "/x"}})) is None
 
 
 def test_slurm_s_warning_signal_submits_at_once_while_the_controller_is_away(job, slurm):
