@@ -59,7 +59,7 @@ class Slot:
 def first_instance(plan: Spec) -> Instance | None:
     """A slot's plan.json's one instance; None where it names none (read_json reads a missing
     or half-written file as {}: a Spec without instances)."""
-    insts = plan.instances if hasattr(plan, "instances") else None
+    insts = getattr(plan, "instances", None)
     return insts[0] if insts else None
 
 

@@ -46,7 +46,7 @@ class State:
         self.data.setdefault("history", [])
         self.data["job_id"] = os.environ.get("SLURM_JOB_ID")
         self.log = None    # the job's log once it serves: failed writes are then logged, not raised
-        self.failing_since: float | None = None
+        self.failing = False   # the last write failed (its time: write_failures.last_at)
         self.retry_at = 0.0
 
     def serving(self, log) -> None:
@@ -72,8 +72,8 @@ class State:
                 raise
             self._failed(e)
             return
-        if self.failing_since is not None:
-            self.failing_since = None
+        if self.failing:
+            self.failing = False
             self.log(f"state.json written again, after {self.data['write_failures']['count']} "
                      "failed write(s) in all")
 
@@ -83,14 +83,14 @@ class State:
         wf.update(count=wf["count"] + 1, last_at=at, error=str(e))
         self.data["write_failures"] = wf  # in the file at the next write that succeeds
         self.retry_at = now() + RETRY_S
-        if self.failing_since is None:
-            self.failing_since = now()
+        if not self.failing:
+            self.failing = True
             self.log(f"state.json cannot be written ({e}): the deployment serves on; "
                      f"tried again at each change and every {RETRY_S:g} s")
 
     def retry(self) -> None:
         """The serving loop's tick: while writes fail, state.json written again when due."""
-        if self.failing_since is not None and now() >= self.retry_at:
+        if self.failing and now() >= self.retry_at:
             self.flush()
 
     def record(self, log, phase: str | None = None, **fields) -> None:

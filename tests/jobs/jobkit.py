@@ -342,14 +342,15 @@ def fire_fault(cluster: Any, node: str, attempt: int = 0) -> int:
         if not argv or not Path(argv[0]).name.startswith("python") \
                 or not any(a.endswith("hpcserve_sim.py") for a in argv):
             continue
-        if _environ(pid).get("HPCSERVE_ATTEMPT", "0") == str(attempt):
+        if environ(pid).get("HPCSERVE_ATTEMPT", "0") == str(attempt):
             os.kill(pid, signal.SIGUSR1)
             return pid
     raise AssertionError(f"no simulated engine of attempt {attempt} on {node}: "
                          + "; ".join(cmdline(p) for p in node_processes(cluster)[node]))
 
 
-def _environ(pid: int) -> dict[str, str]:
+def environ(pid: int) -> dict[str, str]:
+    """A process's environment ({} where it cannot be read, or it is gone)."""
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:

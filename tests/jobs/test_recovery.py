@@ -247,15 +247,9 @@ def test_an_instance_that_spends_its_restarts_fails_the_deployment_with_every_at
 
 def _rank_pid(cluster, node: str, rank: int) -> int:
     """The PID of MPI rank `rank` of the simulated engine on `node` (its SLURM_PROCID)."""
-    from jobkit import cmdline, node_processes
+    from jobkit import cmdline, environ, node_processes
     for pid in node_processes(cluster)[node]:
-        if "hpcserve_sim.py" not in cmdline(pid):
-            continue
-        try:
-            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if f"SLURM_PROCID={rank}".encode() in env:
+        if "hpcserve_sim.py" in cmdline(pid) and environ(pid).get("SLURM_PROCID") == str(rank):
             return pid
     raise AssertionError(f"no engine rank {rank} on {node}")
 
